@@ -1,0 +1,1 @@
+"""Runnable examples; each works offline (``python examples/<name>.py``)."""

@@ -1,0 +1,624 @@
+"""Nodes and agents: the pure, configurable part of an agentic system.
+
+A :class:`Node` turns a tape into a prompt and an LLM output into steps. An :class:`Agent` is a
+pydantic model of LLMs, templates, nodes and subagents; ``agent.arun(tape)`` picks the active
+(sub)agent from the tape view stack, lets it pick its node, calls the LLM, appends the node's
+steps, and repeats until a node run produces an action. The agent never looks at anything but
+the tape, so any tape is a resume point.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Self
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny
+
+from tapekit._diff import diff_text, signatures
+from tapekit._sync import iterate_sync, run_sync
+from tapekit.core import (
+    Action,
+    LLMOutput,
+    PartialStep,
+    Prompt,
+    Respond,
+    Step,
+    StepMetadata,
+    StepSequence,
+    StopStep,
+    Tape,
+    TapeMetadata,
+    new_id,
+)
+from tapekit.llm.base import LLM, LLMCall, LLMEvent, LLMStream, TrainingText
+from tapekit.views import TapeView, TapeViewStack
+
+__all__ = [
+    "Agent",
+    "AgentError",
+    "AgentEvent",
+    "AgentStream",
+    "AsyncAgentStream",
+    "Node",
+    "NodeRun",
+    "ReconstructionError",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class AgentError(RuntimeError):
+    """The agent's configuration or the tape does not let it continue (named in the message)."""
+
+
+class ReconstructionError(ValueError):
+    """A node's ``make_llm_output`` does not reproduce the steps on the tape (diff included)."""
+
+
+class Node(BaseModel):
+    """One LLM call and the processing of its output. Subclass it and keep the methods pure.
+
+    ``name`` defaults to the class name; ``llm`` picks one of the agent's ``llms`` by key ('' is
+    fine when the agent has a single LLM).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    name: str = ""
+    llm: str = ""
+
+    def model_post_init(self, context: Any, /) -> None:
+        if not self.name:
+            self.name = type(self).__name__
+
+    def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt | None:
+        """The prompt for this node run, or None for a node that calls no LLM."""
+        return None
+
+    def generate_steps(
+        self, agent: Agent, tape: Tape[Any, Any], llm_stream: LLMStream
+    ) -> Iterator[Step | PartialStep]:
+        """Steps (and optionally partial steps) made from the LLM output (empty stream if no
+        prompt). Must yield at least one step."""
+        raise NotImplementedError(f"node {self.name!r} ({type(self).__name__}) has no generate_steps")
+
+    def make_llm_output(self, agent: Agent, tape: Tape[Any, Any], index: int) -> LLMOutput:
+        """The LLM output that would make this node produce the steps at ``tape[index:]``.
+
+        Needed for training text, ``Agent.reuse`` and replay without recorded LLM calls.
+        """
+        raise NotImplementedError(
+            f"node {self.name!r} ({type(self).__name__}) does not implement make_llm_output, "
+            "so its runs cannot be turned into training data or reused"
+        )
+
+
+class NodeRun(NamedTuple):
+    """A node run found on a tape: the node and the index of the run's first step."""
+
+    node: Node
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class AgentEvent:
+    """One thing that happened while the agent ran; exactly one field is set.
+
+    ``chunk``: LLM text as it streams; ``llm_call``: a completed LLM call (prompt and output);
+    ``partial_step``: a step being formed; ``step``: a step just added to the tape;
+    ``final_tape``: the agent's resulting tape (last event; ``metadata.error`` set on failure).
+    """
+
+    chunk: str | None = None
+    llm_call: LLMCall | None = None
+    partial_step: PartialStep | None = None
+    step: Step | None = None
+    final_tape: Tape[Any, Any] | None = None
+
+
+class AsyncAgentStream:
+    """The events of one ``agent.arun``: ``async for`` them, or await :meth:`get_final_tape`."""
+
+    def __init__(self, events: AsyncIterator[AgentEvent]) -> None:
+        self._events = events
+
+    def __aiter__(self) -> AsyncIterator[AgentEvent]:
+        return self._events
+
+    async def get_final_tape(self) -> Tape[Any, Any]:
+        """Run to the end and return the final tape."""
+        final = None
+        async for event in self._events:
+            if event.final_tape is not None:
+                final = event.final_tape
+        if final is None:
+            raise AgentError("the agent stream ended without a final tape")
+        return final
+
+
+class AgentStream:
+    """The events of one ``agent.run`` (sync): iterate them, or call :meth:`get_final_tape`."""
+
+    def __init__(self, events: AsyncIterator[AgentEvent]) -> None:
+        self._events = events
+        self._iter: Iterator[AgentEvent] | None = None
+
+    def __iter__(self) -> Iterator[AgentEvent]:
+        if self._iter is None:
+            self._iter = iterate_sync(self._events)
+        return self._iter
+
+    def get_final_tape(self) -> Tape[Any, Any]:
+        """Run to the end and return the final tape."""
+        return run_sync(AsyncAgentStream(self._events).get_final_tape())
+
+    def get_steps(self) -> list[Step]:
+        """Run to the end and return the steps the agent added."""
+        return [e.step for e in self if e.step is not None]
+
+
+class Agent(BaseModel):
+    """A configurable, optimisable agent: LLMs, prompt templates, nodes and subagents.
+
+    Use :meth:`create` to build one. An agent object belongs to one team: to use the same
+    agent under two managers, pass ``agent.clone()`` to the second.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    name: str
+    llms: dict[str, SerializeAsAny[LLM]] = Field(default_factory=dict)
+    templates: dict[str, Any] = Field(default_factory=dict)
+    nodes: list[SerializeAsAny[Node]] = Field(default_factory=list)
+    subagents: list[SerializeAsAny[Agent]] = Field(default_factory=list)
+    max_iterations: int = 100
+
+    _manager: Agent | None = PrivateAttr(None)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        llms: LLM | dict[str, LLM] | None = None,
+        nodes: list[Node] | None = None,
+        subagents: list[Agent] | None = None,
+        templates: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Build an agent; a single LLM is stored under the key ``"default"``."""
+        if isinstance(llms, LLM):
+            llms = {"default": llms}
+        return cls(
+            name=name,
+            llms=llms or {},
+            nodes=nodes or [],
+            subagents=subagents or [],
+            templates=templates or {},
+            **kwargs,
+        )
+
+    def model_post_init(self, context: Any, /) -> None:
+        if not self.name or "/" in self.name:
+            raise ValueError(f"agent name {self.name!r} must be non-empty and contain no '/'")
+        _check_unique([n.name for n in self.nodes], f"agent {self.name!r} has two nodes named")
+        _check_unique([a.name for a in self.subagents], f"agent {self.name!r} has two subagents named")
+        for sub in self.subagents:
+            if sub._manager is not None and sub._manager is not self:
+                raise ValueError(
+                    f"agent {sub.name!r} already belongs to {sub._manager.full_name!r}; "
+                    "pass a .clone() to a second manager"
+                )
+            sub._manager = self
+
+    def clone(self) -> Self:
+        """A deep copy of the configuration (nodes, templates, subagents), detached from any
+        manager. LLM clients are shared, not copied: they hold connections, not configuration."""
+        return self.model_copy(
+            update={
+                "nodes": [n.model_copy(deep=True) for n in self.nodes],
+                "templates": copy.deepcopy(self.templates),
+                "subagents": [s.clone() for s in self.subagents],
+                "llms": dict(self.llms),
+            }
+        )._relinked()
+
+    def _relinked(self) -> Self:
+        self._manager = None
+        for sub in self.subagents:
+            sub._manager = self
+        return self
+
+    # ------------------------------------------------------------------ the team tree
+
+    @property
+    def manager(self) -> Agent | None:
+        """The agent this one is a subagent of (None for a root agent)."""
+        return self._manager
+
+    @property
+    def root(self) -> Agent:
+        """The top agent of this agent's team."""
+        agent = self
+        while agent._manager is not None:
+            agent = agent._manager
+        return agent
+
+    @property
+    def full_name(self) -> str:
+        """The hierarchical name, e.g. ``analyst/search_agent``; steps record it."""
+        if self._manager is None:
+            return self.name
+        return f"{self._manager.full_name}/{self.name}"
+
+    def find_subagent(self, name: str) -> Agent:
+        """The direct subagent called ``name``."""
+        for sub in self.subagents:
+            if sub.name == name:
+                return sub
+        known = ", ".join(repr(s.name) for s in self.subagents) or "none"
+        raise AgentError(f"agent {self.full_name!r} has no subagent {name!r} (its subagents: {known})")
+
+    def find_agent(self, full_name: str) -> Agent:
+        """The team member with hierarchical name ``full_name`` (from this agent down)."""
+        head, _, rest = full_name.partition("/")
+        if head != self.name:
+            raise AgentError(f"agent {full_name!r} is not in the team of {self.full_name!r}")
+        agent = self
+        while rest:
+            head, _, rest = rest.partition("/")
+            agent = agent.find_subagent(head)
+        return agent
+
+    def find_node(self, name: str | int) -> Node:
+        """A node by name, or by index into ``nodes``."""
+        if isinstance(name, int):
+            if 0 <= name < len(self.nodes):
+                return self.nodes[name]
+            raise AgentError(f"agent {self.full_name!r} has no node #{name} ({len(self.nodes)} nodes)")
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        known = ", ".join(repr(n.name) for n in self.nodes) or "none"
+        raise AgentError(f"agent {self.full_name!r} has no node {name!r} (its nodes: {known})")
+
+    def llm_for(self, node: Node) -> LLM:
+        """The LLM that ``node`` uses: ``llms[node.llm]``, or the agent's only LLM."""
+        if node.llm:
+            if node.llm in self.llms:
+                return self.llms[node.llm]
+            raise AgentError(
+                f"node {node.name!r} of agent {self.full_name!r} wants LLM {node.llm!r}, "
+                f"but the agent has {sorted(self.llms)}"
+            )
+        if len(self.llms) == 1:
+            return next(iter(self.llms.values()))
+        if "default" in self.llms:
+            return self.llms["default"]
+        raise AgentError(
+            f"node {node.name!r} of agent {self.full_name!r} makes a prompt but names no LLM, "
+            f"and the agent has {len(self.llms)} LLMs: {sorted(self.llms)}"
+        )
+
+    # ------------------------------------------------------------------ views and node choice
+
+    def compute_view(self, tape: Tape[Any, Any]) -> TapeViewStack:
+        """The tape view stack of this agent's team for ``tape`` (memoised, incremental)."""
+        return TapeViewStack.compute(tape, self.root.name)
+
+    def select_node(self, view: TapeView) -> Node:
+        """The node to run next, given this agent's view: the target of a ``SetNextNode`` made
+        in the last node run, else the node after the last one that ran, else the first."""
+        if not self.nodes:
+            raise AgentError(f"agent {self.full_name!r} has no nodes")
+        if view.next_node is not None:
+            return self.find_node(view.next_node)
+        if view.last_node is None:
+            return self.nodes[0]
+        index = self.nodes.index(self.find_node(view.last_node)) + 1
+        if index >= len(self.nodes):
+            raise AgentError(
+                f"agent {self.full_name!r} ran its last node {view.last_node!r} and no "
+                "SetNextNode says which node runs next"
+            )
+        return self.nodes[index]
+
+    # ------------------------------------------------------------------ running
+
+    def arun(self, tape: Tape[Any, Any]) -> AsyncAgentStream:
+        """Continue ``tape`` until a node run makes an action (or a ``StopStep``, or a
+        ``Respond`` from the root). Streams :class:`AgentEvent`; the last carries the tape."""
+        if self._manager is not None:
+            raise AgentError(
+                f"run the root agent {self.root.name!r}, not its subagent {self.full_name!r} "
+                "(or run a .clone() of the subagent on its own)"
+            )
+        return AsyncAgentStream(self._arun(tape))
+
+    def run(self, tape: Tape[Any, Any]) -> AgentStream:
+        """Sync version of :meth:`arun`."""
+        if self._manager is not None:
+            self.arun(tape)  # raises the explanatory error
+        return AgentStream(self._arun(tape))
+
+    async def _arun(self, start: Tape[Any, Any]) -> AsyncIterator[AgentEvent]:
+        tape = start
+        where = ""
+        try:
+            iterations = 0
+            stack = self.compute_view(tape)
+            if stack.top.run_open and stack.top.last_node is not None:
+                where = f"finishing the interrupted run of {stack.top.agent_name}.{stack.top.last_node}"
+                async for item in self._finish_open_run(tape, stack.top):
+                    if isinstance(item, _Finished):
+                        tape = item.tape
+                        if item.stop:
+                            yield AgentEvent(final_tape=self._final(start, tape))
+                            return
+                    else:
+                        yield item
+            while True:
+                if iterations >= self.max_iterations:
+                    raise AgentError(
+                        f"agent {self.name!r} ran {self.max_iterations} node runs (max_iterations) "
+                        "without making an action"
+                    )
+                iterations += 1
+                top = self.compute_view(tape).top
+                agent = self.find_agent(top.agent_name)
+                node = agent.select_node(top)
+                where = f"node {agent.full_name}.{node.name}"
+                prompt = node.make_prompt(agent, tape)
+                stream = LLMStream()
+                if prompt is not None:
+                    async for event in self._call_llm(agent, node, prompt):
+                        if isinstance(event, LLMStream):
+                            stream = event
+                        else:
+                            yield event
+                prompt_id = prompt.id if prompt is not None else new_id()
+                run_tape = tape
+                stop = False
+                for step, is_last in _with_last(node.generate_steps(agent, run_tape, stream), where):
+                    if isinstance(step, PartialStep):
+                        yield AgentEvent(partial_step=step)
+                        continue
+                    step = _attributed(step, agent.full_name, node.name, prompt_id, is_last)
+                    tape = tape.model_copy(update={"steps": tape.steps.appended([step])})
+                    yield AgentEvent(step=step)
+                    if isinstance(step, Action | StopStep):
+                        stop = True
+                    elif isinstance(step, Respond) and agent is self:
+                        stop = True
+                if stop:
+                    break
+        except Exception as e:  # recorded on the tape; CancelledError is not an Exception
+            message = f"{type(e).__name__}: {e}" + (f" (in {where})" if where else "")
+            logger.warning("agent %s failed: %s", self.name, message, exc_info=True)
+            yield AgentEvent(final_tape=self._final(start, tape, error=message))
+            return
+        yield AgentEvent(final_tape=self._final(start, tape))
+
+    async def _call_llm(
+        self, agent: Agent, node: Node, prompt: Prompt
+    ) -> AsyncIterator[AgentEvent | LLMStream]:
+        llm = agent.llm_for(node)
+        events: list[LLMEvent] = []
+        t0 = time.perf_counter()
+        async for event in llm.astream(prompt):
+            events.append(event)
+            if event.chunk:
+                yield AgentEvent(chunk=event.chunk)
+        stream = LLMStream(events, prompt)
+        call = LLMCall(
+            prompt=prompt,
+            output=stream.get_output(),
+            model=llm.model_name,
+            latency_s=time.perf_counter() - t0,
+        )
+        yield AgentEvent(llm_call=call)
+        yield stream
+
+    async def _finish_open_run(
+        self, tape: Tape[Any, Any], top: TapeView
+    ) -> AsyncIterator[AgentEvent | _Finished]:
+        """Finish a node run that the tape was cut in the middle of: re-make its prompt from the
+        run's start, get the LLM output again (a cache or replay gives the recorded one), and
+        append the steps the run had not yet added. Ends with a :class:`_Finished`."""
+        agent = self.find_agent(top.agent_name)
+        node = agent.find_node(top.last_node)  # type: ignore[arg-type]
+        start = top.run_start
+        run_tape = tape[:start]
+        existing = list(tape.steps[start:])
+        prompt_id = existing[0].metadata.prompt_id
+        prompt = node.make_prompt(agent, run_tape)
+        stream = LLMStream()
+        if prompt is not None:
+            prompt = prompt.model_copy(update={"id": prompt_id})
+            async for event in self._call_llm(agent, node, prompt):
+                if isinstance(event, LLMStream):
+                    stream = event
+                else:
+                    yield event
+        made = [s for s in node.generate_steps(agent, run_tape, stream) if isinstance(s, Step)]
+        head = signatures(made[: len(existing)], with_runs=False)
+        if head != signatures(existing, with_runs=False):
+            raise AgentError(
+                f"cannot finish the interrupted run of {agent.full_name}.{node.name}: run again, "
+                "it makes different steps (use the recorded LLM output, e.g. a cache or replay)\n"
+                + diff_text(signatures(existing, False), head, ("on the tape", "made now"))
+            )
+        rest = made[len(existing) :]
+        for i, step in enumerate(rest):
+            step = _attributed(step, agent.full_name, node.name, prompt_id, i == len(rest) - 1)
+            tape = tape.model_copy(update={"steps": tape.steps.appended([step])})
+            yield AgentEvent(step=step)
+        stop = any(
+            isinstance(s, Action | StopStep) or (isinstance(s, Respond) and agent is self) for s in made
+        )
+        yield _Finished(tape, stop)
+
+    def _final(self, start: Tape[Any, Any], tape: Tape[Any, Any], error: str | None = None) -> Tape[Any, Any]:
+        meta = TapeMetadata(
+            parent_id=start.metadata.id,
+            author=self.name,
+            n_added_steps=len(tape) - len(start),
+            error=error,
+        )
+        return tape.model_copy(update={"metadata": meta})
+
+    # ------------------------------------------------------------------ tapes as data
+
+    def get_node_runs(self, tape: Tape[Any, Any]) -> list[NodeRun]:
+        """Every node run of this team on ``tape``: (node, index of the run's first step)."""
+        runs: list[NodeRun] = []
+        last_pid = None
+        for i, step in enumerate(tape.steps):
+            meta = step.metadata
+            if meta.prompt_id and meta.agent and meta.prompt_id != last_pid:
+                runs.append(NodeRun(self.root.find_agent(meta.agent).find_node(meta.node), i))
+            last_pid = meta.prompt_id or None
+        return runs
+
+    def make_training_text(self, tape: Tape[Any, Any]) -> list[TrainingText]:
+        """Training text for every LLM-backed node run on ``tape``.
+
+        Each run's LLM output is rebuilt with ``node.make_llm_output`` and checked by running
+        ``generate_steps`` on it: it must give back exactly the run's steps, otherwise a
+        :class:`ReconstructionError` shows the difference.
+        """
+        texts: list[TrainingText] = []
+        root = self.root
+        for node, index in self.get_node_runs(tape):
+            agent = root.find_agent(tape.steps[index].metadata.agent)
+            prefix = tape[:index]
+            prompt = node.make_prompt(agent, prefix)
+            if prompt is None:
+                continue
+            output = node.make_llm_output(agent, tape, index)
+            run = _run_steps(tape.steps, index)
+            made = [s for s in node.generate_steps(agent, prefix, LLMStream.from_output(output, prompt)) if isinstance(s, Step)]
+            _check_same(run, made, f"{agent.full_name}.{node.name} at step {index}")
+            text = agent.llm_for(node).make_training_text(prompt, output)
+            texts.append(text.model_copy(update={"prompt_id": run[0].metadata.prompt_id, "agent": agent.full_name, "node": node.name}))
+        return texts
+
+    def reuse(self, tape: Tape[Any, Any]) -> tuple[Tape[Any, Any], list[LLMCall]]:
+        """Adapt a tape made by another agent: the same steps, attributed to this team's agents
+        and nodes as if this team had made them, plus the LLM calls it would have made.
+
+        Steps made by no agent (``metadata.agent`` empty: user messages, observations) are kept
+        as they are. For the others, this team's next node is chosen as usual and its
+        ``make_llm_output`` must reproduce them; a :class:`ReconstructionError` says where not.
+        """
+        if self._manager is not None:
+            return self.root.reuse(tape)
+        new = tape.model_copy(
+            update={
+                "steps": StepSequence(),
+                "metadata": TapeMetadata(
+                    parent_id=tape.metadata.parent_id, author=self.name, author_tape_id=tape.metadata.id
+                ),
+            }
+        )
+        calls: list[LLMCall] = []
+        i = 0
+        while i < len(tape):
+            step = tape.steps[i]
+            if not step.metadata.agent:
+                new = new.model_copy(update={"steps": new.steps.appended([step])})
+                i += 1
+                continue
+            top = self.compute_view(new).top
+            agent = self.find_agent(top.agent_name)
+            node = agent.select_node(top)
+            where = f"{agent.full_name}.{node.name} at step {i}"
+            prompt = node.make_prompt(agent, new)
+            if prompt is None:
+                stream = LLMStream()
+            else:
+                output = node.make_llm_output(agent, tape, i)
+                stream = LLMStream.from_output(output, prompt)
+                calls.append(LLMCall(prompt=prompt, output=output, model=agent.llm_for(node).model_name))
+            made = [s for s in node.generate_steps(agent, new, stream) if isinstance(s, Step)]
+            original = list(tape.steps[i : i + len(made)])
+            _check_same(original, made, where)
+            prompt_id = prompt.id if prompt is not None else new_id()
+            adapted = [
+                _attributed(s, agent.full_name, node.name, prompt_id, k == len(original) - 1, new_id=True)
+                for k, s in enumerate(original)
+            ]
+            new = new.model_copy(update={"steps": new.steps.appended(adapted)})
+            i += len(made)
+        meta = new.metadata.model_copy(update={"n_added_steps": len(new)})
+        return new.model_copy(update={"metadata": meta}), calls
+
+
+@dataclass(frozen=True, slots=True)
+class _Finished:
+    """The tape after finishing an interrupted node run, and whether that ends the turn."""
+
+    tape: Tape[Any, Any]
+    stop: bool
+
+
+def _check_unique(names: list[str], message: str) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{message} {name!r}")
+        seen.add(name)
+
+
+def _attributed(
+    step: Step, agent: str, node: str, prompt_id: str, run_end: bool, new_id: bool = False
+) -> Step:
+    """A copy of ``step`` with its authorship set (the node's own object is never mutated)."""
+    update: dict[str, Any] = {"agent": agent, "node": node, "prompt_id": prompt_id, "run_end": run_end}
+    if new_id:
+        update["id"] = StepMetadata().id
+    return step.model_copy(update={"metadata": step.metadata.model_copy(update=update)})
+
+
+def _with_last(items: Iterator[Step | PartialStep], where: str) -> Iterator[tuple[Any, bool]]:
+    """Pairs (item, is_last_step): holds each step back until the next one shows up, so the
+    last step of a run can be marked. Partial steps pass straight through."""
+    pending: Step | None = None
+    for item in items:
+        if isinstance(item, PartialStep):
+            yield item, False
+            continue
+        if not isinstance(item, Step):
+            raise TypeError(f"{where} yielded {type(item).__name__}, not a Step or PartialStep")
+        if pending is not None:
+            yield pending, False
+        pending = item
+    if pending is None:
+        raise AgentError(f"{where} produced no steps (a node run must add at least one step)")
+    yield pending, True
+
+
+def _run_steps(steps: StepSequence[Step], index: int) -> list[Step]:
+    pid = steps[index].metadata.prompt_id
+    out = []
+    for i in range(index, len(steps)):
+        if steps[i].metadata.prompt_id != pid:
+            break
+        out.append(steps[i])
+    return out
+
+
+def _check_same(expected: list[Step], made: list[Step], where: str) -> None:
+    a, b = signatures(expected, False), signatures(made, False)
+    a = [x["step"] for x in a]
+    b = [x["step"] for x in b]
+    if not made or a != b:
+        raise ReconstructionError(
+            f"{where}: generate_steps on make_llm_output's output does not give back the tape's "
+            "steps\n" + diff_text([{"s": x} for x in a], [{"s": x} for x in b], ("on the tape", "regenerated"))
+        )

@@ -1,0 +1,494 @@
+"""Steps, tapes and their metadata: the data that every other part of tapekit reads and writes.
+
+A tape is a context plus an append-only sequence of steps plus metadata. Steps are pydantic
+models told apart by their ``kind`` literal, so a tape of user-defined steps round-trips through
+JSON exactly. Appending to a tape shares structure with the original (see :class:`StepSequence`),
+so building a session of n steps costs O(n), not O(n²).
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import typing
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Generic, Literal, TypeVar, overload
+from uuid import uuid4
+
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler
+from pydantic_core import core_schema
+
+__all__ = [
+    "Action",
+    "Call",
+    "ControlStep",
+    "LLMOutput",
+    "Observation",
+    "PartialStep",
+    "Prompt",
+    "Respond",
+    "SetNextNode",
+    "Step",
+    "StepMetadata",
+    "StepSequence",
+    "StopStep",
+    "Tape",
+    "TapeMetadata",
+    "Thought",
+    "ToolCallRequest",
+    "UnknownStepKindError",
+    "new_id",
+    "step_kinds",
+]
+
+
+def new_id() -> str:
+    """A fresh random identifier (32 hex characters)."""
+    return uuid4().hex
+
+
+# --------------------------------------------------------------------------- steps
+
+
+class StepMetadata(BaseModel):
+    """Who made a step and in which node run.
+
+    ``prompt_id`` identifies the node run (and the LLM call, if any) that produced the step;
+    ``agent`` is the hierarchical agent name (``analyst/search_agent``); ``node`` the node's name.
+    ``run_end`` marks the last step of its node run, which lets a tape cut in the middle of a
+    node run be resumed by finishing that run (see ``Agent.arun``).
+    """
+
+    id: str = Field(default_factory=new_id)
+    prompt_id: str = ""
+    node: str = ""
+    agent: str = ""
+    run_end: bool = False
+    other: dict[str, Any] = Field(default_factory=dict)
+
+
+class UnknownStepKindError(ValueError):
+    """Raised when serialized data names a step ``kind`` that no loaded step class declares."""
+
+
+_STEP_REGISTRY: dict[str, type[Step]] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def step_kinds() -> dict[str, type[Step]]:
+    """All registered step classes by ``kind`` (a copy; for diagnostics and tooling)."""
+    return dict(_STEP_REGISTRY)
+
+
+class Step(BaseModel):
+    """One entry of a tape. Subclass :class:`Thought`, :class:`Action` or :class:`Observation`.
+
+    Concrete step classes declare ``kind: Literal["my_kind"] = "my_kind"``; the kind is how a
+    serialized tape finds the class again, so it must be unique across loaded classes.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    metadata: StepMetadata = Field(default_factory=StepMetadata)
+    kind: str
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        field = cls.model_fields.get("kind")
+        if field is None:
+            return
+        args = typing.get_args(field.annotation)
+        if typing.get_origin(field.annotation) is not Literal or len(args) != 1:
+            return  # an abstract intermediate class (kind: str)
+        kind = args[0]
+        if field.default != kind:
+            raise TypeError(f"{cls.__qualname__}: declare `kind: Literal[{kind!r}] = {kind!r}`")
+        with _REGISTRY_LOCK:
+            known = _STEP_REGISTRY.get(kind)
+            if known is not None and (known.__module__, known.__qualname__) != (
+                cls.__module__,
+                cls.__qualname__,
+            ):
+                raise TypeError(
+                    f"step kind {kind!r} of {cls.__module__}.{cls.__qualname__} is already "
+                    f"used by {known.__module__}.{known.__qualname__}; kinds must be unique"
+                )
+            _STEP_REGISTRY[kind] = cls
+
+    def llm_dict(self) -> dict[str, Any]:
+        """The step's content without metadata: what a prompt shows and a diff compares."""
+        return self.model_dump(exclude={"metadata"}, mode="json")
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        return [(k, v) for k, v in super().__repr_args__() if k != "metadata"]
+
+
+class Thought(Step):
+    """The agent's inner reasoning; the agent keeps running after a thought."""
+
+
+class Action(Step):
+    """A request to the environment; the agent stops after the node run that made it."""
+
+
+class Observation(Step):
+    """What the environment (a tool, a user) answered to an action."""
+
+
+class ControlStep(Thought):
+    """Thoughts that steer the agent machinery itself rather than carry reasoning."""
+
+
+class SetNextNode(ControlStep):
+    """Makes ``next_node`` (a node name, or an index into the agent's nodes) run next."""
+
+    kind: Literal["set_next_node"] = "set_next_node"
+    next_node: str | int
+
+
+class Call(ControlStep):
+    """Delegates to the subagent ``agent_name`` until it answers with :class:`Respond`."""
+
+    kind: Literal["call"] = "call"
+    agent_name: str
+    content: str = ""
+
+
+class Respond(ControlStep):
+    """Ends a subagent's turn and hands ``content`` back to the agent that called it."""
+
+    kind: Literal["respond"] = "respond"
+    content: str = ""
+
+
+class StopStep(ControlStep):
+    """Ends the session: the agent stops and the orchestrator does not continue."""
+
+    kind: Literal["stop"] = "stop"
+    reason: str = ""
+
+
+class PartialStep(BaseModel):
+    """A step still being produced (e.g. while tokens stream); never added to a tape."""
+
+    step: Step
+
+
+# --------------------------------------------------------------------------- LLM data types
+
+
+class ToolCallRequest(BaseModel):
+    """A function call that an LLM asked for; ``arguments`` is the raw JSON text."""
+
+    id: str = ""
+    name: str
+    arguments: str = "{}"
+
+
+class Prompt(BaseModel):
+    """What a node asks the LLM: chat messages, optional tool schemas and response schema.
+
+    ``id`` is the node run's ``prompt_id``; it links every step of the run, and the stored LLM
+    call, to this prompt.
+    """
+
+    id: str = Field(default_factory=new_id)
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    response_schema: dict[str, Any] | None = None
+
+    def content_key(self) -> str:
+        """A canonical JSON text of everything but the id: equal prompts have equal keys."""
+        return self.model_dump_json(exclude={"id"})
+
+
+class LLMOutput(BaseModel):
+    """What the LLM answered: text content and/or tool calls."""
+
+    role: str = "assistant"
+    content: str | None = None
+    tool_calls: list[ToolCallRequest] | None = None
+
+
+# --------------------------------------------------------------------------- the step sequence
+
+S = TypeVar("S")
+_T = TypeVar("_T")
+
+
+class _Buffer(Generic[S]):
+    """A list shared by every sequence that is a prefix of it, plus memoised folds over it."""
+
+    __slots__ = ("items", "lock", "folds")
+
+    def __init__(self, items: list[S]) -> None:
+        self.items = items
+        self.lock = threading.Lock()
+        self.folds: dict[Any, _FoldCache[Any]] = {}
+
+
+class _FoldCache(Generic[_T]):
+    """Fold states keyed by prefix length, sorted, so any prefix resumes from the nearest one."""
+
+    __slots__ = ("lengths", "states")
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+        self.states: list[_T] = []
+
+    def nearest(self, n: int) -> tuple[int, _T] | None:
+        i = bisect.bisect_right(self.lengths, n)
+        if i == 0:
+            return None
+        return self.lengths[i - 1], self.states[i - 1]
+
+    def put(self, n: int, state: _T) -> None:
+        i = bisect.bisect_left(self.lengths, n)
+        if i < len(self.lengths) and self.lengths[i] == n:
+            return
+        self.lengths.insert(i, n)
+        self.states.insert(i, state)
+
+    def prefix(self, n: int) -> _FoldCache[_T]:
+        out: _FoldCache[_T] = _FoldCache()
+        i = bisect.bisect_right(self.lengths, n)
+        out.lengths, out.states = self.lengths[:i], self.states[:i]
+        return out
+
+
+class StepSequence(Sequence[S]):
+    """An immutable sequence of steps that appends in amortised O(1).
+
+    Every sequence is a prefix ``items[:n]`` of a shared buffer. Appending to a sequence that
+    ends where its buffer ends extends the buffer in place and returns a longer view; appending
+    to an older prefix (a fork) copies it first. Either way no existing sequence changes.
+    Slices with step 1 return sequences sharing the buffer. Folds over prefixes can be memoised
+    on the buffer (:meth:`fold`), which is how tape views stay incremental.
+    """
+
+    __slots__ = ("_buf", "_n")
+
+    def __init__(self, items: Iterable[S] = ()) -> None:
+        self._buf: _Buffer[S] = _Buffer(list(items))
+        self._n = len(self._buf.items)
+
+    @classmethod
+    def _view(cls, buf: _Buffer[S], n: int) -> StepSequence[S]:
+        seq = cls.__new__(cls)
+        seq._buf, seq._n = buf, n
+        return seq
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, index: int) -> S: ...
+    @overload
+    def __getitem__(self, index: slice) -> StepSequence[S]: ...
+    def __getitem__(self, index: int | slice) -> S | StepSequence[S]:
+        if isinstance(index, slice):
+            start, stop, stride = index.indices(self._n)
+            if stride == 1 and start == 0:
+                return StepSequence._view(self._buf, max(stop, 0))
+            return StepSequence(self._buf.items[start:stop:stride] if stop > start else [])
+        if index < 0:
+            index += self._n
+        if not 0 <= index < self._n:
+            raise IndexError(f"step index {index} out of range for {self._n} steps")
+        return self._buf.items[index]
+
+    def __iter__(self) -> Iterator[S]:
+        items = self._buf.items
+        for i in range(self._n):
+            yield items[i]
+
+    def __reversed__(self) -> Iterator[S]:
+        items = self._buf.items
+        for i in range(self._n - 1, -1, -1):
+            yield items[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StepSequence):
+            if self._buf is other._buf:
+                return self._n == other._n
+            return self._n == other._n and all(a == b for a, b in zip(self, other, strict=True))
+        if isinstance(other, list | tuple):
+            return self._n == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"StepSequence({list(self)!r})"
+
+    def appended(self, new: Iterable[S]) -> StepSequence[S]:
+        """A sequence with ``new`` after these steps; this sequence is left unchanged."""
+        new = list(new)
+        buf = self._buf
+        with buf.lock:
+            if len(buf.items) == self._n:
+                buf.items.extend(new)
+                return StepSequence._view(buf, self._n + len(new))
+        # a fork: copy the prefix, and keep the memoised folds that still apply to it
+        fork: _Buffer[S] = _Buffer(buf.items[: self._n] + new)
+        fork.folds = {key: cache.prefix(self._n) for key, cache in buf.folds.items()}
+        return StepSequence._view(fork, len(fork.items))
+
+    def fold(self, key: Any, initial: Callable[[], _T], step_fn: Callable[[_T, S, int], _T]) -> _T:
+        """Fold ``step_fn(state, step, index)`` over the sequence, memoised per prefix.
+
+        ``key`` names the fold (same key, same functions). The result for this prefix is
+        cached on the shared buffer, so folding a longer sequence later only folds the new
+        steps. ``step_fn`` must be pure and must not mutate ``state``.
+        """
+        buf = self._buf
+        cache = buf.folds.get(key)
+        if cache is None:
+            cache = buf.folds.setdefault(key, _FoldCache())
+        hit = cache.nearest(self._n)
+        start, state = hit if hit is not None else (0, initial())
+        if start == self._n:
+            return state
+        items = buf.items
+        for i in range(start, self._n):
+            state = step_fn(state, items[i], i)
+        cache.put(self._n, state)
+        return state
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        args = typing.get_args(source)
+        item: Any = args[0] if args else Step
+        if isinstance(item, TypeVar):
+            item = item.__bound__ or Step
+        if isinstance(item, type) and issubclass(item, Step):
+            list_schema = core_schema.list_schema(
+                core_schema.no_info_plain_validator_function(_step_validator(item))
+            )
+        else:
+            list_schema = handler.generate_schema(list[item])  # a (discriminated) union
+
+        def to_sequence(value: Any) -> StepSequence[Any]:
+            return value if isinstance(value, StepSequence) else StepSequence(value)
+
+        def serialize(value: StepSequence[Any], info: core_schema.SerializationInfo) -> list[Any]:
+            return [
+                s.model_dump(mode=info.mode, by_alias=info.by_alias, exclude_none=info.exclude_none)
+                for s in value
+            ]
+
+        from_list = core_schema.no_info_after_validator_function(to_sequence, list_schema)
+        return core_schema.json_or_python_schema(
+            json_schema=from_list,
+            python_schema=core_schema.union_schema(
+                [core_schema.is_instance_schema(StepSequence), from_list]
+            ),
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                serialize, info_arg=True, when_used="always"
+            ),
+        )
+
+
+def _step_validator(base: type[Step]) -> Callable[[Any], Step]:
+    """Validates one step of a tape whose step type is ``base``: dispatch on ``kind``."""
+
+    def validate(value: Any) -> Step:
+        if isinstance(value, base):
+            return value
+        if isinstance(value, Step):
+            raise ValueError(f"step of kind {value.kind!r} is not a {base.__name__}")
+        if not isinstance(value, dict):
+            raise ValueError(f"a step must be a Step or a dict, got {type(value).__name__}")
+        kind = value.get("kind")
+        if kind is None:
+            raise ValueError("step data has no 'kind' field")
+        cls = _STEP_REGISTRY.get(kind)
+        if cls is None:
+            known = ", ".join(sorted(_STEP_REGISTRY))
+            raise UnknownStepKindError(
+                f"unknown step kind {kind!r}: no loaded step class declares it "
+                f"(import the module that defines it; known kinds: {known})"
+            )
+        if not issubclass(cls, base):
+            raise ValueError(f"step kind {kind!r} ({cls.__name__}) is not a {base.__name__}")
+        return cls.model_validate(value)
+
+    return validate
+
+
+# --------------------------------------------------------------------------- tapes
+
+
+class TapeMetadata(BaseModel):
+    """Provenance of a tape: who made it, from which tape, and how it ended.
+
+    ``parent_id`` is the tape this one continues; ``author`` the agent or environment that
+    made it (by adding steps or by revising another tape, whose id is ``author_tape_id``);
+    ``n_added_steps`` how many steps the author added; ``error`` what went wrong, if anything;
+    ``result`` whatever the application wants to record as the session's outcome.
+    """
+
+    id: str = Field(default_factory=new_id)
+    parent_id: str | None = None
+    author: str | None = None
+    author_tape_id: str | None = None
+    n_added_steps: int = 0
+    error: str | None = None
+    result: Any = None
+
+
+ContextT = TypeVar("ContextT")
+StepT = TypeVar("StepT", bound=Step)
+
+
+class Tape(BaseModel, Generic[ContextT, StepT]):
+    """A session's log and resumable state: context, steps and metadata.
+
+    Declare a typed tape with ``class MyTape(Tape[MyContext, StepA | StepB]): ...`` (use
+    ``Annotated[StepA | StepB, Field(discriminator="kind")]`` for the fastest parsing); a bare
+    ``Tape`` accepts every registered step kind. Tapes are values: ``append``/``extend`` return
+    new tapes and never change this one.
+    """
+
+    metadata: TapeMetadata = Field(default_factory=TapeMetadata)
+    context: ContextT | None = None
+    steps: StepSequence[StepT] = Field(default_factory=StepSequence)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __iter__(self) -> Iterator[StepT]:  # type: ignore[override]
+        return iter(self.steps)
+
+    @overload
+    def __getitem__(self, index: int) -> StepT: ...
+    @overload
+    def __getitem__(self, index: slice) -> typing.Self: ...
+    def __getitem__(self, index: int | slice) -> StepT | typing.Self:
+        """A step by index, or for a slice a new tape (fresh metadata) holding those steps."""
+        if isinstance(index, slice):
+            return self.model_copy(update={"steps": self.steps[index], "metadata": TapeMetadata()})
+        return self.steps[index]
+
+    def append(self, step: StepT) -> typing.Self:
+        """A new tape with ``step`` added (fresh metadata); O(1) amortised."""
+        return self.extend([step])
+
+    def extend(self, steps: Iterable[StepT]) -> typing.Self:
+        """A new tape with ``steps`` added (fresh metadata); O(len(steps)) amortised."""
+        return self.model_copy(
+            update={"steps": self.steps.appended(steps), "metadata": TapeMetadata()}
+        )
+
+    def with_new_steps(self, steps: Iterable[StepT], **metadata: Any) -> typing.Self:
+        """A continuation of this tape: ``steps`` added, ``parent_id`` set to this tape's id."""
+        added = list(steps)
+        meta = TapeMetadata(parent_id=self.metadata.id, n_added_steps=len(added), **metadata)
+        return self.model_copy(update={"steps": self.steps.appended(added), "metadata": meta})
+
+    def with_metadata(self, **updates: Any) -> typing.Self:
+        """The same steps with some metadata fields replaced."""
+        return self.model_copy(update={"metadata": self.metadata.model_copy(update=updates)})

@@ -1,0 +1,255 @@
+"""The environment: the only part of the loop that acts on the world.
+
+``environment.react(tape)`` finds the actions at the tape's end that have no observation yet
+and appends one observation for each. :class:`ToolEnvironment` does that for plain Python
+functions: their JSON schemas come from type hints and docstrings, sync functions run in a
+thread pool, async ones on the loop, and a tool that raises becomes an error observation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from tapekit._sync import run_sync
+from tapekit.core import Action, Observation, StopStep, Tape
+from tapekit.dialog import AssistantStep, ToolCall, ToolResult
+
+__all__ = [
+    "Environment",
+    "ExternalObservationNeeded",
+    "Tool",
+    "ToolEnvironment",
+    "UnknownActionError",
+    "unanswered_actions",
+]
+
+
+class ExternalObservationNeeded(Exception):
+    """The action waits on the outside world (usually a human); the orchestrator stops and the
+    tape can be resumed once the observation has been appended."""
+
+    def __init__(self, action: Action, message: str = "") -> None:
+        self.action = action
+        super().__init__(message or f"action {action.kind!r} needs an observation from outside")
+
+
+class UnknownActionError(TypeError):
+    """The environment was given an action it has no handler for (a configuration error)."""
+
+
+def unanswered_actions(tape: Tape[Any, Any]) -> list[Action]:
+    """The actions after the tape's last observation: what the environment must answer.
+
+    Stop steps are never answered.
+    """
+    actions: list[Action] = []
+    for step in reversed(tape.steps):
+        if isinstance(step, Observation):
+            break
+        if isinstance(step, Action) and not isinstance(step, StopStep):
+            actions.append(step)
+    actions.reverse()
+    return actions
+
+
+class Environment:
+    """Base class: override :meth:`areact` (async) or :meth:`react` (sync), not both."""
+
+    name: str = "environment"
+
+    async def areact(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
+        """The tape with observations for its unanswered actions appended."""
+        if type(self).react is Environment.react:
+            raise NotImplementedError(f"{type(self).__name__} implements neither react nor areact")
+        return await asyncio.to_thread(self.react, tape)
+
+    def react(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
+        """Sync version of :meth:`areact`."""
+        return run_sync(self.areact(tape))
+
+    def _continued(self, tape: Tape[Any, Any], observations: Sequence[Observation]) -> Tape[Any, Any]:
+        return tape.with_new_steps(observations, author=self.name)
+
+
+_SECTION = re.compile(r"^(args|arguments|parameters|params|returns?|raises|yields|examples?|notes?):$", re.I)
+_GOOGLE_PARAM = re.compile(r"^(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+_SPHINX_PARAM = re.compile(r"^:param\s+(?:[\w\[\], |.]+\s+)?(\w+)\s*:\s*(.*)$")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """The first paragraph and the per-parameter help of a Google- or Sphinx-style docstring."""
+    description: list[str] = []
+    params: dict[str, str] = {}
+    section, current, param_indent = "description", None, None
+    for line in inspect.cleandoc(doc or "").splitlines():
+        text = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if header := _SECTION.match(text):
+            is_args = header.group(1).lower() in {"args", "arguments", "parameters", "params"}
+            section, current, param_indent = ("args" if is_args else "other"), None, None
+        elif sphinx := _SPHINX_PARAM.match(text):
+            section, current, param_indent = "args", sphinx.group(1), None
+            params[current] = sphinx.group(2).strip()
+        elif text.startswith(":"):
+            section = "other"
+        elif section == "description":
+            description.append(text)
+        elif section == "args" and text:
+            google = _GOOGLE_PARAM.match(text)
+            if google and (param_indent is None or indent <= param_indent):
+                param_indent, current = indent, google.group(1)
+                params[current] = google.group(2).strip()
+            elif current:
+                params[current] = f"{params[current]} {text}".strip()
+    paragraphs = "\n".join(description).strip().split("\n\n")
+    return " ".join(paragraphs[0].split()), params
+
+
+class Tool:
+    """A Python function offered to the LLM: its name, JSON schema and argument validation."""
+
+    def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
+        if not callable(fn):
+            raise TypeError(f"a tool must be callable, got {fn!r}")
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            getattr(fn, "__call__", None)
+        )
+        self.description, param_help = _parse_docstring(fn.__doc__ or "")
+        fields: dict[str, Any] = {}
+        hints = _type_hints(fn)
+        for pname, param in inspect.signature(fn).parameters.items():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                continue
+            annotation = hints.get(pname, Any)
+            default = ... if param.default is inspect.Parameter.empty else param.default
+            fields[pname] = (annotation, Field(default, description=param_help.get(pname)))
+        self.arguments_model: type[BaseModel] = create_model(  # type: ignore[call-overload]
+            f"{self.name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+        )
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI-style function schema (``{"type": "function", "function": {...}}``)."""
+        parameters = self.arguments_model.model_json_schema()
+        parameters.pop("title", None)
+        for prop in parameters.get("properties", {}).values():
+            prop.pop("title", None)
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": parameters},
+        }
+
+    async def acall(self, arguments: dict[str, Any]) -> Any:
+        """Validate ``arguments`` against the signature and run the tool."""
+        values = self.arguments_model.model_validate(arguments)
+        kwargs = {k: getattr(values, k) for k in type(values).model_fields}
+        if self.is_async:
+            return await self.fn(**kwargs)
+        return await asyncio.to_thread(self.fn, **kwargs)
+
+
+def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    import typing
+
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:
+        return {}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return str(value)
+
+
+ActionHandler = Callable[[Any], Observation | Awaitable[Observation]]
+
+
+class ToolEnvironment(Environment):
+    """Answers :class:`~tapekit.dialog.ToolCall` actions by calling Python functions.
+
+    - A tool that raises, an unknown tool name or arguments that do not fit the signature give a
+      :class:`ToolResult` with ``error`` set: the LLM made the mistake, so the agent sees it.
+    - Several calls at the tape's end run concurrently; results keep the calls' order.
+    - ``handlers`` maps your own action classes to functions returning an observation.
+    - An :class:`~tapekit.dialog.AssistantStep` (a message to the user) raises
+      :class:`ExternalObservationNeeded`; so does any handler that raises it.
+    - Any other action is a configuration error: :class:`UnknownActionError`.
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[Callable[..., Any] | Tool] = (),
+        handlers: dict[type[Action], ActionHandler] | None = None,
+        name: str = "environment",
+    ) -> None:
+        self.tools: dict[str, Tool] = {}
+        for item in tools:
+            tool = item if isinstance(item, Tool) else Tool(item)
+            if tool.name in self.tools:
+                raise ValueError(f"two tools are named {tool.name!r}")
+            self.tools[tool.name] = tool
+        self.handlers = dict(handlers or {})
+        self.name = name
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The schemas of all tools, to put in a prompt's ``tools``."""
+        return [tool.schema() for tool in self.tools.values()]
+
+    async def areact(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
+        actions = unanswered_actions(tape)
+        observations = await asyncio.gather(*(self._answer(a) for a in actions))
+        return self._continued(tape, observations)
+
+    async def _answer(self, action: Action) -> Observation:
+        for cls, handler in self.handlers.items():
+            if isinstance(action, cls):
+                result = handler(action)
+                if inspect.isawaitable(result):
+                    result = await result
+                if not isinstance(result, Observation):
+                    raise TypeError(
+                        f"handler for {cls.__name__} returned {type(result).__name__}, not an Observation"
+                    )
+                return result
+        if isinstance(action, ToolCall):
+            return await self._call_tool(action)
+        if isinstance(action, AssistantStep):
+            raise ExternalObservationNeeded(action, "the assistant's message waits for the user")
+        known = ["tool_call", *(c.__name__ for c in self.handlers)]
+        raise UnknownActionError(
+            f"{self.name} cannot answer action {action.kind!r} ({type(action).__name__}); "
+            f"it handles: {', '.join(known)}"
+        )
+
+    async def _call_tool(self, call: ToolCall) -> ToolResult:
+        result = ToolResult(call_id=call.call_id, name=call.name)
+        tool = self.tools.get(call.name)
+        if tool is None:
+            result.error = f"unknown tool {call.name!r}; available tools: {', '.join(self.tools) or 'none'}"
+            return result
+        try:
+            result.content = _jsonable(await tool.acall(call.arguments))
+        except ExternalObservationNeeded:
+            raise
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}" for err in e.errors()
+            )
+            result.error = f"invalid arguments for {call.name}: {problems}"
+        except Exception as e:
+            result.error = f"{type(e).__name__}: {e}"
+        return result

@@ -1,0 +1,21 @@
+"""LLM clients: the interface agents call, deterministic test LLMs, and replay."""
+
+from tapekit.core import LLMOutput, Prompt, ToolCallRequest
+from tapekit.llm.base import LLM, LLMCall, LLMEvent, LLMStream, TrainingText
+from tapekit.llm.replay import ReplayLLM, ReplayMissError
+from tapekit.llm.scripted import FunctionLLM, ScriptedLLM
+
+__all__ = [
+    "LLM",
+    "FunctionLLM",
+    "LLMCall",
+    "LLMEvent",
+    "LLMOutput",
+    "LLMStream",
+    "Prompt",
+    "ReplayLLM",
+    "ReplayMissError",
+    "ScriptedLLM",
+    "ToolCallRequest",
+    "TrainingText",
+]

@@ -1,0 +1,252 @@
+"""The orchestrator: alternate the agent and the environment on a tape, and replay tapes.
+
+``main_loop`` resumes from any tape with no other state: if the tape ends in the middle of a
+node run the agent finishes that run; if it ends with unanswered actions the environment
+answers them first; otherwise the agent continues. ``replay_tape`` re-runs an agent with the
+recorded LLM outputs and observations and says whether it makes the same tape.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tapekit._diff import diff_text, first_divergence, signatures
+from tapekit._sync import iterate_sync, run_sync
+from tapekit.agent import Agent, AgentEvent
+from tapekit.core import Observation, Step, Tape
+from tapekit.environment import Environment, ExternalObservationNeeded, unanswered_actions
+from tapekit.llm.base import LLMCall
+from tapekit.llm.replay import ReplayLLM
+
+__all__ = [
+    "AsyncMainLoopStream",
+    "MainLoopEvent",
+    "MainLoopStream",
+    "ReplayResult",
+    "areplay_tape",
+    "async_main_loop",
+    "main_loop",
+    "reconstruct_llm_calls",
+    "replay_tape",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class MainLoopEvent:
+    """One event of the main loop; exactly one field is set.
+
+    ``agent_event``: an event from inside the agent's turn; ``agent_tape``: the tape after the
+    agent's turn; ``observation``: one observation the environment added; ``env_tape``: the tape
+    after the environment's turn; ``external``: the loop stopped because an action waits on
+    the outside world (the last tape is resumable once you append the observation).
+    """
+
+    agent_event: AgentEvent | None = None
+    agent_tape: Tape[Any, Any] | None = None
+    observation: Observation | None = None
+    env_tape: Tape[Any, Any] | None = None
+    external: ExternalObservationNeeded | None = None
+
+    @property
+    def tape(self) -> Tape[Any, Any] | None:
+        """The new tape if this event carries one (after either side's turn)."""
+        return self.agent_tape or self.env_tape
+
+
+class AsyncMainLoopStream:
+    """Events of :func:`async_main_loop`; ``async for`` them or await :meth:`get_final_tape`."""
+
+    def __init__(self, events: AsyncIterator[MainLoopEvent], start: Tape[Any, Any]) -> None:
+        self._events = events
+        self._start = start
+
+    def __aiter__(self) -> AsyncIterator[MainLoopEvent]:
+        return self._events
+
+    async def get_final_tape(self) -> Tape[Any, Any]:
+        """Run to the end and return the last tape."""
+        tape = self._start
+        async for event in self._events:
+            tape = event.tape or tape
+        return tape
+
+
+class MainLoopStream:
+    """Events of :func:`main_loop` (sync); iterate them or call :meth:`get_final_tape`."""
+
+    def __init__(self, events: AsyncIterator[MainLoopEvent], start: Tape[Any, Any]) -> None:
+        self._events = events
+        self._start = start
+
+    def __iter__(self) -> Iterator[MainLoopEvent]:
+        return iterate_sync(self._events)
+
+    def get_final_tape(self) -> Tape[Any, Any]:
+        """Run to the end and return the last tape."""
+        return run_sync(AsyncMainLoopStream(self._events, self._start).get_final_tape())
+
+
+def async_main_loop(
+    agent: Agent, tape: Tape[Any, Any], environment: Environment, max_loops: int | None = None
+) -> AsyncMainLoopStream:
+    """Alternate agent turns and environment reactions on ``tape`` until the agent is done
+    (no action to answer), an error is recorded on the tape, an action waits on the outside
+    world, or ``max_loops`` agent/environment rounds have run."""
+    return AsyncMainLoopStream(_main_loop(agent, tape, environment, max_loops), tape)
+
+
+def main_loop(
+    agent: Agent, tape: Tape[Any, Any], environment: Environment, max_loops: int | None = None
+) -> MainLoopStream:
+    """Sync version of :func:`async_main_loop`."""
+    return MainLoopStream(_main_loop(agent, tape, environment, max_loops), tape)
+
+
+async def _main_loop(
+    agent: Agent, tape: Tape[Any, Any], environment: Environment, max_loops: int | None
+) -> AsyncIterator[MainLoopEvent]:
+    loops = 0
+    while max_loops is None or loops < max_loops:
+        loops += 1
+        waiting = unanswered_actions(tape)
+        if not waiting or agent.compute_view(tape).top.run_open:
+            final = None
+            async for event in agent.arun(tape):
+                yield MainLoopEvent(agent_event=event)
+                if event.final_tape is not None:
+                    final = event.final_tape
+            assert final is not None
+            tape = final
+            yield MainLoopEvent(agent_tape=tape)
+            if tape.metadata.error:
+                return
+            waiting = unanswered_actions(tape)
+        if not waiting:
+            return
+        try:
+            new = await environment.areact(tape)
+        except ExternalObservationNeeded as e:
+            yield MainLoopEvent(external=e)
+            return
+        except Exception as e:
+            logger.warning("environment failed", exc_info=True)
+            tape = tape.with_metadata(error=f"{type(e).__name__}: {e} (in environment {environment.name})")
+            yield MainLoopEvent(env_tape=tape)
+            return
+        for step in new.steps[len(tape) :]:
+            if isinstance(step, Observation):
+                yield MainLoopEvent(observation=step)
+        tape = new
+        yield MainLoopEvent(env_tape=tape)
+
+
+# --------------------------------------------------------------------------- replay
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """The outcome of :func:`replay_tape`: ``ok`` if the agent made the recorded tape again.
+
+    ``tape`` is the tape the replay made; ``diff`` a unified diff of the two (one JSON line per
+    step, ids left out) and ``first_divergence`` the first differing step index, when not ok.
+    """
+
+    ok: bool
+    tape: Tape[Any, Any]
+    diff: str = ""
+    first_divergence: int | None = None
+    error: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+class _ReplayEnvironment(Environment):
+    """Answers with the observations that follow the same position on the recorded tape."""
+
+    name = "replay"
+
+    def __init__(self, recorded: Tape[Any, Any]) -> None:
+        self.recorded = recorded
+
+    async def areact(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
+        n = len(tape)
+        steps = self.recorded.steps
+        if n >= len(steps):
+            raise ExternalObservationNeeded(unanswered_actions(tape)[-1], "the recorded tape ends here")
+        observations: list[Step] = []
+        while n + len(observations) < len(steps) and not steps[n + len(observations)].metadata.agent:
+            observations.append(steps[n + len(observations)])
+        if not observations:
+            raise RuntimeError(
+                f"the replayed agent waits for observations at step {n}, but the recorded "
+                f"agent went on with {steps[n].kind!r} there"
+            )
+        return tape.with_new_steps(observations, author=self.name)
+
+
+def reconstruct_llm_calls(agent: Agent, tape: Tape[Any, Any]) -> list[LLMCall]:
+    """The LLM calls behind a tape, rebuilt with each node's ``make_prompt`` and
+    ``make_llm_output`` (for replay when the calls were not stored)."""
+    calls = []
+    root = agent.root
+    for node, index in agent.get_node_runs(tape):
+        member = root.find_agent(tape.steps[index].metadata.agent)
+        prompt = node.make_prompt(member, tape[:index])
+        if prompt is not None:
+            output = node.make_llm_output(member, tape, index)
+            calls.append(LLMCall(prompt=prompt, output=output, model="reconstructed"))
+    return calls
+
+
+def _replaying(agent: Agent, llm: ReplayLLM) -> Agent:
+    clone = agent.clone()
+    stack = [clone]
+    while stack:
+        member = stack.pop()
+        member.llms = {key: llm for key in member.llms} or {"default": llm}
+        stack.extend(member.subagents)
+    return clone
+
+
+async def areplay_tape(
+    agent: Agent,
+    tape: Tape[Any, Any],
+    llm_calls: list[LLMCall] | None = None,
+    start_tape: Tape[Any, Any] | None = None,
+) -> ReplayResult:
+    """Re-run ``agent`` from the start of ``tape`` with recorded LLM outputs and observations.
+
+    ``llm_calls`` are the recorded calls (rebuilt from the tape with ``make_llm_output`` when
+    omitted); ``start_tape`` defaults to the steps before the first one an agent made. The
+    agent's own LLMs are not called.
+    """
+    if start_tape is None:
+        n = next((i for i, s in enumerate(tape.steps) if s.metadata.agent), len(tape))
+        start_tape = tape[:n]
+    calls = llm_calls if llm_calls is not None else reconstruct_llm_calls(agent, tape)
+    replayer = _replaying(agent, ReplayLLM(calls=calls))
+    made = await async_main_loop(replayer, start_tape, _ReplayEnvironment(tape)).get_final_tape()
+    expected, actual = signatures(tape.steps), signatures(made.steps)
+    index = first_divergence(expected, actual)
+    error = made.metadata.error
+    if index is None and error is None:
+        return ReplayResult(ok=True, tape=made)
+    diff = diff_text(expected, actual, ("recorded", "replayed"))
+    return ReplayResult(ok=False, tape=made, diff=diff, first_divergence=index, error=error)
+
+
+def replay_tape(
+    agent: Agent,
+    tape: Tape[Any, Any],
+    llm_calls: list[LLMCall] | None = None,
+    start_tape: Tape[Any, Any] | None = None,
+) -> ReplayResult:
+    """Sync version of :func:`areplay_tape`."""
+    return run_sync(areplay_tape(agent, tape, llm_calls, start_tape))
+

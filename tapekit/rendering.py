@@ -1,0 +1,50 @@
+"""Plain-text rendering of tapes for terminals, logs and test failure messages."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tapekit.core import Action, Call, ControlStep, Observation, Respond, Step, Tape
+
+__all__ = ["render_step", "render_tape", "step_category"]
+
+
+def step_category(step: Step) -> str:
+    """``thought``, ``action``, ``observation`` or ``control``: how tools colour a step."""
+    if isinstance(step, ControlStep):
+        return "control"
+    if isinstance(step, Action):
+        return "action"
+    if isinstance(step, Observation):
+        return "observation"
+    return "thought"
+
+
+def _short(value: Any, width: int) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def render_step(step: Step, width: int = 100) -> str:
+    """One line: author (``agent.node`` or ``environment``), kind and content."""
+    meta = step.metadata
+    author = f"{meta.agent}.{meta.node}" if meta.agent else "environment"
+    if isinstance(step, Call):
+        body = f"calls {step.agent_name}: {step.content}"
+    elif isinstance(step, Respond):
+        body = f"responds: {step.content}"
+    else:
+        fields = step.llm_dict()
+        fields.pop("kind", None)
+        body = _short(fields.popitem()[1] if len(fields) == 1 else fields, width)
+    return f"{author:<28} {step_category(step):<11} {step.kind:<18} {_short(body, width)}"
+
+
+def render_tape(tape: Tape[Any, Any], width: int = 100) -> str:
+    """The whole tape, one numbered line per step, then its error if it has one."""
+    lines = [f"[{i:>3}] {render_step(step, width)}" for i, step in enumerate(tape.steps)]
+    if tape.metadata.error:
+        lines.append(f"error: {tape.metadata.error}")
+    return "\n".join(lines)

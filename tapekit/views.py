@@ -1,0 +1,135 @@
+"""Tape views: what each agent of a team can see, and which node it runs next.
+
+The tape view stack works like a call stack: a :class:`~tapekit.core.Call` pushes a view for the
+called subagent, a :class:`~tapekit.core.Respond` pops it and shows the response to the caller.
+The stack is a pure fold over the steps, one step in and O(depth) work out, memoised per tape
+prefix on the tape's shared step buffer. A running session therefore never re-scans its past:
+each node run folds only the steps added since the previous one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+from tapekit.core import Call, Respond, SetNextNode, Step, StepSequence, Tape
+
+__all__ = ["TapeView", "TapeViewStack", "cached_fold"]
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class TapeView:
+    """One agent's frame: the steps it can see and where its node pointer stands.
+
+    ``steps`` holds the steps since the agent was called (the :class:`Call` first), without the
+    inner steps of the subagents it called, but with their responses. ``last_node`` and
+    ``last_prompt_id`` name the agent's most recent node run; ``next_node`` is the target of a
+    :class:`SetNextNode` made during that run, if any. ``run_open`` is true while the last node
+    run has not yet produced its final step (a tape cut in the middle of a node run).
+    """
+
+    agent_name: str
+    steps: StepSequence[Step] = field(default_factory=StepSequence)
+    last_node: str | None = None
+    last_prompt_id: str | None = None
+    next_node: str | int | None = None
+    run_open: bool = False
+    run_start: int = -1  # tape index of the first step of the last node run
+
+    @property
+    def call(self) -> Call | None:
+        """The :class:`Call` that started this view (None for the root agent's view)."""
+        first = self.steps[0] if len(self.steps) else None
+        return first if isinstance(first, Call) else None
+
+    def _add(self, step: Step, index: int) -> TapeView:
+        meta = step.metadata
+        if meta.agent == self.agent_name and meta.prompt_id:
+            if meta.prompt_id != self.last_prompt_id:
+                view = replace(
+                    self,
+                    steps=self.steps.appended([step]),
+                    last_node=meta.node,
+                    last_prompt_id=meta.prompt_id,
+                    next_node=None,
+                    run_open=not meta.run_end,
+                    run_start=index,
+                )
+            else:
+                view = replace(self, steps=self.steps.appended([step]), run_open=not meta.run_end)
+            if isinstance(step, SetNextNode):
+                view = replace(view, next_node=step.next_node)
+            return view
+        return replace(self, steps=self.steps.appended([step]))
+
+
+@dataclass(frozen=True, slots=True)
+class TapeViewStack:
+    """The views of every agent that has been called and has not responded, root first."""
+
+    views: tuple[TapeView, ...]
+
+    @property
+    def top(self) -> TapeView:
+        """The view of the active agent (the one called last that has not responded)."""
+        return self.views[-1]
+
+    @property
+    def bottom(self) -> TapeView:
+        """The root agent's view."""
+        return self.views[0]
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    @classmethod
+    def initial(cls, root_name: str) -> TapeViewStack:
+        """The stack before any step: just the root agent's empty view."""
+        return cls((TapeView(agent_name=root_name),))
+
+    def push(self, step: Step, index: int = -1) -> TapeViewStack:
+        """The stack after ``step`` (at tape position ``index``): the fold's one-step function."""
+        views = self.views
+        top = views[-1]
+        if isinstance(step, Call):
+            caller = top._add(step, index)
+            callee = TapeView(agent_name=f"{top.agent_name}/{step.agent_name}")
+            callee = replace(callee, steps=callee.steps.appended([step]))
+            return TapeViewStack((*views[:-1], caller, callee))
+        if isinstance(step, Respond) and len(views) > 1:
+            caller = views[-2]._add(step, index)
+            return TapeViewStack((*views[:-2], caller))
+        return TapeViewStack((*views[:-1], top._add(step, index)))
+
+    @classmethod
+    def compute(cls, tape: Tape[Any, Any] | StepSequence[Step], root_name: str) -> TapeViewStack:
+        """The view stack after all of ``tape``'s steps, for a team whose root is ``root_name``.
+
+        Memoised: computing it for a tape that extends one computed before costs only the new
+        steps.
+        """
+        return cached_fold(
+            tape,
+            ("tapekit.views.TapeViewStack", root_name),
+            lambda: cls.initial(root_name),
+            lambda stack, step, index: stack.push(step, index),
+        )
+
+
+def cached_fold(
+    tape: Tape[Any, Any] | StepSequence[Any],
+    key: Any,
+    initial: Callable[[], _T],
+    step_fn: Callable[[_T, Any, int], _T],
+) -> _T:
+    """Fold ``step_fn(state, step, index)`` over a tape's steps, memoised per prefix.
+
+    Use it for your own derived state (a form being filled, a budget spent so far) so that it
+    too costs O(new steps) per node run. ``key`` must identify the fold; ``step_fn`` must be
+    pure and return a new state instead of mutating the old one.
+    """
+    steps = tape.steps if isinstance(tape, Tape) else tape
+    return steps.fold(key, initial, step_fn)
