@@ -446,12 +446,14 @@ class Agent(BaseModel):
                 else:
                     yield event
         made = [s for s in node.generate_steps(agent, run_tape, stream) if isinstance(s, Step)]
-        head = signatures(made[: len(existing)], with_runs=False)
-        if head != signatures(existing, with_runs=False):
+        head = [s.llm_dict() for s in made[: len(existing)]]
+        if head != [s.llm_dict() for s in existing]:
             raise AgentError(
                 f"cannot finish the interrupted run of {agent.full_name}.{node.name}: run again, "
                 "it makes different steps (use the recorded LLM output, e.g. a cache or replay)\n"
-                + diff_text(signatures(existing, False), head, ("on the tape", "made now"))
+                + diff_text(
+                    [{"step": s.llm_dict()} for s in existing], [{"step": x} for x in head], ("on the tape", "made now")
+                )
             )
         rest = made[len(existing) :]
         for i, step in enumerate(rest):
