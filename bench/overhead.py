@@ -163,7 +163,9 @@ def child(workload: str, k: int, api: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--ks", default="100,1000,10000")
     parser.add_argument("--workloads", default="long,nested")
     parser.add_argument("--apis", default="async,sync")
@@ -172,14 +174,18 @@ def main() -> None:
     if args.child:
         child(args.child[0], int(args.child[1]), args.child[2])
         return
-    print(f"# {platform.node()} {platform.processor() or platform.machine()} python {platform.python_version()}")
+    print(
+        f"# {platform.node()} {platform.processor() or platform.machine()} python {platform.python_version()}"
+    )
     results: dict[tuple[str, str], dict[int, float]] = {}
     for api in args.apis.split(","):
         for workload in args.workloads.split(","):
             for k in (int(x) for x in args.ks.split(",")):
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", workload, str(k), api],
-                    check=True, capture_output=True, text=True,
+                    check=True,
+                    capture_output=True,
+                    text=True,
                 ).stdout
                 r = json.loads(out.strip().splitlines()[-1])
                 us = r["seconds"] / r["steps"] * 1e6

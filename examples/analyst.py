@@ -88,7 +88,9 @@ def search(query: str, max_results: int = 2) -> list[dict[str, str]]:
         max_results: how many results to return.
     """
     words = set(re.findall(r"\w+", query.lower()))
-    scored = [(len(words & set(re.findall(r"\w+", (d["title"] + " " + d["text"]).lower()))), d) for d in CORPUS]
+    scored = [
+        (len(words & set(re.findall(r"\w+", (d["title"] + " " + d["text"]).lower()))), d) for d in CORPUS
+    ]
     ranked = [d for score, d in sorted(scored, key=lambda x: -x[0]) if score > 0]
     return [{"title": d["title"], "url": d["url"]} for d in ranked[:max_results]]
 
@@ -137,7 +139,11 @@ class PlanNode(Node):
     def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
         guidance = "Write a numbered plan of how to use the tools to help the user."
         return Prompt(
-            messages=[{"role": "system", "content": SYSTEM}, *_view_messages(agent, tape), {"role": "user", "content": guidance}],
+            messages=[
+                {"role": "system", "content": SYSTEM},
+                *_view_messages(agent, tape),
+                {"role": "user", "content": guidance},
+            ],
             tools=ANALYST_TOOLS.tool_schemas(),
         )
 
@@ -158,7 +164,11 @@ class ActNode(Node):
     def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
         guidance = "Follow the plan you made. When you are done, answer the user."
         return Prompt(
-            messages=[{"role": "system", "content": SYSTEM}, *_view_messages(agent, tape), {"role": "user", "content": guidance}],
+            messages=[
+                {"role": "system", "content": SYSTEM},
+                *_view_messages(agent, tape),
+                {"role": "user", "content": guidance},
+            ],
             tools=ANALYST_TOOLS.tool_schemas(),
         )
 
@@ -255,7 +265,7 @@ def scripted_brain(prompt: Prompt) -> LLMOutput:
             return LLMOutput(content="I found nothing about this.")
         sentences = re.split(r"(?<=\.)\s+", results["get_page"])
         return LLMOutput(content=" ".join(sentences[:2]))
-    company = (re.search(r"about (\w+(?: \w+)?)", request) or re.search(r"(\w+)", request or "it"))
+    company = re.search(r"about (\w+(?: \w+)?)", request) or re.search(r"(\w+)", request or "it")
     name = company.group(1).split(" in ")[0] if company else "the company"
     name = re.sub(r"\s+in$", "", name)
     if msgs[-1]["content"].startswith("Write a numbered plan"):
@@ -266,7 +276,9 @@ def scripted_brain(prompt: Prompt) -> LLMOutput:
     if "get_stock_ticker" not in results:
         return _call("get_stock_ticker", company_name=name.split()[0])
     if "get_stock_data" not in results:
-        return _call("get_stock_data", symbol=results["get_stock_ticker"], start_date="2023-09-17", end_date=TODAY)
+        return _call(
+            "get_stock_data", symbol=results["get_stock_ticker"], start_date="2023-09-17", end_date=TODAY
+        )
     if "answers)" not in text:
         return _call("call_search_agent", query=f"{name} company overview")
     prices = json.loads(results["get_stock_data"])

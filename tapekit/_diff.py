@@ -46,6 +46,4 @@ def diff_text(
     def lines(items: Sequence[dict[str, Any]]) -> list[str]:
         return [f"[{i}] {json.dumps(x, sort_keys=True, ensure_ascii=False)}" for i, x in enumerate(items)]
 
-    return "\n".join(
-        difflib.unified_diff(lines(expected), lines(actual), *labels, lineterm="", n=1)
-    )
+    return "\n".join(difflib.unified_diff(lines(expected), lines(actual), *labels, lineterm="", n=1))

@@ -9,6 +9,7 @@ thread can run only one loop at a time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator
@@ -103,8 +104,6 @@ def _iterate_in_thread(agen: AsyncIterator[_T]) -> Iterator[_T]:
     finally:
         stop.set()
         while thread.is_alive():  # unblock the pump if it waits on a full queue
-            try:
+            with contextlib.suppress(queue.Empty):
                 items.get_nowait()
-            except queue.Empty:
-                pass
             thread.join(timeout=0.01)

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny
 
-from tapekit._diff import diff_text, signatures
+from tapekit._diff import diff_text
 from tapekit._sync import iterate_sync, run_sync
 from tapekit.core import (
     Action,
@@ -26,6 +26,7 @@ from tapekit.core import (
     PartialStep,
     Prompt,
     Respond,
+    SetNextNode,
     Step,
     StepMetadata,
     StepSequence,
@@ -391,9 +392,7 @@ class Agent(BaseModel):
                     step = _attributed(step, agent.full_name, node.name, prompt_id, is_last)
                     tape = tape.model_copy(update={"steps": tape.steps.appended([step])})
                     yield AgentEvent(step=step)
-                    if isinstance(step, Action | StopStep):
-                        stop = True
-                    elif isinstance(step, Respond) and agent is self:
+                    if isinstance(step, Action | StopStep) or (isinstance(step, Respond) and agent is self):
                         stop = True
                 if stop:
                     break
@@ -452,7 +451,9 @@ class Agent(BaseModel):
                 f"cannot finish the interrupted run of {agent.full_name}.{node.name}: run again, "
                 "it makes different steps (use the recorded LLM output, e.g. a cache or replay)\n"
                 + diff_text(
-                    [{"step": s.llm_dict()} for s in existing], [{"step": x} for x in head], ("on the tape", "made now")
+                    [{"step": s.llm_dict()} for s in existing],
+                    [{"step": x} for x in head],
+                    ("on the tape", "made now"),
                 )
             )
         rest = made[len(existing) :]
@@ -502,12 +503,26 @@ class Agent(BaseModel):
             prompt = node.make_prompt(agent, prefix)
             if prompt is None:
                 continue
-            output = node.make_llm_output(agent, tape, index)
+            output = _reconstructed(
+                node, agent, tape, index, f"{agent.full_name}.{node.name} at step {index}"
+            )
             run = _run_steps(tape.steps, index)
-            made = [s for s in node.generate_steps(agent, prefix, LLMStream.from_output(output, prompt)) if isinstance(s, Step)]
+            made = [
+                s
+                for s in node.generate_steps(agent, prefix, LLMStream.from_output(output, prompt))
+                if isinstance(s, Step)
+            ]
             _check_same(run, made, f"{agent.full_name}.{node.name} at step {index}")
             text = agent.llm_for(node).make_training_text(prompt, output)
-            texts.append(text.model_copy(update={"prompt_id": run[0].metadata.prompt_id, "agent": agent.full_name, "node": node.name}))
+            texts.append(
+                text.model_copy(
+                    update={
+                        "prompt_id": run[0].metadata.prompt_id,
+                        "agent": agent.full_name,
+                        "node": node.name,
+                    }
+                )
+            )
         return texts
 
     def reuse(self, tape: Tape[Any, Any]) -> tuple[Tape[Any, Any], list[LLMCall]]:
@@ -516,7 +531,9 @@ class Agent(BaseModel):
 
         Steps made by no agent (``metadata.agent`` empty: user messages, observations) are kept
         as they are. For the others, this team's next node is chosen as usual and its
-        ``make_llm_output`` must reproduce them; a :class:`ReconstructionError` says where not.
+        ``make_llm_output`` must reproduce them. ``SetNextNode`` steps are each agent's own
+        routing, so the original's are dropped and this team's own take their place. A
+        :class:`ReconstructionError` says where the tape cannot be reproduced.
         """
         if self._manager is not None:
             return self.root.reuse(tape)
@@ -529,9 +546,13 @@ class Agent(BaseModel):
             }
         )
         calls: list[LLMCall] = []
-        i = 0
-        while i < len(tape):
-            step = tape.steps[i]
+        steps = tape.steps
+        i = idle_runs = 0
+        while i < len(steps):
+            step = steps[i]
+            if isinstance(step, SetNextNode) and step.metadata.agent:
+                i += 1
+                continue
             if not step.metadata.agent:
                 new = new.model_copy(update={"steps": new.steps.appended([step])})
                 i += 1
@@ -541,22 +562,32 @@ class Agent(BaseModel):
             node = agent.select_node(top)
             where = f"{agent.full_name}.{node.name} at step {i}"
             prompt = node.make_prompt(agent, new)
-            if prompt is None:
-                stream = LLMStream()
-            else:
-                output = node.make_llm_output(agent, tape, i)
+            stream = LLMStream()
+            if prompt is not None:
+                output = _reconstructed(node, agent, tape, i, where)
                 stream = LLMStream.from_output(output, prompt)
                 calls.append(LLMCall(prompt=prompt, output=output, model=agent.llm_for(node).model_name))
             made = [s for s in node.generate_steps(agent, new, stream) if isinstance(s, Step)]
-            original = list(tape.steps[i : i + len(made)])
-            _check_same(original, made, where)
+            content = [s for s in made if not isinstance(s, SetNextNode)]
+            originals = [s for s in steps[i:] if s.metadata.agent and not isinstance(s, SetNextNode)]
+            _check_same(originals[: len(content)], content, where, allow_empty=True)
+            matched = 0
+            while matched < len(content):  # advance past the matched steps and the original's routing
+                if not isinstance(steps[i], SetNextNode):
+                    matched += 1
+                i += 1
+            idle_runs = 0 if content else idle_runs + 1
+            if idle_runs > 2 * len(agent.nodes) + 2:
+                raise ReconstructionError(f"{where}: the team keeps routing without making the tape's steps")
+            if not made:
+                raise ReconstructionError(f"{where}: the node produced no steps")
             prompt_id = prompt.id if prompt is not None else new_id()
             adapted = [
-                _attributed(s, agent.full_name, node.name, prompt_id, k == len(original) - 1, new_id=True)
-                for k, s in enumerate(original)
+                _attributed(s, agent.full_name, node.name, prompt_id, k == len(made) - 1, new_id=True)
+                for k, s in enumerate(made)
             ]
+            # keep the original objects' ids out: these are new steps with the same content
             new = new.model_copy(update={"steps": new.steps.appended(adapted)})
-            i += len(made)
         meta = new.metadata.model_copy(update={"n_added_steps": len(new)})
         return new.model_copy(update={"metadata": meta}), calls
 
@@ -605,6 +636,16 @@ def _with_last(items: Iterator[Step | PartialStep], where: str) -> Iterator[tupl
     yield pending, True
 
 
+def _reconstructed(node: Node, agent: Agent, tape: Tape[Any, Any], index: int, where: str) -> LLMOutput:
+    """``node.make_llm_output`` with failures reported as where they happened."""
+    try:
+        return node.make_llm_output(agent, tape, index)
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        raise ReconstructionError(f"{where}: make_llm_output failed: {type(e).__name__}: {e}") from e
+
+
 def _run_steps(steps: StepSequence[Step], index: int) -> list[Step]:
     pid = steps[index].metadata.prompt_id
     out = []
@@ -615,12 +656,12 @@ def _run_steps(steps: StepSequence[Step], index: int) -> list[Step]:
     return out
 
 
-def _check_same(expected: list[Step], made: list[Step], where: str) -> None:
-    a, b = signatures(expected, False), signatures(made, False)
-    a = [x["step"] for x in a]
-    b = [x["step"] for x in b]
-    if not made or a != b:
+def _check_same(expected: list[Step], made: list[Step], where: str, allow_empty: bool = False) -> None:
+    a = [s.llm_dict() for s in expected]
+    b = [s.llm_dict() for s in made]
+    if (not made and not allow_empty) or a != b:
         raise ReconstructionError(
             f"{where}: generate_steps on make_llm_output's output does not give back the tape's "
-            "steps\n" + diff_text([{"s": x} for x in a], [{"s": x} for x in b], ("on the tape", "regenerated"))
+            "steps\n"
+            + diff_text([{"s": x} for x in a], [{"s": x} for x in b], ("on the tape", "regenerated"))
         )

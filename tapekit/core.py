@@ -220,7 +220,7 @@ _T = TypeVar("_T")
 class _Buffer(Generic[S]):
     """A list shared by every sequence that is a prefix of it, plus memoised folds over it."""
 
-    __slots__ = ("items", "lock", "folds")
+    __slots__ = ("folds", "items", "lock")
 
     def __init__(self, items: list[S]) -> None:
         self.items = items
@@ -383,9 +383,7 @@ class StepSequence(Sequence[S]):
         from_list = core_schema.no_info_after_validator_function(to_sequence, list_schema)
         return core_schema.json_or_python_schema(
             json_schema=from_list,
-            python_schema=core_schema.union_schema(
-                [core_schema.is_instance_schema(StepSequence), from_list]
-            ),
+            python_schema=core_schema.union_schema([core_schema.is_instance_schema(StepSequence), from_list]),
             serialization=core_schema.plain_serializer_function_ser_schema(
                 serialize, info_arg=True, when_used="always"
             ),
@@ -479,9 +477,7 @@ class Tape(BaseModel, Generic[ContextT, StepT]):
 
     def extend(self, steps: Iterable[StepT]) -> typing.Self:
         """A new tape with ``steps`` added (fresh metadata); O(len(steps)) amortised."""
-        return self.model_copy(
-            update={"steps": self.steps.appended(steps), "metadata": TapeMetadata()}
-        )
+        return self.model_copy(update={"steps": self.steps.appended(steps), "metadata": TapeMetadata()})
 
     def with_new_steps(self, steps: Iterable[StepT], **metadata: Any) -> typing.Self:
         """A continuation of this tape: ``steps`` added, ``parent_id`` set to this tape's id."""

@@ -113,7 +113,7 @@ def view_to_messages(steps: Iterable[Step], agent_name: str = "") -> list[dict[s
 
     Consecutive tool calls become one assistant message with several ``tool_calls``; a
     :class:`Call` to this agent reads as the user's request, a :class:`Respond` from a subagent
-    as a tool-style answer; other control steps are left out.
+    as a user message naming the subagent; other control steps are left out.
     """
     messages: list[dict[str, Any]] = []
     for step in steps:

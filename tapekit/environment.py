@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
 from tapekit._sync import run_sync
 from tapekit.core import Action, Observation, StopStep, Tape
@@ -95,7 +94,7 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
             is_args = header.group(1).lower() in {"args", "arguments", "parameters", "params"}
             section, current, param_indent = ("args" if is_args else "other"), None, None
         elif sphinx := _SPHINX_PARAM.match(text):
-            section, current, param_indent = "args", sphinx.group(1), None
+            section, current, param_indent = "args", sphinx.group(1), indent
             params[current] = sphinx.group(2).strip()
         elif text.startswith(":"):
             section = "other"
@@ -121,15 +120,20 @@ class Tool:
         self.fn = fn
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-            getattr(fn, "__call__", None)
+            type(fn).__call__ if not inspect.isroutine(fn) else None
         )
         self.description, param_help = _parse_docstring(fn.__doc__ or "")
         fields: dict[str, Any] = {}
         hints = _type_hints(fn)
+        self._positional_only: list[str] = []
         for pname, param in inspect.signature(fn).parameters.items():
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 continue
-            annotation = hints.get(pname, Any)
+            if param.kind is param.POSITIONAL_ONLY:
+                self._positional_only.append(pname)
+            annotation = hints.get(pname, param.annotation)
+            if annotation is inspect.Parameter.empty or isinstance(annotation, str):
+                annotation = Any  # unresolvable forward reference: accept any JSON value
             default = ... if param.default is inspect.Parameter.empty else param.default
             fields[pname] = (annotation, Field(default, description=param_help.get(pname)))
         self.arguments_model: type[BaseModel] = create_model(  # type: ignore[call-overload]
@@ -147,31 +151,53 @@ class Tool:
             "function": {"name": self.name, "description": self.description, "parameters": parameters},
         }
 
+    def bind(self, arguments: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """Validate ``arguments`` against the signature (``ValidationError`` if they do not fit)
+        and return the positional and keyword arguments to call the function with."""
+        values = self.arguments_model.model_validate(arguments)
+        args = [getattr(values, name) for name in self._positional_only]
+        kwargs = {k: getattr(values, k) for k in type(values).model_fields if k not in self._positional_only}
+        return args, kwargs
+
     async def acall(self, arguments: dict[str, Any]) -> Any:
         """Validate ``arguments`` against the signature and run the tool."""
-        values = self.arguments_model.model_validate(arguments)
-        kwargs = {k: getattr(values, k) for k in type(values).model_fields}
+        args, kwargs = self.bind(arguments)
         if self.is_async:
-            return await self.fn(**kwargs)
-        return await asyncio.to_thread(self.fn, **kwargs)
+            return await self.fn(*args, **kwargs)
+        return await asyncio.to_thread(self.fn, *args, **kwargs)
 
 
 def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    """Resolved parameter types; if one cannot be resolved, the others still are."""
     import typing
 
     try:
         return typing.get_type_hints(fn)
     except Exception:
-        return {}
+        pass
+    hints: dict[str, Any] = {}
+    namespace = getattr(fn, "__globals__", {})
+    for name, param in inspect.signature(fn).parameters.items():
+        annotation = param.annotation
+        if isinstance(annotation, str):
+            try:
+                annotation = eval(annotation, namespace)  # what get_type_hints does, per parameter
+            except Exception:
+                continue
+        if annotation is not inspect.Parameter.empty:
+            hints[name] = annotation
+    return hints
+
+
+_ANY = TypeAdapter(Any)
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
+    """A tool's return value as JSON data: models, dataclasses, dates and nested containers of
+    them are converted; anything else unserialisable becomes its ``str``."""
     try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
+        return _ANY.dump_python(value, mode="json")
+    except Exception:
         return str(value)
 
 
@@ -242,14 +268,21 @@ class ToolEnvironment(Environment):
             result.error = f"unknown tool {call.name!r}; available tools: {', '.join(self.tools) or 'none'}"
             return result
         try:
-            result.content = _jsonable(await tool.acall(call.arguments))
-        except ExternalObservationNeeded:
-            raise
+            args, kwargs = tool.bind(call.arguments)
         except ValidationError as e:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}" for err in e.errors()
             )
             result.error = f"invalid arguments for {call.name}: {problems}"
+            return result
+        try:
+            if tool.is_async:
+                value = await tool.fn(*args, **kwargs)
+            else:
+                value = await asyncio.to_thread(tool.fn, *args, **kwargs)
+            result.content = _jsonable(value)
+        except ExternalObservationNeeded:
+            raise
         except Exception as e:
             result.error = f"{type(e).__name__}: {e}"
         return result

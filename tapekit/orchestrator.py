@@ -249,4 +249,3 @@ def replay_tape(
 ) -> ReplayResult:
     """Sync version of :func:`areplay_tape`."""
     return run_sync(areplay_tape(agent, tape, llm_calls, start_tape))
-

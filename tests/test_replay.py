@@ -16,15 +16,19 @@ import pytest
 from examples.analyst import ENVIRONMENT, make_analyst, start_tape
 from tapekit import LLMCall, Tape, main_loop, replay_tape
 from tapekit._diff import signatures
-from tapekit.llm import ReplayLLM, ReplayMissError
 from tapekit.core import Prompt
+from tapekit.llm import ReplayLLM, ReplayMissError
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("analyst_*.json"))
 
 
 def load(path: Path) -> tuple[str, Tape[Any, Any], list[LLMCall]]:
     data = json.loads(path.read_text())
-    return data["question"], Tape.model_validate(data["tape"]), [LLMCall.model_validate(c) for c in data["llm_calls"]]
+    return (
+        data["question"],
+        Tape.model_validate(data["tape"]),
+        [LLMCall.model_validate(c) for c in data["llm_calls"]],
+    )
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
@@ -47,9 +51,7 @@ def test_a_fresh_run_makes_the_recorded_tape(path: Path) -> None:
     question, tape, calls = load(path)
     made = main_loop(make_analyst(), start_tape(question), ENVIRONMENT).get_final_tape()
     assert signatures(made.steps) == signatures(tape.steps)
-    assert [c.prompt.content_key() for c in calls] == [
-        c.prompt.content_key() for c in _calls_of(question)
-    ]
+    assert [c.prompt.content_key() for c in calls] == [c.prompt.content_key() for c in _calls_of(question)]
 
 
 def _calls_of(question: str) -> list[LLMCall]:

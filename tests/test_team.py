@@ -65,7 +65,14 @@ def test_prompt_ids_group_steps_into_node_runs(final: Tape[Any, Any]) -> None:
     agent = make_analyst()
     assert [index for _, index in agent.get_node_runs(final)] == [r[0] for r in RUNS]
     assert [node.name for node, _ in agent.get_node_runs(final)] == [
-        "plan", "act", "act", "act", "search", "search", "search", "act"
+        "plan",
+        "act",
+        "act",
+        "act",
+        "search",
+        "search",
+        "search",
+        "act",
     ]
 
 

@@ -70,11 +70,9 @@ class LLMStream:
     an output is an error that names the problem.
     """
 
-    __slots__ = ("events", "_output", "prompt")
+    __slots__ = ("_output", "events", "prompt")
 
-    def __init__(
-        self, events: list[LLMEvent] | None = None, prompt: Prompt | None = None
-    ) -> None:
+    def __init__(self, events: list[LLMEvent] | None = None, prompt: Prompt | None = None) -> None:
         self.events = events or []
         self.prompt = prompt
         self._output = next((e.output for e in reversed(self.events) if e.output), None)

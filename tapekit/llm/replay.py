@@ -53,7 +53,11 @@ class ReplayLLM(LLM):
         )
         diff = "\n".join(
             difflib.unified_diff(
-                _pretty(best).splitlines(), wanted.splitlines(), "closest recorded prompt", "this prompt", lineterm=""
+                _pretty(best).splitlines(),
+                wanted.splitlines(),
+                "closest recorded prompt",
+                "this prompt",
+                lineterm="",
             )
         )
         return f"this prompt was not recorded ({len(self.calls)} recorded calls); diff:\n{diff}"
