@@ -21,8 +21,9 @@ def test_readme_starts_with_the_two_commands() -> None:
 def test_readme_python_snippet_runs(capsys: object) -> None:
     code = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)[0]
     namespace: dict[str, object] = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "README.md", "exec", dont_inherit=True), namespace)
     tape = namespace["tape"]
+    assert tape.metadata.error is None, tape.metadata.error  # type: ignore[attr-defined]
     assert tape.steps[-1].text == "you said: hi"  # type: ignore[attr-defined]
 
 
@@ -38,5 +39,5 @@ def test_demo_script_prints_the_team_tape() -> None:
     lines = out.splitlines()
     assert len(lines) == 19
     assert "analyst/search_agent.search" in out and "calls search_agent" in out
-    assert lines[-1].split()[1:4] == ["analyst.act", "action", "assistant"]
+    assert lines[-1].split()[2:5] == ["analyst.act", "action", "assistant"]
     assert "Acme Robotics builds warehouse robots" in lines[-1]
