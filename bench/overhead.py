@@ -6,7 +6,7 @@ Workloads:
   nested  the same inner loop inside a root -> middle -> inner chain (Call/Respond).
 
 Each (workload, K) runs in a fresh subprocess (after a small warm-up run) so that peak RSS is
-its own. The flat lines use the async core; the ``-sync`` lines drive the same loop through the
+its own; short runs are repeated and the median time is reported. The flat lines use the async core; the ``-sync`` lines drive the same loop through the
 sync API. Per-step cost should not grow with K: compare us_per_step across K.
 
     python bench/overhead.py [--ks 100,1000,10000] [--workloads long,nested]
@@ -20,6 +20,7 @@ import gc
 import json
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -156,8 +157,13 @@ def run_once(workload: str, k: int, api: str) -> tuple[float, Tape[Any, Any]]:
 
 def child(workload: str, k: int, api: str) -> None:
     run_once(workload, 50, api)  # warm-up: imports, caches, first-call costs
-    gc.collect()
-    seconds, tape = run_once(workload, k, api)
+    repeats = max(1, min(15, 30_000 // (3 * k)))  # short runs are noisy: take the median
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        seconds, tape = run_once(workload, k, api)
+        times.append(seconds)
+    seconds = statistics.median(times)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"seconds": seconds, "steps": len(tape), "peak_rss_mb": peak_mb}))
 

@@ -33,6 +33,7 @@ from tapekit import (
     Respond,
     SetNextNode,
     Step,
+    StepMetadata,
     Tape,
     ToolCall,
     ToolCallRequest,
@@ -180,8 +181,12 @@ class ActNode(Node):
             yield SetNextNode(next_node="act")
             calls = tool_calls_from_output(output)
             delegate = next((c for c in calls if c.name == "call_search_agent"), None)
-            if delegate is not None:
-                yield Call(agent_name="search_agent", content=str(delegate.arguments.get("query", "")))
+            if delegate is not None:  # the tool call's id rides along so make_llm_output is exact
+                yield Call(
+                    agent_name="search_agent",
+                    content=str(delegate.arguments.get("query", "")),
+                    metadata=StepMetadata(other={"tool_call_id": delegate.call_id}),
+                )
             else:
                 yield from calls
         else:
@@ -195,7 +200,10 @@ class ActNode(Node):
             return LLMOutput(content=body.content)
         if isinstance(body, Call):
             args = json.dumps({"query": body.content})
-            return LLMOutput(tool_calls=[ToolCallRequest(name="call_search_agent", arguments=args)])
+            call_id = body.metadata.other.get("tool_call_id", "")
+            return LLMOutput(
+                tool_calls=[ToolCallRequest(id=call_id, name="call_search_agent", arguments=args)]
+            )
         calls = [s for s in _same_run(steps) if isinstance(s, ToolCall)]
         return LLMOutput(tool_calls=[c.to_request() for c in calls])
 

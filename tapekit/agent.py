@@ -22,6 +22,7 @@ from tapekit._diff import diff_text
 from tapekit._sync import iterate_sync, run_sync
 from tapekit.core import (
     Action,
+    Call,
     LLMOutput,
     PartialStep,
     Prompt,
@@ -349,6 +350,7 @@ class Agent(BaseModel):
 
     async def _arun(self, start: Tape[Any, Any]) -> AsyncIterator[AgentEvent]:
         tape = start
+        seq = tape.steps  # the steps made so far, ahead of `tape` within a node run
         where = ""
         try:
             iterations = 0
@@ -370,6 +372,7 @@ class Agent(BaseModel):
                         "without making an action"
                     )
                 iterations += 1
+                seq = tape.steps
                 top = self.compute_view(tape).top
                 agent = self.find_agent(top.agent_name)
                 node = agent.select_node(top)
@@ -389,16 +392,25 @@ class Agent(BaseModel):
                     if isinstance(step, PartialStep):
                         yield AgentEvent(partial_step=step)
                         continue
+                    if isinstance(step, Call | Respond) and not is_last:
+                        raise AgentError(
+                            f"{where} made a {step.kind} that is not the last step of its node run; "
+                            "put SetNextNode and other steps before it"
+                        )
                     step = _attributed(step, agent.full_name, node.name, prompt_id, is_last)
-                    tape = tape.model_copy(update={"steps": tape.steps.appended([step])})
+                    seq = seq.appended([step])
                     yield AgentEvent(step=step)
                     if isinstance(step, Action | StopStep) or (isinstance(step, Respond) and agent is self):
                         stop = True
+                tape = tape.model_copy(update={"steps": seq})
                 if stop:
                     break
         except Exception as e:  # recorded on the tape; CancelledError is not an Exception
+            if len(seq) > len(tape):
+                tape = tape.model_copy(update={"steps": seq})
             message = f"{type(e).__name__}: {e}" + (f" (in {where})" if where else "")
-            logger.warning("agent %s failed: %s", self.name, message, exc_info=True)
+            logger.warning("agent %s failed: %s", self.name, message)
+            logger.debug("traceback of the failure of agent %s", self.name, exc_info=True)
             yield AgentEvent(final_tape=self._final(start, tape, error=message))
             return
         yield AgentEvent(final_tape=self._final(start, tape))
@@ -550,12 +562,16 @@ class Agent(BaseModel):
         i = idle_runs = 0
         while i < len(steps):
             step = steps[i]
-            if isinstance(step, SetNextNode) and step.metadata.agent:
-                i += 1
-                continue
             if not step.metadata.agent:
                 new = new.model_copy(update={"steps": new.steps.appended([step])})
                 i += 1
+                continue
+            end = i  # the agents' steps up to the next external step
+            while end < len(steps) and steps[end].metadata.agent:
+                end += 1
+            originals = [s for s in steps[i:end] if not isinstance(s, SetNextNode)]
+            if not originals:  # only the original agent's routing is left: drop it
+                i = end
                 continue
             top = self.compute_view(new).top
             agent = self.find_agent(top.agent_name)
@@ -568,25 +584,28 @@ class Agent(BaseModel):
                 stream = LLMStream.from_output(output, prompt)
                 calls.append(LLMCall(prompt=prompt, output=output, model=agent.llm_for(node).model_name))
             made = [s for s in node.generate_steps(agent, new, stream) if isinstance(s, Step)]
+            if not made:
+                raise ReconstructionError(f"{where}: the node produced no steps")
             content = [s for s in made if not isinstance(s, SetNextNode)]
-            originals = [s for s in steps[i:] if s.metadata.agent and not isinstance(s, SetNextNode)]
             _check_same(originals[: len(content)], content, where, allow_empty=True)
-            matched = 0
+            matched, last_pid = 0, None
             while matched < len(content):  # advance past the matched steps and the original's routing
                 if not isinstance(steps[i], SetNextNode):
                     matched += 1
+                    last_pid = steps[i].metadata.prompt_id
+                i += 1
+            while (  # and past routing that closed the same original node run
+                i < end and isinstance(steps[i], SetNextNode) and steps[i].metadata.prompt_id == last_pid
+            ):
                 i += 1
             idle_runs = 0 if content else idle_runs + 1
             if idle_runs > 2 * len(agent.nodes) + 2:
                 raise ReconstructionError(f"{where}: the team keeps routing without making the tape's steps")
-            if not made:
-                raise ReconstructionError(f"{where}: the node produced no steps")
             prompt_id = prompt.id if prompt is not None else new_id()
             adapted = [
-                _attributed(s, agent.full_name, node.name, prompt_id, k == len(made) - 1, new_id=True)
+                _attributed(s, agent.full_name, node.name, prompt_id, k == len(made) - 1, fresh_id=True)
                 for k, s in enumerate(made)
             ]
-            # keep the original objects' ids out: these are new steps with the same content
             new = new.model_copy(update={"steps": new.steps.appended(adapted)})
         meta = new.metadata.model_copy(update={"n_added_steps": len(new)})
         return new.model_copy(update={"metadata": meta}), calls
@@ -609,13 +628,19 @@ def _check_unique(names: list[str], message: str) -> None:
 
 
 def _attributed(
-    step: Step, agent: str, node: str, prompt_id: str, run_end: bool, new_id: bool = False
+    step: Step, agent: str, node: str, prompt_id: str, run_end: bool, fresh_id: bool = False
 ) -> Step:
     """A copy of ``step`` with its authorship set (the node's own object is never mutated)."""
-    update: dict[str, Any] = {"agent": agent, "node": node, "prompt_id": prompt_id, "run_end": run_end}
-    if new_id:
-        update["id"] = StepMetadata().id
-    return step.model_copy(update={"metadata": step.metadata.model_copy(update=update)})
+    old = step.metadata
+    meta = StepMetadata.model_construct(  # all values are already valid: skip re-validation
+        id=new_id() if fresh_id else old.id,
+        prompt_id=prompt_id,
+        node=node,
+        agent=agent,
+        run_end=run_end,
+        other=old.other,
+    )
+    return step.model_copy(update={"metadata": meta})
 
 
 def _with_last(items: Iterator[Step | PartialStep], where: str) -> Iterator[tuple[Any, bool]]:

@@ -458,6 +458,11 @@ class Tape(BaseModel, Generic[ContextT, StepT]):
     def __len__(self) -> int:
         return len(self.steps)
 
+    def __bool__(self) -> bool:
+        """Always true, even with no steps: a tape is a value, so ``a or b`` never skips an
+        empty tape by accident."""
+        return True
+
     def __iter__(self) -> Iterator[StepT]:  # type: ignore[override]
         return iter(self.steps)
 

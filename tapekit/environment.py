@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
 from tapekit._sync import run_sync
-from tapekit.core import Action, Observation, StopStep, Tape
+from tapekit.core import Action, Observation, Tape
 from tapekit.dialog import AssistantStep, ToolCall, ToolResult
 
 __all__ = [
@@ -44,15 +44,12 @@ class UnknownActionError(TypeError):
 
 
 def unanswered_actions(tape: Tape[Any, Any]) -> list[Action]:
-    """The actions after the tape's last observation: what the environment must answer.
-
-    Stop steps are never answered.
-    """
+    """The actions after the tape's last observation: what the environment must answer."""
     actions: list[Action] = []
     for step in reversed(tape.steps):
         if isinstance(step, Observation):
             break
-        if isinstance(step, Action) and not isinstance(step, StopStep):
+        if isinstance(step, Action):
             actions.append(step)
     actions.reverse()
     return actions

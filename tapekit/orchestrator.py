@@ -55,7 +55,7 @@ class MainLoopEvent:
     @property
     def tape(self) -> Tape[Any, Any] | None:
         """The new tape if this event carries one (after either side's turn)."""
-        return self.agent_tape or self.env_tape
+        return self.agent_tape if self.agent_tape is not None else self.env_tape
 
 
 class AsyncMainLoopStream:
@@ -72,7 +72,8 @@ class AsyncMainLoopStream:
         """Run to the end and return the last tape."""
         tape = self._start
         async for event in self._events:
-            tape = event.tape or tape
+            if event.tape is not None:
+                tape = event.tape
         return tape
 
 
@@ -134,7 +135,8 @@ async def _main_loop(
             yield MainLoopEvent(external=e)
             return
         except Exception as e:
-            logger.warning("environment failed", exc_info=True)
+            logger.warning("environment %s failed: %s: %s", environment.name, type(e).__name__, e)
+            logger.debug("traceback of the environment failure", exc_info=True)
             tape = tape.with_metadata(error=f"{type(e).__name__}: {e} (in environment {environment.name})")
             yield MainLoopEvent(env_tape=tape)
             return

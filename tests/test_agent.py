@@ -383,3 +383,24 @@ def test_breaking_out_of_a_sync_run_closes_it() -> None:
         if event.step is not None:
             break
     assert event.step is not None and event.step.kind == "agenttest_note"
+
+
+@pytest.mark.parametrize("control", [Call(agent_name="helper"), Respond(content="x")])
+def test_call_and_respond_must_end_their_node_run(control: Step) -> None:
+    helper = Agent.create(name="helper", nodes=[Const(steps=[Respond(content="ok")])])
+    agent = Agent.create(
+        name="a", nodes=[Const(steps=[control, SetNextNode(next_node=0)])], subagents=[helper]
+    )
+    tape = agent.run(start()).get_final_tape()
+    assert f"made a {control.kind} that is not the last step" in (tape.metadata.error or "")
+    assert len(tape) == 1  # nothing half-routed was added
+
+
+def test_an_empty_tape_is_still_a_tape_value() -> None:
+    empty: Tape[Any, Any] = Tape()
+    assert bool(empty) and len(empty) == 0
+    agent = Agent.create(name="a", nodes=[])
+    from tapekit import Environment, main_loop
+
+    final = main_loop(agent, empty, Environment()).get_final_tape()
+    assert "has no nodes" in (final.metadata.error or "")

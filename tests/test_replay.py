@@ -90,3 +90,16 @@ def test_replay_llm_answers_equal_prompts_and_explains_misses() -> None:
     changed = Prompt(messages=[*calls[0].prompt.messages[:-1], {"role": "user", "content": "Something new"}])
     with pytest.raises(ReplayMissError, match="Something new"):
         llm.generate(changed)
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
+def test_reuse_of_a_recorded_tape_rebuilds_the_recorded_llm_calls(path: Path) -> None:
+    _, tape, calls = load(path)
+    reused, rebuilt = make_analyst().reuse(tape)
+    assert signatures(reused.steps) == signatures(tape.steps)
+    assert [(c.prompt.content_key(), c.output) for c in rebuilt] == [
+        (c.prompt.content_key(), c.output) for c in calls
+    ]
+    texts = make_analyst().make_training_text(tape)
+    assert len(texts) == len(calls) == 8
+    assert [t.prompt_id for t in texts] == [c.prompt.id for c in calls]
