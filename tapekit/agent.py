@@ -74,6 +74,7 @@ class Node(BaseModel):
     llm: str = ""
 
     def model_post_init(self, context: Any, /) -> None:
+        """Default the name to the class name."""
         if not self.name:
             self.name = type(self).__name__
 
@@ -206,6 +207,7 @@ class Agent(BaseModel):
         )
 
     def model_post_init(self, context: Any, /) -> None:
+        """Check names and adopt the subagents (each agent belongs to one manager)."""
         if not self.name or "/" in self.name:
             raise ValueError(f"agent name {self.name!r} must be non-empty and contain no '/'")
         _check_unique([n.name for n in self.nodes], f"agent {self.name!r} has two nodes named")

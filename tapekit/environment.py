@@ -233,6 +233,7 @@ class ToolEnvironment(Environment):
         return [tool.schema() for tool in self.tools.values()]
 
     async def areact(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
+        """Answer every unanswered action at the tape's end, concurrently, in their order."""
         actions = unanswered_actions(tape)
         observations = await asyncio.gather(*(self._answer(a) for a in actions))
         return self._continued(tape, observations)

@@ -31,6 +31,7 @@ class ReplayLLM(LLM):
     _served: dict[str, int] = PrivateAttr(default_factory=dict)
 
     def model_post_init(self, context: object, /) -> None:
+        """Index the recorded outputs by prompt content."""
         for call in self.calls:
             self._outputs.setdefault(call.prompt.content_key(), []).append(call.output)
 
