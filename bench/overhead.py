@@ -6,8 +6,9 @@ Workloads:
   nested  the same inner loop inside a root -> middle -> inner chain (Call/Respond).
 
 Each (workload, K) runs in a fresh subprocess (after a small warm-up run) so that peak RSS is
-its own; short runs are repeated and the median time is reported. The flat lines use the async core; the ``-sync`` lines drive the same loop through the
-sync API. Per-step cost should not grow with K: compare us_per_step across K.
+its own; short runs are repeated and the median time is reported. The plain lines use the
+async core; the ``-sync`` lines drive the same loop through the sync API. Per-step cost should
+not grow with K: compare us_per_step across K.
 
     python bench/overhead.py [--ks 100,1000,10000] [--workloads long,nested]
 """

@@ -428,10 +428,15 @@ class Agent(BaseModel):
             if event.chunk:
                 yield AgentEvent(chunk=event.chunk)
         stream = LLMStream(events, prompt)
+        last = events[-1]
+        prompt_tokens, output_tokens = last.prompt_tokens or 0, last.output_tokens or 0
         call = LLMCall(
             prompt=prompt,
             output=stream.get_output(),
             model=llm.model_name,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            cost=llm.cost(prompt_tokens, output_tokens),
             latency_s=time.perf_counter() - t0,
         )
         yield AgentEvent(llm_call=call)

@@ -14,8 +14,9 @@ def test_readme_starts_with_the_two_commands() -> None:
     lines = (ROOT / "README.md").read_text().splitlines()
     block = lines[lines.index("```bash") + 1 : lines.index("```bash") + 3]
     assert block[0].startswith("pip install -e . && python examples/analyst.py")
-    assert block[1].startswith('pip install -e ".[dev]" && pytest')
-    assert (ROOT / ".ci" / "run").read_text().strip().endswith('pip install -e ".[dev]" && pytest')
+    test_command = 'pip install -e ".[dev]" && bash scripts/install-local.sh && pytest'
+    assert block[1].startswith(test_command)
+    assert (ROOT / ".ci" / "run").read_text().strip().endswith(test_command)
 
 
 def test_readme_python_snippet_runs(capsys: object) -> None:

@@ -19,14 +19,21 @@ from pydantic import BaseModel, ConfigDict, Field
 from tapekit._sync import iterate_sync, run_sync
 from tapekit.core import LLMOutput, Prompt
 
-__all__ = ["LLM", "LLMCall", "LLMEvent", "LLMStream", "TrainingText"]
+__all__ = ["LLM", "LLMCall", "LLMError", "LLMEvent", "LLMStream", "TrainingText"]
+
+
+class LLMError(RuntimeError):
+    """An LLM call failed; the message names the endpoint and the model, and says why."""
 
 
 class LLMEvent(BaseModel):
-    """One event of an LLM stream: a text chunk, or (last) the complete output."""
+    """One event of an LLM stream: a text chunk, or (last) the complete output with its
+    token counts when the backend reports them."""
 
     chunk: str | None = None
     output: LLMOutput | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
 
 
 class LLMCall(BaseModel):
@@ -109,6 +116,12 @@ class LLM(BaseModel, ABC):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     model_name: str = ""
+    cost_per_prompt_token: float = 0.0
+    cost_per_output_token: float = 0.0
+
+    def cost(self, prompt_tokens: int, output_tokens: int) -> float:
+        """The price of a call with these token counts (0 unless per-token prices are set)."""
+        return prompt_tokens * self.cost_per_prompt_token + output_tokens * self.cost_per_output_token
 
     @abstractmethod
     def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
@@ -154,6 +167,16 @@ class LLM(BaseModel, ABC):
             out += json.dumps(calls)
         out += "<|end|>\n"
         return TrainingText(text=prompt_text + out, n_predicted=len(out), prompt_id=prompt.id)
+
+
+def _merge_name(current: str, piece: str | None) -> str:
+    """Accumulate a streamed tool-call name: OpenAI sends it once, some servers repeat it
+    whole in every delta, a few send it in pieces."""
+    if not piece:
+        return current
+    if not current or piece.startswith(current):
+        return piece
+    return current + piece
 
 
 def _render_message(message: dict[str, Any]) -> str:

