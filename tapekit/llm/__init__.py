@@ -1,14 +1,17 @@
 """LLM clients: the interface agents call, deterministic test LLMs, and replay."""
 
 from tapekit.core import LLMOutput, Prompt, ToolCallRequest
-from tapekit.llm.base import LLM, LLMCall, LLMEvent, LLMStream, TrainingText
+from tapekit.llm.base import LLM, LLMCall, LLMError, LLMEvent, LLMStream, TrainingText
+from tapekit.llm.cached import CachedLLM
 from tapekit.llm.replay import ReplayLLM, ReplayMissError
 from tapekit.llm.scripted import FunctionLLM, ScriptedLLM
 
 __all__ = [
     "LLM",
+    "CachedLLM",
     "FunctionLLM",
     "LLMCall",
+    "LLMError",
     "LLMEvent",
     "LLMOutput",
     "LLMStream",

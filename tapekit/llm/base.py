@@ -146,6 +146,10 @@ class LLM(BaseModel, ABC):
         assert output is not None
         return output
 
+    def count_tokens(self, text: str) -> int:
+        """How many tokens the model makes of ``text`` (backends with a tokenizer implement it)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot count tokens: it has no tokenizer")
+
     def stream(self, prompt: Prompt) -> Iterator[LLMEvent]:
         """Sync version of :meth:`astream`."""
         return iterate_sync(self.astream(prompt))
