@@ -62,6 +62,7 @@ from tapekit.orchestrator import (
     reconstruct_llm_calls,
     replay_tape,
 )
+from tapekit.structured import LLMOutputParsingFailure, StructuredNode, parse_steps, steps_schema
 from tapekit.views import TapeView, TapeViewStack, cached_fold
 
 __version__ = "0.1.0"
@@ -83,6 +84,7 @@ __all__ = [
     "FunctionLLM",
     "LLMCall",
     "LLMOutput",
+    "LLMOutputParsingFailure",
     "LLMStream",
     "MainLoopEvent",
     "Node",
@@ -100,6 +102,7 @@ __all__ = [
     "StepMetadata",
     "StepSequence",
     "StopStep",
+    "StructuredNode",
     "SystemStep",
     "Tape",
     "TapeMetadata",
@@ -119,8 +122,10 @@ __all__ = [
     "async_main_loop",
     "cached_fold",
     "main_loop",
+    "parse_steps",
     "reconstruct_llm_calls",
     "replay_tape",
+    "steps_schema",
     "tool_calls_from_output",
     "unanswered_actions",
     "view_to_messages",
