@@ -38,12 +38,12 @@ from tapekit import (
     ToolCall,
     ToolCallRequest,
     ToolEnvironment,
+    ToolResult,
     UserStep,
     main_loop,
     tool_calls_from_output,
     view_to_messages,
 )
-from tapekit.rendering import render_tape
 
 TODAY = "2024-09-17"
 CORPUS: list[dict[str, str]] = json.loads((Path(__file__).parent / "data" / "corpus.json").read_text())
@@ -161,22 +161,26 @@ class ActNode(Node):
     """Follows the plan: calls tools, delegates web search, or answers the user."""
 
     name: str = "act"
+    max_tool_results: int = 3  # then the JSON mode only lets the model answer
 
     def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
         guidance = "Follow the plan you made. When you are done, answer the user."
-        return Prompt(
-            messages=[
-                {"role": "system", "content": SYSTEM},
-                *_view_messages(agent, tape),
-                {"role": "user", "content": guidance},
-            ],
-            tools=ANALYST_TOOLS.tool_schemas(),
-        )
+        messages = [
+            {"role": "system", "content": SYSTEM},
+            *_view_messages(agent, tape),
+            {"role": "user", "content": guidance},
+        ]
+        tools = ANALYST_TOOLS.tool_schemas()
+        if agent.templates.get("json_tools"):
+            n = _n_results(agent, tape)  # look something up first; answer after at most 3 results
+            schema = json_tool_schema(tools, allow_tools=n < self.max_tool_results, allow_answer=n > 0)
+            return Prompt(messages=messages, response_schema=schema)
+        return Prompt(messages=messages, tools=tools)
 
     def generate_steps(
         self, agent: Agent, tape: Tape[Any, Any], llm_stream: LLMStream
     ) -> Iterator[Step | PartialStep]:
-        output = llm_stream.get_output()
+        output = as_native(llm_stream.get_output(), f"call_{len(tape)}")
         if output.tool_calls:
             yield SetNextNode(next_node="act")
             calls = tool_calls_from_output(output)
@@ -194,31 +198,39 @@ class ActNode(Node):
             yield AssistantStep(content=output.content or "")
 
     def make_llm_output(self, agent: Agent, tape: Tape[Any, Any], index: int) -> LLMOutput:
-        steps = list(tape.steps[index:])
-        body = steps[1]
+        steps = list(_same_run(tape.steps[index:]))
+        body = next(s for s in steps if not isinstance(s, SetNextNode))
         if isinstance(body, AssistantStep):
-            return LLMOutput(content=body.content)
-        if isinstance(body, Call):
+            output = LLMOutput(content=body.content)
+        elif isinstance(body, Call):
             args = json.dumps({"query": body.content})
             call_id = body.metadata.other.get("tool_call_id", "")
-            return LLMOutput(
+            output = LLMOutput(
                 tool_calls=[ToolCallRequest(id=call_id, name="call_search_agent", arguments=args)]
             )
-        calls = [s for s in _same_run(steps) if isinstance(s, ToolCall)]
-        return LLMOutput(tool_calls=[c.to_request() for c in calls])
+        else:
+            output = LLMOutput(tool_calls=[c.to_request() for c in steps if isinstance(c, ToolCall)])
+        return as_json(output) if agent.templates.get("json_tools") else output
 
 
 class SearchNode(Node):
     """The search helper's only node: search and read pages until it can respond."""
 
     name: str = "search"
+    max_tool_results: int = 2  # then the JSON mode only lets the model respond
 
     def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
         system = {"role": "system", "content": "Use at most 4 tool calls to find the requested information."}
-        return Prompt(messages=[system, *_view_messages(agent, tape)], tools=SEARCH_TOOLS.tool_schemas())
+        messages = [system, *_view_messages(agent, tape)]
+        tools = SEARCH_TOOLS.tool_schemas()
+        if agent.templates.get("json_tools"):
+            n = _n_results(agent, tape)
+            schema = json_tool_schema(tools, allow_tools=n < self.max_tool_results, allow_answer=n > 0)
+            return Prompt(messages=messages, response_schema=schema)
+        return Prompt(messages=messages, tools=tools)
 
     def generate_steps(self, agent: Agent, tape: Tape[Any, Any], llm_stream: LLMStream) -> Iterator[Step]:
-        output = llm_stream.get_output()
+        output = as_native(llm_stream.get_output(), f"call_{len(tape)}")
         if output.tool_calls:
             yield from tool_calls_from_output(output)
             yield SetNextNode(next_node="search")
@@ -228,8 +240,69 @@ class SearchNode(Node):
     def make_llm_output(self, agent: Agent, tape: Tape[Any, Any], index: int) -> LLMOutput:
         steps = list(_same_run(tape.steps[index:]))
         if isinstance(steps[0], Respond):
-            return LLMOutput(content=steps[0].content)
-        return LLMOutput(tool_calls=[s.to_request() for s in steps if isinstance(s, ToolCall)])
+            output = LLMOutput(content=steps[0].content)
+        else:
+            output = LLMOutput(tool_calls=[s.to_request() for s in steps if isinstance(s, ToolCall)])
+        return as_json(output) if agent.templates.get("json_tools") else output
+
+
+def _n_results(agent: Agent, tape: Tape[Any, Any]) -> int:
+    """How many tool results and subagent answers this agent has seen since it was called."""
+    return sum(isinstance(s, ToolResult | Respond) for s in agent.compute_view(tape).top.steps)
+
+
+# ----------------------------------------------------------------------------- JSON tool mode
+# Small local models do not do native tool calling. In JSON mode (templates["json_tools"]) the
+# tools become a schema-constrained JSON answer, {"tool": name, ...arguments} or {"answer": text},
+# which the nodes convert to and from the native form; everything downstream is the same.
+
+
+def json_tool_schema(
+    tools: list[dict[str, Any]], allow_tools: bool = True, allow_answer: bool = True
+) -> dict[str, Any]:
+    """A response schema offering each tool (when allowed) and a final answer (when allowed)."""
+    variants: list[dict[str, Any]] = []
+    for tool in tools if allow_tools else []:
+        function = tool["function"]
+        params = function["parameters"]
+        variants.append(
+            {
+                "type": "object",
+                "properties": {"tool": {"const": function["name"]}, **params.get("properties", {})},
+                "required": ["tool", *params.get("required", [])],
+                "additionalProperties": False,
+            }
+        )
+    if allow_answer or not variants:
+        answer = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+        variants.append({**answer, "additionalProperties": False})
+    return variants[0] if len(variants) == 1 else {"anyOf": variants}
+
+
+def as_native(output: LLMOutput, call_id: str) -> LLMOutput:
+    """A JSON-mode answer in native form (a tool call, or text); native outputs pass through."""
+    if output.tool_calls or not output.content:
+        return output
+    try:
+        data = json.loads(output.content)
+    except json.JSONDecodeError:
+        return output
+    if isinstance(data, dict) and "tool" in data:
+        arguments = json.dumps({k: v for k, v in data.items() if k != "tool"})
+        return LLMOutput(
+            tool_calls=[ToolCallRequest(id=call_id, name=str(data["tool"]), arguments=arguments)]
+        )
+    if isinstance(data, dict) and "answer" in data:
+        return LLMOutput(content=str(data["answer"]))
+    return output
+
+
+def as_json(output: LLMOutput) -> LLMOutput:
+    """The inverse of :func:`as_native`: a native output as the JSON the model would write."""
+    if output.tool_calls:
+        call = output.tool_calls[0]
+        return LLMOutput(content=json.dumps({"tool": call.name, **json.loads(call.arguments)}))
+    return LLMOutput(content=json.dumps({"answer": output.content or ""}))
 
 
 def _same_run(steps: Any) -> Iterator[Step]:
@@ -308,11 +381,18 @@ def _call(name: str, **arguments: Any) -> LLMOutput:
 # ----------------------------------------------------------------------------- the team
 
 
-def make_analyst(llm: Any = None) -> Agent:
-    """The analyst team of Figure 3: ``analyst`` (plan, act) with subagent ``search_agent``."""
+def make_analyst(llm: Any = None, json_tools: bool = False) -> Agent:
+    """The analyst team of Figure 3: ``analyst`` (plan, act) with subagent ``search_agent``.
+
+    ``json_tools`` switches the nodes to schema-constrained JSON instead of native tool calls
+    (for small local models such as the embedded SmolLM2).
+    """
     llm = llm or FunctionLLM(fn=scripted_brain, model_name="scripted-brain")
-    search_agent = Agent.create(name="search_agent", llms=llm, nodes=[SearchNode()])
-    return Agent.create(name="analyst", llms=llm, nodes=[PlanNode(), ActNode()], subagents=[search_agent])
+    templates = {"json_tools": json_tools}
+    search_agent = Agent.create(name="search_agent", llms=llm, nodes=[SearchNode()], templates=templates)
+    return Agent.create(
+        name="analyst", llms=llm, nodes=[PlanNode(), ActNode()], subagents=[search_agent], templates=templates
+    )
 
 
 def start_tape(question: str = "Tell me about Vulcan in 3 sentences") -> Tape[Any, Any]:
@@ -321,10 +401,67 @@ def start_tape(question: str = "Tell me about Vulcan in 3 sentences") -> Tape[An
 
 
 def run(question: str = "Tell me about Vulcan in 3 sentences") -> Tape[Any, Any]:
-    """Run the team until it answers the user; return the final tape."""
+    """Run the scripted team until it answers the user; return the final tape."""
     return main_loop(make_analyst(), start_tape(question), ENVIRONMENT).get_final_tape()
 
 
+def choose_llm(model: str, model_name: str) -> tuple[Any, bool]:
+    """The LLM for ``--model``, and whether it needs the JSON tool mode."""
+    if model == "scripted":
+        return FunctionLLM(fn=scripted_brain, model_name="scripted-brain"), False
+    if model == "embedded":
+        from tapekit.llm.llamacpp import LlamaCppLLM
+
+        return LlamaCppLLM(parameters={"temperature": 0.0, "max_tokens": 96, "repeat_penalty": 1.3}), True
+    if model.startswith(("http://", "https://")):
+        from tapekit.llm.openai_compat import OpenAICompatibleLLM
+
+        return OpenAICompatibleLLM(model_name=model_name, base_url=model), False
+    raise SystemExit(
+        f"--model {model!r}: use 'embedded', 'scripted' or an OpenAI-compatible URL such as "
+        "http://127.0.0.1:8000/v1 (provider strings need the LiteLLM backend, not available yet)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The demo: run the team, store its tape and LLM calls, print the tape."""
+    import argparse
+
+    from tapekit.llm.base import LLMError
+    from tapekit.rendering import render_tape
+    from tapekit.store import SQLiteStore
+
+    parser = argparse.ArgumentParser(description="Run the analyst team of the TapeAgents paper (Figure 3).")
+    parser.add_argument("question", nargs="*", help="what to ask (default: about Vulcan)")
+    parser.add_argument(
+        "--model", default="embedded", help="embedded (default), scripted, or an OpenAI-compatible URL"
+    )
+    parser.add_argument("--model-name", default="default", help="the model name to send to a URL endpoint")
+    parser.add_argument("--db", default="tapekit.db", help="SQLite file for tapes and LLM calls")
+    args = parser.parse_args(argv)
+    question = " ".join(args.question) or "Tell me about Vulcan in 3 sentences"
+    llm, json_tools = choose_llm(args.model, args.model_name)
+    start = start_tape(question)
+    calls = {}
+    final = start
+    with SQLiteStore(args.db) as store:
+        record = store.recorder(start)
+        try:
+            for event in main_loop(make_analyst(llm, json_tools), start, ENVIRONMENT, max_loops=20):
+                record(event)
+                if event.agent_event is not None and event.agent_event.llm_call is not None:
+                    calls[event.agent_event.llm_call.prompt.id] = event.agent_event.llm_call
+                if event.tape is not None:
+                    final = event.tape
+        except LLMError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+    print(render_tape(final, llm_calls=calls))
+    print(
+        f"\nstored as tape {start.metadata.id} in {args.db} ({len(calls)} LLM calls, model {llm.model_name})"
+    )
+    return 1 if final.metadata.error else 0
+
+
 if __name__ == "__main__":
-    question = " ".join(sys.argv[1:]) or "Tell me about Vulcan in 3 sentences"
-    print(render_tape(run(question)))
+    sys.exit(main())

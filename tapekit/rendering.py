@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from tapekit.core import Action, Call, ControlStep, Observation, Respond, Step, Tape
+from tapekit.llm.base import LLMCall
 
 __all__ = ["render_step", "render_tape", "step_category"]
 
@@ -42,9 +44,24 @@ def render_step(step: Step, width: int = 100) -> str:
     return f"{author:<28} {step_category(step):<11} {step.kind:<18} {_short(body, width)}"
 
 
-def render_tape(tape: Tape[Any, Any], width: int = 100) -> str:
-    """The whole tape, one numbered line per step, then its error if it has one."""
-    lines = [f"[{i:>3}] {render_step(step, width)}" for i, step in enumerate(tape.steps)]
+def render_tape(
+    tape: Tape[Any, Any], width: int = 100, llm_calls: Mapping[str, LLMCall] | None = None
+) -> str:
+    """The whole tape, one numbered line per step, then its error if it has one.
+
+    With ``llm_calls`` (by prompt id), the first step of each node run also shows the tokens of
+    the LLM call behind it.
+    """
+    lines = []
+    seen: set[str] = set()
+    for i, step in enumerate(tape.steps):
+        line = f"[{i:>3}] {render_step(step, width)}"
+        pid = step.metadata.prompt_id
+        call = llm_calls.get(pid) if llm_calls and pid and pid not in seen else None
+        if call is not None:
+            seen.add(pid)
+            line += f"  [{call.prompt_tokens} prompt + {call.output_tokens} output tokens]"
+        lines.append(line)
     if tape.metadata.error:
         lines.append(f"error: {tape.metadata.error}")
     return "\n".join(lines)

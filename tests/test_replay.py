@@ -103,3 +103,14 @@ def test_reuse_of_a_recorded_tape_rebuilds_the_recorded_llm_calls(path: Path) ->
     texts = make_analyst().make_training_text(tape)
     assert len(texts) == len(calls) == 8
     assert [t.prompt_id for t in texts] == [c.prompt.id for c in calls]
+
+
+def test_an_embedded_model_session_replays_exactly_without_the_model() -> None:
+    data = json.loads((Path(__file__).parent / "fixtures" / "embedded_vulcan.json").read_text())
+    tape = Tape.model_validate(data["tape"])
+    calls = [LLMCall.model_validate(c) for c in data["llm_calls"]]
+    assert data["json_tools"] and {c.model for c in calls} == {"smollm2-135m-instruct"}
+    assert any(s.kind == "call" for s in tape.steps), "the recorded session delegates to the search agent"
+    result = replay_tape(make_analyst(json_tools=True), tape, llm_calls=calls)
+    assert result.ok, result.diff
+    assert replay_tape(make_analyst(json_tools=True), tape).ok  # outputs rebuilt by make_llm_output

