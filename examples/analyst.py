@@ -417,9 +417,13 @@ def choose_llm(model: str, model_name: str) -> tuple[Any, bool]:
         from tapekit.llm.openai_compat import OpenAICompatibleLLM
 
         return OpenAICompatibleLLM(model_name=model_name, base_url=model), False
+    if "/" in model:  # a LiteLLM provider string, e.g. anthropic/claude-3-5-haiku-latest
+        from tapekit.llm.litellm import LiteLLM
+
+        return LiteLLM(model_name=model), False
     raise SystemExit(
-        f"--model {model!r}: use 'embedded', 'scripted' or an OpenAI-compatible URL such as "
-        "http://127.0.0.1:8000/v1 (provider strings need the LiteLLM backend, not available yet)"
+        f"--model {model!r}: use 'embedded', 'scripted', an OpenAI-compatible URL such as "
+        "http://127.0.0.1:8000/v1, or a LiteLLM provider string such as anthropic/claude-3-5-haiku-latest"
     )
 
 

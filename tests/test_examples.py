@@ -82,7 +82,7 @@ def test_demo_runs_on_the_embedded_model_and_stores_everything(tmp_path: Path) -
 
 def test_an_unknown_model_choice_is_explained() -> None:
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "analyst.py"), "--model", "someprovider/some-model"],
+        [sys.executable, str(ROOT / "examples" / "analyst.py"), "--model", "gpt-nonsense"],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -115,6 +115,16 @@ class OpenAICompatibleLLM(LLM):
             raise LLMError(f"{where} cannot be reached or dropped the connection: {e.__cause__ or e}") from e
         except openai.OpenAIError as e:
             raise LLMError(f"{where} failed: {type(e).__name__}: {e}") from e
+        except Exception as e:
+            # errors while a stream is being read come straight from the HTTP library
+            # (httpx for openai 1.x/2.x, httpx2 for 3.x), not wrapped by the SDK
+            if type(e).__module__.split(".")[0] not in {"httpx", "httpx2", "httpcore"}:
+                raise
+            if "Timeout" in type(e).__name__:
+                raise LLMError(f"{where} did not answer within {self.timeout_s} s") from e
+            raise LLMError(
+                f"{where} cannot be reached or dropped the connection: {type(e).__name__}: {e}"
+            ) from e
         tool_calls = [
             ToolCallRequest(id=c["id"], name=c["name"], arguments=c["arguments"] or "{}")
             for _, c in sorted(calls.items())

@@ -1,0 +1,99 @@
+"""Providers without an OpenAI-compatible API, through LiteLLM (optional extra ``litellm``).
+
+``model_name`` is a LiteLLM provider string (``anthropic/claude-...``, ``gemini/...``,
+``bedrock/...``, or ``openai/NAME`` with ``api_base`` for any compatible server). LiteLLM is
+imported only when the first call is made, so ``import tapekit`` stays light, and it is told to
+use its bundled price table instead of fetching one from the web.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tapekit.core import LLMOutput, Prompt, ToolCallRequest
+from tapekit.llm.base import LLM, LLMError, LLMEvent, _merge_name
+
+__all__ = ["LiteLLM"]
+
+
+class LiteLLM(LLM):
+    """A model served by any provider LiteLLM supports, streamed.
+
+    ``parameters`` go with every request (``temperature``, ``max_tokens``, ...); ``api_base``
+    and ``api_key`` override the provider's defaults (keys otherwise come from the provider's
+    usual environment variables).
+    """
+
+    model_name: str
+    api_base: str | None = None
+    api_key: str | None = None
+    parameters: dict[str, Any] = {}
+    timeout_s: float = 120.0
+    num_retries: int = 3
+
+    def request(self, prompt: Prompt) -> dict[str, Any]:
+        """The keyword arguments of ``litellm.acompletion`` for ``prompt``."""
+        kwargs: dict[str, Any] = {
+            "model": self.model_name,
+            "messages": prompt.messages,
+            "timeout": self.timeout_s,
+            "num_retries": self.num_retries,
+            **self.parameters,
+        }
+        if self.api_base:
+            kwargs["api_base"] = self.api_base
+        if self.api_key:
+            kwargs["api_key"] = self.api_key
+        if prompt.tools:
+            kwargs["tools"] = prompt.tools
+        if prompt.response_schema is not None:
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "response", "schema": prompt.response_schema},
+            }
+        return kwargs
+
+    async def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
+        # LiteLLM fetches a price table from the web at import unless told to use its own copy
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        try:
+            import litellm
+        except ImportError as e:
+            raise LLMError("the LiteLLM backend needs litellm: pip install 'tapekit[litellm]'") from e
+        where = f"{self.api_base or 'the provider'} (model {self.model_name!r}, via LiteLLM)"
+        text: list[str] = []
+        calls: dict[int, dict[str, str]] = {}
+        usage = None
+        try:
+            stream = await litellm.acompletion(
+                **self.request(prompt), stream=True, stream_options={"include_usage": True}
+            )
+            async for chunk in stream:
+                usage = getattr(chunk, "usage", None) or usage
+                for choice in chunk.choices:
+                    delta = choice.delta
+                    if getattr(delta, "content", None):
+                        text.append(delta.content)
+                        yield LLMEvent(chunk=delta.content)
+                    for tc in getattr(delta, "tool_calls", None) or []:
+                        call = calls.setdefault(tc.index or 0, {"id": "", "name": "", "arguments": ""})
+                        call["id"] = tc.id or call["id"]
+                        if tc.function is not None:
+                            call["name"] = _merge_name(call["name"], tc.function.name)
+                            call["arguments"] += tc.function.arguments or ""
+        except Exception as e:  # LiteLLM's errors share no base class beyond Exception
+            status = getattr(e, "status_code", None)
+            if status is not None:
+                raise LLMError(f"{where} answered HTTP {status}: {getattr(e, 'message', e)}") from e
+            raise LLMError(f"{where} failed: {type(e).__name__}: {e}") from e
+        tool_calls = [
+            ToolCallRequest(id=c["id"], name=c["name"], arguments=c["arguments"] or "{}")
+            for _, c in sorted(calls.items())
+        ]
+        yield LLMEvent(
+            output=LLMOutput(content="".join(text) or None, tool_calls=tool_calls or None),
+            prompt_tokens=getattr(usage, "prompt_tokens", None),
+            output_tokens=getattr(usage, "completion_tokens", None),
+        )
