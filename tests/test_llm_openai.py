@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 
-from tapekit import Action, Agent, LLMStream, Node, Prompt, Step, Tape, UserStep
+from tapekit import Action, Agent, Environment, LLMStream, Node, Prompt, Step, Tape, UserStep, async_main_loop
 from tapekit.llm.base import LLMError
 from tapekit.llm.openai_compat import OpenAICompatibleLLM
+from tapekit.store import SQLiteStore
 from tests.conftest import Server, needs_local_model, start_server
 
 pytestmark = needs_local_model
@@ -123,8 +125,9 @@ def test_an_agent_runs_on_the_server(llama_server: Server) -> None:
     assert call.prompt.id == tape.steps[-1].metadata.prompt_id
 
 
-def test_server_killed_mid_stream() -> None:
+def test_server_killed_mid_stream(tmp_path: Path) -> None:
     server = start_server()
+    store = SQLiteStore(tmp_path / "t.db")
     try:
         llm = client(server, parameters={"max_tokens": 1000, "temperature": 1.0})
         long_prompt = Prompt(
@@ -132,10 +135,17 @@ def test_server_killed_mid_stream() -> None:
         )
         agent = Agent.create(name="writer", llms=llm, nodes=[_TextNode()])
 
+        start = Tape(steps=[UserStep(content="go")])
+        record = store.recorder(start)
+
         async def run() -> tuple[list[Any], Tape[Any, Any]]:
             seen: list[Any] = []
             final = None
-            async for event in agent.arun(Tape(steps=[UserStep(content="go")])):
+            async for event in async_main_loop(agent, start, Environment()):
+                record(event)
+                event = event.agent_event
+                if event is None:
+                    continue
                 seen.append(event)
                 if event.chunk and sum(1 for e in seen if e.chunk) == 3:
                     server.stop()  # the server dies while it streams
@@ -148,6 +158,11 @@ def test_server_killed_mid_stream() -> None:
         seen, tape = asyncio.run(run())
     finally:
         server.stop()
+    stored = store.get_tape(start.metadata.id)
+    calls = store.list_llm_calls()
+    store.close()
+    assert len(stored) == 1 and stored.metadata.error == tape.metadata.error  # the error, no partial step
+    assert calls == []  # and no LLM call row for the broken stream
     assert tape.metadata.error is not None and "LLMError" in tape.metadata.error
     assert "dropped the connection" in tape.metadata.error or "cannot be reached" in tape.metadata.error
     assert len(tape) == 1, "no step may be made from a broken stream"

@@ -51,6 +51,7 @@ def test_every_step_leads_to_its_exact_llm_call(store: SQLiteStore) -> None:
             assert call is not None and call.prompt.id == step.metadata.prompt_id
         else:
             assert call is None
+    assert len(store.list_llm_calls()) == 8 and store.list_llm_calls(model="nope") == []
     plan = final.steps[1]
     call = store.llm_call_for_step(plan)
     assert call is not None and call.output.content == plan.content  # type: ignore[attr-defined]

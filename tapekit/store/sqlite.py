@@ -315,6 +315,14 @@ class SQLiteStore:
             }
         )
 
+    def list_llm_calls(self, model: str | None = None) -> list[str]:
+        """Prompt ids of the stored LLM calls, oldest first, optionally of one model."""
+        sql, args = "SELECT prompt_id FROM llm_calls", []
+        if model is not None:
+            sql += " WHERE model = ?"
+            args.append(model)
+        return [r[0] for r in self._query(sql + " ORDER BY timestamp, prompt_id", args)]
+
     def llm_call_for_step(self, step: Step) -> LLMCall | None:
         """The exact prompt and output behind ``step`` (None for steps made without an LLM)."""
         return self.get_llm_call(step.metadata.prompt_id) if step.metadata.prompt_id else None
