@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 from tapekit.store import SQLiteStore
@@ -26,9 +27,13 @@ def test_readme_starts_with_the_two_commands() -> None:
 
 def test_readme_python_snippet_runs(capsys: object) -> None:
     code = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)[0]
-    namespace: dict[str, object] = {}
-    exec(compile(code, "README.md", "exec", dont_inherit=True), namespace)
-    tape = namespace["tape"]
+    module = types.ModuleType("tapekit_readme_snippet")  # a real module, as a user's script would be
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(code, "README.md", "exec", dont_inherit=True), module.__dict__)
+    finally:
+        del sys.modules[module.__name__]
+    tape = module.__dict__["tape"]
     assert tape.metadata.error is None, tape.metadata.error  # type: ignore[attr-defined]
     assert tape.steps[-1].text == "you said: hi"  # type: ignore[attr-defined]
 
