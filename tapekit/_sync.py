@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import queue
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 _T = TypeVar("_T")
@@ -107,3 +107,39 @@ def _iterate_in_thread(agen: AsyncIterator[_T]) -> Iterator[_T]:
             with contextlib.suppress(queue.Empty):
                 items.get_nowait()
             thread.join(timeout=0.01)
+
+
+async def iterate_in_thread(
+    make_items: Callable[[], Iterable[_T]], name: str = "tapekit-worker"
+) -> AsyncIterator[_T]:
+    """Run a blocking iterable in a worker thread and receive its items on the event loop.
+
+    The opposite direction of :func:`iterate_sync`: it keeps a model's blocking token loop off
+    the event loop. An exception in the worker is raised here; if the consumer stops early, the
+    worker stops after its current item.
+    """
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    stopped = threading.Event()
+
+    def worker() -> None:
+        try:
+            for item in make_items():
+                if stopped.is_set():
+                    break
+                loop.call_soon_threadsafe(queue.put_nowait, (True, item))
+            loop.call_soon_threadsafe(queue.put_nowait, (True, _DONE))
+        except BaseException as e:
+            loop.call_soon_threadsafe(queue.put_nowait, (False, e))
+
+    threading.Thread(target=worker, name=name, daemon=True).start()
+    try:
+        while True:
+            ok, item = await queue.get()
+            if not ok:
+                raise item
+            if item is _DONE:
+                return
+            yield item
+    finally:
+        stopped.set()

@@ -17,9 +17,18 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from tapekit._sync import iterate_sync, run_sync
-from tapekit.core import LLMOutput, Prompt
+from tapekit.core import LLMOutput, Prompt, ToolCallRequest
 
-__all__ = ["LLM", "LLMCall", "LLMError", "LLMEvent", "LLMStream", "TrainingText"]
+__all__ = [
+    "LLM",
+    "LLMCall",
+    "LLMError",
+    "LLMEvent",
+    "LLMStream",
+    "StreamedOutput",
+    "TrainingText",
+    "answer_text",
+]
 
 
 class LLMError(RuntimeError):
@@ -165,22 +174,56 @@ class LLM(BaseModel, ABC):
         override it so the text matches what the model was actually given.
         """
         prompt_text = "".join(_render_message(m) for m in prompt.messages) + "<|assistant|>\n"
-        out = output.content or ""
-        if output.tool_calls:
-            calls = [{"name": c.name, "arguments": json.loads(c.arguments)} for c in output.tool_calls]
-            out += json.dumps(calls)
-        out += "<|end|>\n"
+        out = answer_text(output) + "<|end|>\n"
         return TrainingText(text=prompt_text + out, n_predicted=len(out), prompt_id=prompt.id)
 
 
-def _merge_name(current: str, piece: str | None) -> str:
-    """Accumulate a streamed tool-call name: OpenAI sends it once, some servers repeat it
-    whole in every delta, a few send it in pieces."""
-    if not piece:
-        return current
-    if not current or piece.startswith(current):
-        return piece
-    return current + piece
+def answer_text(output: LLMOutput) -> str:
+    """An output as the text a model writes for it: the content, then the tool calls as a JSON
+    list of ``{"name", "arguments"}`` (what training text puts in the predicted span)."""
+    text = output.content or ""
+    if output.tool_calls:
+        calls = [{"name": c.name, "arguments": json.loads(c.arguments)} for c in output.tool_calls]
+        text += json.dumps(calls)
+    return text
+
+
+class StreamedOutput:
+    """Collects a streamed answer (text pieces and tool-call deltas) into one :class:`LLMOutput`.
+
+    Tool-call deltas are merged by their index: ids and names arrive once or repeated whole
+    (servers differ; a few send names in pieces), arguments arrive in pieces.
+    """
+
+    def __init__(self) -> None:
+        self._text: list[str] = []
+        self._calls: dict[int, dict[str, str]] = {}
+
+    @property
+    def text(self) -> str:
+        """The text received so far."""
+        return "".join(self._text)
+
+    def add_text(self, piece: str) -> None:
+        """Append a piece of the answer's text."""
+        self._text.append(piece)
+
+    def add_tool_call(self, index: int, id: str | None, name: str | None, arguments: str | None) -> None:
+        """Merge one tool-call delta into the call at ``index``."""
+        call = self._calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+        call["id"] = id or call["id"]
+        if name:
+            current = call["name"]
+            call["name"] = name if not current or name.startswith(current) else current + name
+        call["arguments"] += arguments or ""
+
+    def output(self) -> LLMOutput:
+        """The complete output."""
+        calls = [
+            ToolCallRequest(id=c["id"], name=c["name"], arguments=c["arguments"] or "{}")
+            for _, c in sorted(self._calls.items())
+        ]
+        return LLMOutput(content=self.text or None, tool_calls=calls or None)
 
 
 def _render_message(message: dict[str, Any]) -> str:

@@ -12,8 +12,8 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-from tapekit.core import LLMOutput, Prompt, ToolCallRequest
-from tapekit.llm.base import LLM, LLMError, LLMEvent, _merge_name
+from tapekit.core import Prompt
+from tapekit.llm.base import LLM, LLMError, LLMEvent, StreamedOutput
 
 __all__ = ["LiteLLM"]
 
@@ -63,8 +63,7 @@ class LiteLLM(LLM):
         except ImportError as e:
             raise LLMError("the LiteLLM backend needs litellm: pip install 'tapekit[litellm]'") from e
         where = f"{self.api_base or 'the provider'} (model {self.model_name!r}, via LiteLLM)"
-        text: list[str] = []
-        calls: dict[int, dict[str, str]] = {}
+        answer = StreamedOutput()
         usage = None
         try:
             stream = await litellm.acompletion(
@@ -75,25 +74,20 @@ class LiteLLM(LLM):
                 for choice in chunk.choices:
                     delta = choice.delta
                     if getattr(delta, "content", None):
-                        text.append(delta.content)
+                        answer.add_text(delta.content)
                         yield LLMEvent(chunk=delta.content)
                     for tc in getattr(delta, "tool_calls", None) or []:
-                        call = calls.setdefault(tc.index or 0, {"id": "", "name": "", "arguments": ""})
-                        call["id"] = tc.id or call["id"]
-                        if tc.function is not None:
-                            call["name"] = _merge_name(call["name"], tc.function.name)
-                            call["arguments"] += tc.function.arguments or ""
+                        function = tc.function
+                        answer.add_tool_call(
+                            tc.index or 0, tc.id, function and function.name, function and function.arguments
+                        )
         except Exception as e:  # LiteLLM's errors share no base class beyond Exception
             status = getattr(e, "status_code", None)
             if status is not None:
                 raise LLMError(f"{where} answered HTTP {status}: {getattr(e, 'message', e)}") from e
             raise LLMError(f"{where} failed: {type(e).__name__}: {e}") from e
-        tool_calls = [
-            ToolCallRequest(id=c["id"], name=c["name"], arguments=c["arguments"] or "{}")
-            for _, c in sorted(calls.items())
-        ]
         yield LLMEvent(
-            output=LLMOutput(content="".join(text) or None, tool_calls=tool_calls or None),
+            output=answer.output(),
             prompt_tokens=getattr(usage, "prompt_tokens", None),
             output_tokens=getattr(usage, "completion_tokens", None),
         )

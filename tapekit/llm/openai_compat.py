@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from pydantic import PrivateAttr
 
-from tapekit.core import LLMOutput, Prompt, ToolCallRequest
-from tapekit.llm.base import LLM, LLMError, LLMEvent, _merge_name
+from tapekit.core import Prompt
+from tapekit.llm.base import LLM, LLMError, LLMEvent, StreamedOutput
 
 __all__ = ["OpenAICompatibleLLM"]
 
@@ -85,8 +85,7 @@ class OpenAICompatibleLLM(LLM):
 
         where = f"{self.endpoint} (model {self.model_name!r})"
         client = self._get_client()
-        text: list[str] = []
-        calls: dict[int, dict[str, str]] = {}
+        answer = StreamedOutput()
         usage = None
         try:
             stream = await client.chat.completions.create(
@@ -98,14 +97,13 @@ class OpenAICompatibleLLM(LLM):
                 for choice in chunk.choices:
                     delta = choice.delta
                     if delta.content:
-                        text.append(delta.content)
+                        answer.add_text(delta.content)
                         yield LLMEvent(chunk=delta.content)
                     for tc in delta.tool_calls or []:
-                        call = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
-                        call["id"] = tc.id or call["id"]
-                        if tc.function is not None:
-                            call["name"] = _merge_name(call["name"], tc.function.name)
-                            call["arguments"] += tc.function.arguments or ""
+                        function = tc.function
+                        answer.add_tool_call(
+                            tc.index, tc.id, function and function.name, function and function.arguments
+                        )
         except openai.APIStatusError as e:
             hint = _HINTS.get(e.status_code, "")
             raise LLMError(f"{where} answered HTTP {e.status_code}: {_message(e)}{hint}") from e
@@ -125,13 +123,8 @@ class OpenAICompatibleLLM(LLM):
             raise LLMError(
                 f"{where} cannot be reached or dropped the connection: {type(e).__name__}: {e}"
             ) from e
-        tool_calls = [
-            ToolCallRequest(id=c["id"], name=c["name"], arguments=c["arguments"] or "{}")
-            for _, c in sorted(calls.items())
-        ]
-        output = LLMOutput(content="".join(text) or None, tool_calls=tool_calls or None)
         yield LLMEvent(
-            output=output,
+            output=answer.output(),
             prompt_tokens=getattr(usage, "prompt_tokens", None),
             output_tokens=getattr(usage, "completion_tokens", None),
         )

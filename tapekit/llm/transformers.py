@@ -8,8 +8,6 @@ same way. torch and transformers are imported on first use only.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import threading
 from collections.abc import AsyncIterator
@@ -17,13 +15,12 @@ from typing import Any
 
 from pydantic import PrivateAttr
 
+from tapekit._sync import iterate_in_thread
 from tapekit.core import LLMOutput, Prompt
-from tapekit.llm.base import LLM, LLMError, LLMEvent, TrainingText
+from tapekit.llm.base import LLM, LLMError, LLMEvent, TrainingText, answer_text
 from tapekit.llm.llamacpp import plain_messages, smollm2_path
 
 __all__ = ["TransformersLLM"]
-
-_DONE = object()
 
 
 class TransformersLLM(LLM):
@@ -85,12 +82,7 @@ class TransformersLLM(LLM):
     def make_training_text(self, prompt: Prompt, output: LLMOutput) -> TrainingText:
         """Chat-template text; the predicted span is the answer plus the end-of-turn token."""
         tokenizer = self.load()[1]
-        answer = output.content or ""
-        if output.tool_calls:
-            answer += json.dumps(
-                [{"name": c.name, "arguments": json.loads(c.arguments)} for c in output.tool_calls]
-            )
-        completion = answer + (tokenizer.eos_token or "")
+        completion = answer_text(output) + (tokenizer.eos_token or "")
         text = self.render_prompt(prompt) + completion
         return TrainingText(text=text, n_predicted=len(completion), prompt_id=prompt.id)
 
@@ -101,11 +93,10 @@ class TransformersLLM(LLM):
         text = self.render_prompt(prompt)
         inputs = tokenizer(text, return_tensors="pt", add_special_tokens=False).to(model.device)
         streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
         n_new: list[int] = []
+        failure: list[BaseException] = []
 
-        def worker() -> None:
+        def generate() -> None:  # feeds the streamer; the streamer is read on the event loop
             try:
                 with self._lock:
                     out = model.generate(
@@ -113,26 +104,17 @@ class TransformersLLM(LLM):
                     )
                 n_new.append(int(out.shape[1] - inputs["input_ids"].shape[1]))
             except BaseException as e:
+                failure.append(e)
                 streamer.end()
-                loop.call_soon_threadsafe(queue.put_nowait, e)
 
-        def pump() -> None:
-            for piece in streamer:
-                loop.call_soon_threadsafe(queue.put_nowait, piece)
-            loop.call_soon_threadsafe(queue.put_nowait, _DONE)
-
-        threading.Thread(target=worker, name="tapekit-transformers", daemon=True).start()
-        threading.Thread(target=pump, name="tapekit-transformers-stream", daemon=True).start()
+        threading.Thread(target=generate, name="tapekit-transformers", daemon=True).start()
         pieces: list[str] = []
-        while True:
-            item = await queue.get()
-            if item is _DONE:
-                break
-            if isinstance(item, BaseException):
-                raise LLMError(f"transformers model {self.model_name!r} failed: {item}") from item
-            if item:
-                pieces.append(item)
-                yield LLMEvent(chunk=item)
+        async for piece in iterate_in_thread(lambda: streamer, "tapekit-transformers-stream"):
+            if piece:
+                pieces.append(piece)
+                yield LLMEvent(chunk=piece)
+        if failure:
+            raise LLMError(f"transformers model {self.model_name!r} failed: {failure[0]}") from failure[0]
         content = "".join(pieces)
         yield LLMEvent(
             output=LLMOutput(content=content or None),
