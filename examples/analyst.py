@@ -41,6 +41,7 @@ from tapekit import (
     ToolResult,
     UserStep,
     main_loop,
+    node_run_steps,
     tool_calls_from_output,
     view_to_messages,
 )
@@ -170,12 +171,7 @@ class ActNode(Node):
             *_view_messages(agent, tape),
             {"role": "user", "content": guidance},
         ]
-        tools = ANALYST_TOOLS.tool_schemas()
-        if agent.templates.get("json_tools"):
-            n = _n_results(agent, tape)  # look something up first; answer after at most 3 results
-            schema = json_tool_schema(tools, allow_tools=n < self.max_tool_results, allow_answer=n > 0)
-            return Prompt(messages=messages, response_schema=schema)
-        return Prompt(messages=messages, tools=tools)
+        return _tool_prompt(agent, tape, messages, ANALYST_TOOLS, self.max_tool_results)
 
     def generate_steps(
         self, agent: Agent, tape: Tape[Any, Any], llm_stream: LLMStream
@@ -198,7 +194,7 @@ class ActNode(Node):
             yield AssistantStep(content=output.content or "")
 
     def make_llm_output(self, agent: Agent, tape: Tape[Any, Any], index: int) -> LLMOutput:
-        steps = list(_same_run(tape.steps[index:]))
+        steps = node_run_steps(tape, index)
         body = next(s for s in steps if not isinstance(s, SetNextNode))
         if isinstance(body, AssistantStep):
             output = LLMOutput(content=body.content)
@@ -222,12 +218,7 @@ class SearchNode(Node):
     def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
         system = {"role": "system", "content": "Use at most 4 tool calls to find the requested information."}
         messages = [system, *_view_messages(agent, tape)]
-        tools = SEARCH_TOOLS.tool_schemas()
-        if agent.templates.get("json_tools"):
-            n = _n_results(agent, tape)
-            schema = json_tool_schema(tools, allow_tools=n < self.max_tool_results, allow_answer=n > 0)
-            return Prompt(messages=messages, response_schema=schema)
-        return Prompt(messages=messages, tools=tools)
+        return _tool_prompt(agent, tape, messages, SEARCH_TOOLS, self.max_tool_results)
 
     def generate_steps(self, agent: Agent, tape: Tape[Any, Any], llm_stream: LLMStream) -> Iterator[Step]:
         output = as_native(llm_stream.get_output(), f"call_{len(tape)}")
@@ -238,7 +229,7 @@ class SearchNode(Node):
             yield Respond(content=output.content or "")
 
     def make_llm_output(self, agent: Agent, tape: Tape[Any, Any], index: int) -> LLMOutput:
-        steps = list(_same_run(tape.steps[index:]))
+        steps = node_run_steps(tape, index)
         if isinstance(steps[0], Respond):
             output = LLMOutput(content=steps[0].content)
         else:
@@ -246,9 +237,22 @@ class SearchNode(Node):
         return as_json(output) if agent.templates.get("json_tools") else output
 
 
-def _n_results(agent: Agent, tape: Tape[Any, Any]) -> int:
-    """How many tool results and subagent answers this agent has seen since it was called."""
-    return sum(isinstance(s, ToolResult | Respond) for s in agent.compute_view(tape).top.steps)
+def _tool_prompt(
+    agent: Agent,
+    tape: Tape[Any, Any],
+    messages: list[dict[str, Any]],
+    tools: ToolEnvironment,
+    max_results: int,
+) -> Prompt:
+    """A prompt offering ``tools``: natively, or in JSON tool mode as a response schema that
+    makes the model look something up first and answer after at most ``max_results`` results."""
+    schemas = tools.tool_schemas()
+    if not agent.templates.get("json_tools"):
+        return Prompt(messages=messages, tools=schemas)
+    seen = agent.compute_view(tape).top.steps  # tool results and subagent answers since the call
+    n = sum(isinstance(s, ToolResult | Respond) for s in seen)
+    schema = json_tool_schema(schemas, allow_tools=n < max_results, allow_answer=n > 0)
+    return Prompt(messages=messages, response_schema=schema)
 
 
 # ----------------------------------------------------------------------------- JSON tool mode
@@ -303,15 +307,6 @@ def as_json(output: LLMOutput) -> LLMOutput:
         call = output.tool_calls[0]
         return LLMOutput(content=json.dumps({"tool": call.name, **json.loads(call.arguments)}))
     return LLMOutput(content=json.dumps({"answer": output.content or ""}))
-
-
-def _same_run(steps: Any) -> Iterator[Step]:
-    steps = list(steps)
-    pid = steps[0].metadata.prompt_id
-    for s in steps:
-        if s.metadata.prompt_id != pid:
-            return
-        yield s
 
 
 # ----------------------------------------------------------------------------- the stand-in model

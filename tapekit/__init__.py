@@ -13,6 +13,7 @@ from tapekit.agent import (
     Node,
     NodeRun,
     ReconstructionError,
+    node_run_steps,
 )
 from tapekit.core import (
     Action,
@@ -122,6 +123,7 @@ __all__ = [
     "async_main_loop",
     "cached_fold",
     "main_loop",
+    "node_run_steps",
     "parse_steps",
     "reconstruct_llm_calls",
     "replay_tape",

@@ -1,4 +1,4 @@
-"""Readable comparisons of step sequences, shared by replay, reuse and training-text checks."""
+"""Readable comparisons of step sequences, shared by replay, reuse, resumption and training text."""
 
 from __future__ import annotations
 
@@ -10,24 +10,22 @@ from typing import Any
 from tapekit.core import Step
 
 
-def step_signature(step: Step, prompt_ids: dict[str, str] | None = None) -> dict[str, Any]:
-    """A step as compared by replay: content, author and node; ids and timestamps left out.
+def signatures(steps: Iterable[Step]) -> list[dict[str, Any]]:
+    """Steps as replay compares them: content, author and node, ids and timestamps left out.
 
-    When ``prompt_ids`` is given, prompt ids are renamed to their order of first appearance
-    (``p0``, ``p1``, ...) so that two tapes compare equal when their steps are grouped into
-    node runs the same way, whatever the random ids are.
+    Prompt ids are renamed to their order of first appearance (``p0``, ``p1``, ...), so two
+    tapes compare equal when their steps are grouped into node runs the same way, whatever
+    the random ids are.
     """
-    meta = step.metadata
-    sig: dict[str, Any] = {"step": step.llm_dict(), "agent": meta.agent, "node": meta.node}
-    if prompt_ids is not None and meta.prompt_id:
-        sig["run"] = prompt_ids.setdefault(meta.prompt_id, f"p{len(prompt_ids)}")
-    return sig
-
-
-def signatures(steps: Iterable[Step], with_runs: bool = True) -> list[dict[str, Any]]:
-    """:func:`step_signature` of each step, with prompt ids numbered across the sequence."""
-    ids: dict[str, str] | None = {} if with_runs else None
-    return [step_signature(s, ids) for s in steps]
+    runs: dict[str, str] = {}
+    out = []
+    for step in steps:
+        meta = step.metadata
+        sig: dict[str, Any] = {"step": step.llm_dict(), "agent": meta.agent, "node": meta.node}
+        if meta.prompt_id:
+            sig["run"] = runs.setdefault(meta.prompt_id, f"p{len(runs)}")
+        out.append(sig)
+    return out
 
 
 def first_divergence(a: Sequence[Any], b: Sequence[Any]) -> int | None:

@@ -48,6 +48,7 @@ __all__ = [
     "Node",
     "NodeRun",
     "ReconstructionError",
+    "node_run_steps",
 ]
 
 logger = logging.getLogger(__name__)
@@ -402,8 +403,7 @@ class Agent(BaseModel):
                     step = _attributed(step, agent.full_name, node.name, prompt_id, is_last)
                     seq = seq.appended([step])
                     yield AgentEvent(step=step)
-                    if isinstance(step, Action | StopStep) or (isinstance(step, Respond) and agent is self):
-                        stop = True
+                    stop = stop or _ends_turn(step, agent is self)
                 tape = tape.model_copy(update={"steps": seq})
                 if stop:
                     break
@@ -464,26 +464,18 @@ class Agent(BaseModel):
                 else:
                     yield event
         made = [s for s in node.generate_steps(agent, run_tape, stream) if isinstance(s, Step)]
-        head = [s.llm_dict() for s in made[: len(existing)]]
-        if head != [s.llm_dict() for s in existing]:
+        mismatch = _content_diff(existing, made[: len(existing)], ("on the tape", "made now"))
+        if mismatch is not None:
             raise AgentError(
                 f"cannot finish the interrupted run of {agent.full_name}.{node.name}: run again, "
-                "it makes different steps (use the recorded LLM output, e.g. a cache or replay)\n"
-                + diff_text(
-                    [{"step": s.llm_dict()} for s in existing],
-                    [{"step": x} for x in head],
-                    ("on the tape", "made now"),
-                )
+                "it makes different steps (use the recorded LLM output, e.g. a cache or replay)\n" + mismatch
             )
         rest = made[len(existing) :]
         for i, step in enumerate(rest):
             step = _attributed(step, agent.full_name, node.name, prompt_id, i == len(rest) - 1)
             tape = tape.model_copy(update={"steps": tape.steps.appended([step])})
             yield AgentEvent(step=step)
-        stop = any(
-            isinstance(s, Action | StopStep) or (isinstance(s, Respond) and agent is self) for s in made
-        )
-        yield _Finished(tape, stop)
+        yield _Finished(tape, any(_ends_turn(s, agent is self) for s in made))
 
     def _final(self, start: Tape[Any, Any], tape: Tape[Any, Any], error: str | None = None) -> Tape[Any, Any]:
         meta = TapeMetadata(
@@ -525,7 +517,7 @@ class Agent(BaseModel):
             output = _reconstructed(
                 node, agent, tape, index, f"{agent.full_name}.{node.name} at step {index}"
             )
-            run = _run_steps(tape.steps, index)
+            run = node_run_steps(tape, index)
             made = [
                 s
                 for s in node.generate_steps(agent, prefix, LLMStream.from_output(output, prompt))
@@ -678,22 +670,37 @@ def _reconstructed(node: Node, agent: Agent, tape: Tape[Any, Any], index: int, w
         raise ReconstructionError(f"{where}: make_llm_output failed: {type(e).__name__}: {e}") from e
 
 
-def _run_steps(steps: StepSequence[Step], index: int) -> list[Step]:
+def node_run_steps(tape: Tape[Any, Any], index: int) -> list[Step]:
+    """The steps of the node run that starts at ``tape.steps[index]`` (same ``prompt_id``).
+
+    Handy in ``make_llm_output``, which is given the index of a run's first step.
+    """
+    steps = tape.steps
     pid = steps[index].metadata.prompt_id
-    out = []
+    run = []
     for i in range(index, len(steps)):
         if steps[i].metadata.prompt_id != pid:
             break
-        out.append(steps[i])
-    return out
+        run.append(steps[i])
+    return run
+
+
+def _ends_turn(step: Step, by_root: bool) -> bool:
+    """Whether ``step`` ends the agent's turn: an action, a stop, or the root agent's Respond."""
+    return isinstance(step, Action | StopStep) or (by_root and isinstance(step, Respond))
+
+
+def _content_diff(expected: list[Step], made: list[Step], labels: tuple[str, str]) -> str | None:
+    """A diff of the two sequences' contents (metadata aside), or None if they are the same."""
+    a = [{"step": s.llm_dict()} for s in expected]
+    b = [{"step": s.llm_dict()} for s in made]
+    return None if a == b else diff_text(a, b, labels)
 
 
 def _check_same(expected: list[Step], made: list[Step], where: str, allow_empty: bool = False) -> None:
-    a = [s.llm_dict() for s in expected]
-    b = [s.llm_dict() for s in made]
-    if (not made and not allow_empty) or a != b:
+    mismatch = _content_diff(expected, made, ("on the tape", "regenerated"))
+    if (not made and not allow_empty) or mismatch is not None:
         raise ReconstructionError(
             f"{where}: generate_steps on make_llm_output's output does not give back the tape's "
-            "steps\n"
-            + diff_text([{"s": x} for x in a], [{"s": x} for x in b], ("on the tape", "regenerated"))
+            "steps\n" + (mismatch or "")
         )

@@ -158,7 +158,11 @@ class Tool:
 
     async def acall(self, arguments: dict[str, Any]) -> Any:
         """Validate ``arguments`` against the signature and run the tool."""
-        args, kwargs = self.bind(arguments)
+        return await self.invoke(*self.bind(arguments))
+
+    async def invoke(self, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Run the tool on arguments already bound by :meth:`bind`: async tools on the loop,
+        sync ones in a worker thread."""
         if self.is_async:
             return await self.fn(*args, **kwargs)
         return await asyncio.to_thread(self.fn, *args, **kwargs)
@@ -274,11 +278,7 @@ class ToolEnvironment(Environment):
             result.error = f"invalid arguments for {call.name}: {problems}"
             return result
         try:
-            if tool.is_async:
-                value = await tool.fn(*args, **kwargs)
-            else:
-                value = await asyncio.to_thread(tool.fn, *args, **kwargs)
-            result.content = _jsonable(value)
+            result.content = _jsonable(await tool.invoke(args, kwargs))
         except ExternalObservationNeeded:
             raise
         except Exception as e:

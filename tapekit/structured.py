@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from tapekit.agent import Agent, Node
+from tapekit.agent import Agent, Node, node_run_steps
 from tapekit.core import LLMOutput, Prompt, SetNextNode, Step, Tape, Thought
 from tapekit.dialog import view_to_messages
 from tapekit.llm.base import LLMStream
@@ -149,12 +149,7 @@ class StructuredNode(Node):
 
     def make_llm_output(self, agent: Agent, tape: Tape[Any, Any], index: int) -> LLMOutput:
         """The JSON that makes exactly this run's steps."""
-        pid = tape.steps[index].metadata.prompt_id
-        run = []
-        for step in tape.steps[index:]:
-            if step.metadata.prompt_id != pid:
-                break
-            run.append(step)
+        run = node_run_steps(tape, index)
         failure = next((s for s in run if isinstance(s, LLMOutputParsingFailure)), None)
         if failure is not None:
             return LLMOutput(content=failure.raw)

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import PrivateAttr, SerializeAsAny
 
+from tapekit._sqlite import connect
 from tapekit.core import LLMOutput, Prompt
 from tapekit.llm.base import LLM, LLMEvent, TrainingText
 
@@ -56,9 +57,7 @@ class CachedLLM(LLM):
         with self._lock:
             if self._db is None:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-                db = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA busy_timeout=30000")
+                db = connect(self.path)
                 db.execute(
                     "CREATE TABLE IF NOT EXISTS llm_cache (key TEXT PRIMARY KEY, output TEXT NOT NULL, "
                     "prompt_tokens INTEGER, output_tokens INTEGER)"

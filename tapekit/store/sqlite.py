@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+from tapekit._sqlite import connect
 from tapekit.core import Step, Tape, TapeMetadata
 from tapekit.llm.base import LLMCall
 
@@ -93,10 +94,8 @@ class SQLiteStore:
         self._writer.start()
 
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute("PRAGMA busy_timeout=30000")
+        db = connect(self.path)
+        db.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; commits need no fsync each
         return db
 
     # ------------------------------------------------------------------ writing
