@@ -1,5 +1,34 @@
-"""Where tapes and LLM calls live: SQLite by default (one file, WAL, batched writes)."""
+"""Where tapes and LLM calls live: SQLite by default (one file, WAL, batched writes), PostgreSQL
+for many processes on many machines. Both implement :class:`TapeStore`; :func:`open_store`
+picks one from a path or a ``postgresql://`` URL."""
 
-from tapekit.store.sqlite import SQLiteStore, Totals
+from __future__ import annotations
 
-__all__ = ["SQLiteStore", "Totals"]
+from pathlib import Path
+from typing import Any
+
+from tapekit.store.base import TapeFilter, TapeInfo, TapeNotFoundError, TapeStore, Totals
+from tapekit.store.postgres import PostgresStore
+from tapekit.store.sqlite import SQLiteStore
+
+__all__ = [
+    "PostgresStore",
+    "SQLiteStore",
+    "TapeFilter",
+    "TapeInfo",
+    "TapeNotFoundError",
+    "TapeStore",
+    "Totals",
+    "open_store",
+]
+
+
+def open_store(url_or_path: str | Path, **options: Any) -> TapeStore:
+    """The store at ``url_or_path``: a ``postgresql://`` or ``postgres://`` URL opens a
+    :class:`PostgresStore`, anything else is the path of an SQLite file (:class:`SQLiteStore`).
+    ``options`` go to the store (``batch_size``, ``flush_interval_s``)."""
+    if isinstance(url_or_path, str) and url_or_path.startswith(("postgresql://", "postgres://")):
+        return PostgresStore(url_or_path, **options)
+    if not isinstance(url_or_path, str | Path):
+        raise TypeError(f"open_store needs a path or a postgresql:// URL, not {type(url_or_path).__name__}")
+    return SQLiteStore(url_or_path, **options)

@@ -1,0 +1,360 @@
+"""The SQL that SQLite and PostgreSQL share: one schema, one set of queries, one commit.
+
+Statements are written with ``?`` placeholders; the PostgreSQL backend turns them into
+``%s`` (none of the statements contains a literal ``?`` or ``%``). A backend supplies the
+connections, ``_fetch`` (a read) and ``_transaction`` (several ``executemany`` in one commit).
+"""
+
+from __future__ import annotations
+
+import json
+from abc import abstractmethod
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from tapekit.llm.base import LLMCall
+from tapekit.store.base import (
+    CallWrite,
+    TagWrite,
+    TapeFilter,
+    TapeInfo,
+    TapeStore,
+    TapeWrite,
+    Totals,
+    Write,
+    context_json,
+)
+
+# DOUBLE PRECISION is REAL in SQLite; the first three tables are the original SQLite schema
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS tapes (
+    id TEXT PRIMARY KEY,
+    parent_id TEXT,
+    author TEXT,
+    author_tape_id TEXT,
+    n_added_steps INTEGER NOT NULL DEFAULT 0,
+    error TEXT,
+    result TEXT,
+    context TEXT,
+    n_steps INTEGER NOT NULL DEFAULT 0,
+    created DOUBLE PRECISION NOT NULL,
+    updated DOUBLE PRECISION NOT NULL
+)""",
+    "CREATE INDEX IF NOT EXISTS tapes_parent ON tapes(parent_id)",
+    "CREATE INDEX IF NOT EXISTS tapes_created ON tapes(created)",
+    "CREATE INDEX IF NOT EXISTS tapes_author ON tapes(author)",
+    """CREATE TABLE IF NOT EXISTS steps (
+    tape_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    step_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    node TEXT NOT NULL,
+    prompt_id TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (tape_id, idx)
+)""",
+    "CREATE INDEX IF NOT EXISTS steps_prompt ON steps(prompt_id)",
+    "CREATE INDEX IF NOT EXISTS steps_agent ON steps(agent, tape_id)",
+    """CREATE TABLE IF NOT EXISTS llm_calls (
+    prompt_id TEXT PRIMARY KEY,
+    model TEXT NOT NULL,
+    prompt TEXT NOT NULL,
+    output TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    cost DOUBLE PRECISION NOT NULL,
+    latency_s DOUBLE PRECISION NOT NULL,
+    timestamp DOUBLE PRECISION NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS tape_tags (
+    tape_id TEXT NOT NULL,
+    tag TEXT NOT NULL,
+    PRIMARY KEY (tape_id, tag)
+)""",
+    "CREATE INDEX IF NOT EXISTS tape_tags_tag ON tape_tags(tag, tape_id)",
+]
+
+TAPE_COLUMNS = "id, parent_id, author, author_tape_id, n_added_steps, error, result, context, n_steps, created, updated"
+_TAPE_UPDATE = (
+    "parent_id=excluded.parent_id, author=excluded.author, author_tape_id=excluded.author_tape_id, "
+    "n_added_steps=excluded.n_added_steps, error=excluded.error, result=excluded.result, "
+    "context=excluded.context, n_steps=excluded.n_steps, updated=excluded.updated"
+)
+UPSERT_TAPE = (
+    f"INSERT INTO tapes ({TAPE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?) "
+    f"ON CONFLICT(id) DO UPDATE SET {_TAPE_UPDATE}"
+)
+IMPORT_TAPE = UPSERT_TAPE + ", created=excluded.created"
+INSERT_STEP = (
+    "INSERT INTO steps (tape_id, idx, step_id, kind, agent, node, prompt_id, data) "
+    "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING"
+)
+UPSERT_CALL = (
+    "INSERT INTO llm_calls (prompt_id, model, prompt, output, prompt_tokens, output_tokens, cost, "
+    "latency_s, timestamp) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(prompt_id) DO UPDATE SET "
+    "model=excluded.model, prompt=excluded.prompt, output=excluded.output, "
+    "prompt_tokens=excluded.prompt_tokens, output_tokens=excluded.output_tokens, cost=excluded.cost, "
+    "latency_s=excluded.latency_s, timestamp=excluded.timestamp"
+)
+ADD_TAG = "INSERT INTO tape_tags (tape_id, tag) VALUES (?,?) ON CONFLICT DO NOTHING"
+REMOVE_TAG = "DELETE FROM tape_tags WHERE tape_id = ? AND tag = ?"
+
+_INFO_COLUMNS = (
+    "t.id, t.parent_id, t.author, t.author_tape_id, t.n_steps, t.n_added_steps, t.error, t.result, "
+    "t.created, t.updated"
+)
+_CALL_COLUMNS = "prompt_id, model, prompt, output, prompt_tokens, output_tokens, cost, latency_s, timestamp"
+_CHUNK = 500  # ids per IN (...) list
+
+
+def _where(f: TapeFilter) -> tuple[str, list[Any]]:
+    clauses, args = ["1=1"], []
+    if f.author is not None:
+        clauses.append("t.author = ?")
+        args.append(f.author)
+    if f.agent is not None:
+        clauses.append("EXISTS (SELECT 1 FROM steps s WHERE s.agent = ? AND s.tape_id = t.id)")
+        args.append(f.agent)
+    if f.has_error is not None:
+        clauses.append("t.error IS NOT NULL" if f.has_error else "t.error IS NULL")
+    if f.tag is not None:
+        clauses.append("EXISTS (SELECT 1 FROM tape_tags g WHERE g.tag = ? AND g.tape_id = t.id)")
+        args.append(f.tag)
+    if f.since is not None:
+        clauses.append("t.created >= ?")
+        args.append(float(f.since))
+    if f.until is not None:
+        clauses.append("t.created < ?")
+        args.append(float(f.until))
+    if f.parent_id is not None:
+        clauses.append("t.parent_id = ?")
+        args.append(f.parent_id)
+    return " AND ".join(clauses), args
+
+
+def _call(row: Sequence[Any]) -> LLMCall:
+    _, model, prompt, output, pt, ot, cost, latency, ts = row
+    return LLMCall.model_validate(
+        {
+            "prompt": json.loads(prompt),
+            "output": json.loads(output),
+            "model": model,
+            "prompt_tokens": pt,
+            "output_tokens": ot,
+            "cost": cost,
+            "latency_s": latency,
+            "timestamp": ts,
+        }
+    )
+
+
+class SQLTapeStore(TapeStore):
+    """A :class:`TapeStore` on an SQL database with the shared schema (SQLite, PostgreSQL)."""
+
+    #: how this dialect writes "no limit" when only an offset is given
+    _no_limit = "LIMIT -1"
+
+    @abstractmethod
+    def _fetch(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run a read query (``?`` placeholders) on the reading connection."""
+
+    @abstractmethod
+    def _transaction(self, conn: Any, statements: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
+        """Run each ``(sql, rows)`` as an ``executemany``, all in one transaction."""
+
+    # ------------------------------------------------------------------ writes
+
+    def _commit(self, conn: Any, writes: list[Write]) -> None:
+        calls: list[tuple[Any, ...]] = []
+        steps: list[tuple[Any, ...]] = []
+        tapes: list[tuple[Any, ...]] = []
+        imports: list[tuple[Any, ...]] = []
+        tag_ops: list[tuple[str, list[tuple[Any, ...]]]] = []
+
+        def tag(sql: str, rows: list[tuple[Any, ...]]) -> None:
+            if tag_ops and tag_ops[-1][0] == sql:
+                tag_ops[-1][1].extend(rows)
+            else:
+                tag_ops.append((sql, rows))
+
+        for w in writes:
+            if isinstance(w, CallWrite):
+                c = w.call
+                calls.append(
+                    (
+                        c.prompt.id,
+                        c.model,
+                        c.prompt.model_dump_json(),
+                        c.output.model_dump_json(),
+                        c.prompt_tokens,
+                        c.output_tokens,
+                        c.cost,
+                        c.latency_s,
+                        c.timestamp,
+                    )
+                )
+            elif isinstance(w, TagWrite):
+                tag(REMOVE_TAG if w.remove else ADD_TAG, [(w.tape_id, t) for t in w.tags])
+            elif isinstance(w, TapeWrite):
+                for i, step in enumerate(w.steps, w.start):
+                    m = step.metadata
+                    steps.append(
+                        (w.tape_id, i, m.id, step.kind, m.agent, m.node, m.prompt_id, step.model_dump_json())
+                    )
+                meta = w.meta
+                (imports if w.exact_created else tapes).append(
+                    (
+                        w.tape_id,
+                        meta.parent_id,
+                        meta.author,
+                        meta.author_tape_id,
+                        meta.n_added_steps,
+                        meta.error,
+                        json.dumps(meta.result, default=str),
+                        context_json(w.context),
+                        w.n_steps,
+                        w.created,
+                        w.updated,
+                    )
+                )
+                if w.tags:
+                    tag(ADD_TAG, [(w.tape_id, t) for t in w.tags])
+        # rows in key order (stable: later saves of one tape stay later), so that concurrent
+        # transactions lock shared rows in the same order and cannot deadlock
+        calls.sort(key=lambda r: r[0])
+        tapes.sort(key=lambda r: r[0])
+        imports.sort(key=lambda r: r[0])
+        steps.sort(key=lambda r: (r[0], r[1]))
+        statements = [(UPSERT_CALL, calls), (UPSERT_TAPE, tapes), (IMPORT_TAPE, imports), (INSERT_STEP, steps)]
+        self._transaction(conn, [(sql, rows) for sql, rows in statements + tag_ops if rows])
+
+    # ------------------------------------------------------------------ reads
+
+    def _stored_length(self, tape_id: str) -> int | None:
+        rows = self._fetch("SELECT n_steps FROM tapes WHERE id = ?", (tape_id,))
+        return int(rows[0][0]) if rows else None
+
+    def _select_infos(
+        self, where: TapeFilter, limit: int | None, offset: int, ids: Sequence[str] | None = None
+    ) -> list[TapeInfo]:
+        if ids is not None and len(ids) > _CHUNK:
+            out = []
+            for i in range(0, len(ids), _CHUNK):
+                out.extend(self._select_infos(where, None, 0, ids[i : i + _CHUNK]))
+            out.sort(key=lambda t: (-t.created, t.id))
+            return out[offset : None if limit is None else offset + limit]
+        sql, args = _where(where)
+        if ids is not None:
+            if not ids:
+                return []
+            sql += f" AND t.id IN ({','.join('?' * len(ids))})"
+            args.extend(ids)
+        rows = self._fetch(
+            f"SELECT {_INFO_COLUMNS} FROM tapes t WHERE {sql} ORDER BY t.created DESC, t.id"
+            + self._limit(limit, offset),
+            args,
+        )
+        tags: dict[str, list[str]] = {r[0]: [] for r in rows}
+        keys = list(tags)
+        for i in range(0, len(keys), _CHUNK):
+            chunk = keys[i : i + _CHUNK]
+            for tape_id, tag in self._fetch(
+                f"SELECT tape_id, tag FROM tape_tags WHERE tape_id IN ({','.join('?' * len(chunk))}) "
+                "ORDER BY tag",
+                chunk,
+            ):
+                tags[tape_id].append(tag)
+        return [
+            TapeInfo(
+                id=r[0],
+                parent_id=r[1],
+                author=r[2],
+                author_tape_id=r[3],
+                n_steps=r[4],
+                n_added_steps=r[5],
+                error=r[6],
+                result=json.loads(r[7]) if r[7] else None,
+                tags=tags[r[0]],
+                created=r[8],
+                updated=r[9],
+            )
+            for r in rows
+        ]
+
+    def _limit(self, limit: int | None, offset: int) -> str:
+        if limit is None and not offset:
+            return ""
+        return (f" LIMIT {limit}" if limit is not None else f" {self._no_limit}") + (
+            f" OFFSET {offset}" if offset else ""
+        )
+
+    def _select_ids(self, where: TapeFilter, limit: int | None, offset: int) -> list[str]:
+        sql, args = _where(where)
+        rows = self._fetch(
+            f"SELECT t.id FROM tapes t WHERE {sql} ORDER BY t.created DESC, t.id" + self._limit(limit, offset),
+            args,
+        )
+        return [r[0] for r in rows]
+
+    def _count(self, where: TapeFilter) -> int:
+        sql, args = _where(where)
+        return int(self._fetch(f"SELECT COUNT(*) FROM tapes t WHERE {sql}", args)[0][0])
+
+    def _select_context(self, tape_id: str) -> str | None:
+        rows = self._fetch("SELECT context FROM tapes WHERE id = ?", (tape_id,))
+        return rows[0][0] if rows else None
+
+    def _select_steps(self, tape_id: str, start: int, stop: int) -> list[str]:
+        rows = self._fetch(
+            "SELECT data FROM steps WHERE tape_id = ? AND idx >= ? AND idx < ? ORDER BY idx",
+            (tape_id, start, stop),
+        )
+        return [r[0] for r in rows]
+
+    def _select_llm_calls(self, prompt_ids: Sequence[str] | None) -> Iterator[LLMCall]:
+        if prompt_ids is None:
+            for row in self._fetch(f"SELECT {_CALL_COLUMNS} FROM llm_calls ORDER BY timestamp, prompt_id"):
+                yield _call(row)
+            return
+        for i in range(0, len(prompt_ids), _CHUNK):
+            chunk = list(prompt_ids[i : i + _CHUNK])
+            rows = self._fetch(
+                f"SELECT {_CALL_COLUMNS} FROM llm_calls WHERE prompt_id IN ({','.join('?' * len(chunk))}) "
+                "ORDER BY timestamp, prompt_id",
+                chunk,
+            )
+            for row in rows:
+                yield _call(row)
+
+    def _select_llm_call_ids(self, model: str | None) -> list[str]:
+        sql, args = "SELECT prompt_id FROM llm_calls", []
+        if model is not None:
+            sql += " WHERE model = ?"
+            args.append(model)
+        return [r[0] for r in self._fetch(sql + " ORDER BY timestamp, prompt_id", args)]
+
+    def _select_prompt_ids(self, tape_id: str) -> list[str]:
+        rows = self._fetch(
+            "SELECT DISTINCT prompt_id FROM steps WHERE tape_id = ? AND prompt_id != '' ORDER BY prompt_id",
+            (tape_id,),
+        )
+        return [r[0] for r in rows]
+
+    def _select_totals(self, by: str, tape_id: str | None) -> Totals:
+        group = {"tape": "s.tape_id", "agent": "s.agent", "node": "s.agent || '.' || s.node"}[by]
+        sql = (
+            f"SELECT {group} AS g, COUNT(*), SUM(c.prompt_tokens), SUM(c.output_tokens), SUM(c.cost) "
+            "FROM (SELECT DISTINCT tape_id, agent, node, prompt_id FROM steps WHERE prompt_id != ''"
+            + (" AND tape_id = ?" if tape_id else "")
+            + ") s JOIN llm_calls c ON c.prompt_id = s.prompt_id GROUP BY g ORDER BY g"
+        )
+        out = Totals()
+        for g, n, pt, ot, cost in self._fetch(sql, [tape_id] if tape_id else []):
+            out[g] = {
+                "calls": int(n),
+                "prompt_tokens": int(pt or 0),
+                "output_tokens": int(ot or 0),
+                "cost": float(cost or 0.0),
+            }
+        return out
