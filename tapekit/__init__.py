@@ -17,8 +17,10 @@ from tapekit.agent import (
 )
 from tapekit.core import (
     Action,
+    Branch,
     Call,
     ControlStep,
+    Fork,
     LLMOutput,
     Observation,
     PartialStep,
@@ -78,10 +80,12 @@ __all__ = [
     "AssistantStep",
     "AssistantThought",
     "AsyncAgentStream",
+    "Branch",
     "Call",
     "ControlStep",
     "Environment",
     "ExternalObservationNeeded",
+    "Fork",
     "FunctionLLM",
     "LLMCall",
     "LLMOutput",

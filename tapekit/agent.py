@@ -9,12 +9,13 @@ the tape, so any tape is a resume point.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Self
+from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny
 
@@ -23,6 +24,7 @@ from tapekit._sync import iterate_sync, run_sync
 from tapekit.core import (
     Action,
     Call,
+    Fork,
     LLMOutput,
     PartialStep,
     Prompt,
@@ -38,6 +40,9 @@ from tapekit.core import (
 )
 from tapekit.llm.base import LLM, LLMCall, LLMEvent, LLMStream, TrainingText
 from tapekit.views import TapeView, TapeViewStack
+
+if TYPE_CHECKING:
+    from tapekit.environment import Environment
 
 __all__ = [
     "Agent",
@@ -335,32 +340,43 @@ class Agent(BaseModel):
 
     # ------------------------------------------------------------------ running
 
-    def arun(self, tape: Tape[Any, Any]) -> AsyncAgentStream:
+    def arun(self, tape: Tape[Any, Any], environment: Environment | None = None) -> AsyncAgentStream:
         """Continue ``tape`` until a node run makes an action (or a ``StopStep``, or a
-        ``Respond`` from the root). Streams :class:`AgentEvent`; the last carries the tape."""
+        ``Respond`` from the root). Streams :class:`AgentEvent`; the last carries the tape.
+
+        ``environment`` answers the actions made inside the branches of a :class:`Fork`, which
+        run concurrently within this turn (the main loop passes its own); without one, a branch
+        that makes an action is an error.
+        """
         if self._manager is not None:
             raise AgentError(
                 f"run the root agent {self.root.name!r}, not its subagent {self.full_name!r} "
                 "(or run a .clone() of the subagent on its own)"
             )
-        return AsyncAgentStream(self._arun(tape))
+        return AsyncAgentStream(self._arun(tape, environment))
 
-    def run(self, tape: Tape[Any, Any]) -> AgentStream:
+    def run(self, tape: Tape[Any, Any], environment: Environment | None = None) -> AgentStream:
         """Sync version of :meth:`arun`."""
         if self._manager is not None:
             self.arun(tape)  # raises the explanatory error
-        return AgentStream(self._arun(tape))
+        return AgentStream(self._arun(tape, environment))
 
-    async def _arun(self, start: Tape[Any, Any]) -> AsyncIterator[AgentEvent]:
+    async def _arun(
+        self, start: Tape[Any, Any], environment: Environment | None = None, branch_len: int = 0
+    ) -> AsyncIterator[AgentEvent]:
+        """The agent's turn. ``branch_len`` > 0 runs one fork branch: the turn also ends when
+        the branch's subagent responds (the view stack is back to ``branch_len`` views), and
+        only forks made inside the branch are this turn's to run."""
         tape = start
         seq = tape.steps  # the steps made so far, ahead of `tape` within a node run
         where = ""
         try:
             iterations = 0
             stack = self.compute_view(tape)
-            if stack.top.run_open and stack.top.last_node is not None:
-                where = f"finishing the interrupted run of {stack.top.agent_name}.{stack.top.last_node}"
-                async for item in self._finish_open_run(tape, stack.top):
+            top = stack.top
+            if _pending_fork(stack, branch_len) is None and top.run_open and top.last_node is not None:
+                where = f"finishing the interrupted run of {top.agent_name}.{top.last_node}"
+                async for item in self._finish_open_run(tape, stack, branch_len):
                     if isinstance(item, _Finished):
                         tape = item.tape
                         if item.stop:
@@ -369,6 +385,18 @@ class Agent(BaseModel):
                     else:
                         yield item
             while True:
+                stack = self.compute_view(tape)
+                fork_at = _pending_fork(stack, branch_len)
+                if fork_at is not None:
+                    where = f"the fork of {stack.views[fork_at].agent_name}"
+                    async for item in self._run_fork(tape, stack, fork_at, environment):
+                        if isinstance(item, _Finished):
+                            tape = item.tape
+                            if item.error is not None:
+                                raise AgentError(item.error)
+                        else:
+                            yield item
+                    continue
                 if iterations >= self.max_iterations:
                     raise AgentError(
                         f"agent {self.name!r} ran {self.max_iterations} node runs (max_iterations) "
@@ -376,7 +404,8 @@ class Agent(BaseModel):
                     )
                 iterations += 1
                 seq = tape.steps
-                top = self.compute_view(tape).top
+                top = stack.top
+                closes_branch = branch_len > 0 and len(stack) == branch_len + 1
                 agent = self.find_agent(top.agent_name)
                 node = agent.select_node(top)
                 where = f"node {agent.full_name}.{node.name}"
@@ -395,7 +424,7 @@ class Agent(BaseModel):
                     if isinstance(step, PartialStep):
                         yield AgentEvent(partial_step=step)
                         continue
-                    if isinstance(step, Call | Respond) and not is_last:
+                    if isinstance(step, Call | Respond | Fork) and not is_last:
                         raise AgentError(
                             f"{where} made a {step.kind} that is not the last step of its node run; "
                             "put SetNextNode and other steps before it"
@@ -403,7 +432,7 @@ class Agent(BaseModel):
                     step = _attributed(step, agent.full_name, node.name, prompt_id, is_last)
                     seq = seq.appended([step])
                     yield AgentEvent(step=step)
-                    stop = stop or _ends_turn(step, agent is self)
+                    stop = stop or _ends_turn(step, agent is self, closes_branch)
                 tape = tape.model_copy(update={"steps": seq})
                 if stop:
                     break
@@ -443,15 +472,17 @@ class Agent(BaseModel):
         yield stream
 
     async def _finish_open_run(
-        self, tape: Tape[Any, Any], top: TapeView
+        self, tape: Tape[Any, Any], stack: TapeViewStack, branch_len: int
     ) -> AsyncIterator[AgentEvent | _Finished]:
         """Finish a node run that the tape was cut in the middle of: re-make its prompt from the
         run's start, get the LLM output again (a cache or replay gives the recorded one), and
         append the steps the run had not yet added. Ends with a :class:`_Finished`."""
+        top = stack.top
         agent = self.find_agent(top.agent_name)
         node = agent.find_node(top.last_node)  # type: ignore[arg-type]
         start = top.run_start
-        run_tape = tape[:start]
+        run_tape = _tape_of(tape, top.visible(start))
+        closes_branch = branch_len > 0 and len(stack) == branch_len + 1
         existing = list(tape.steps[start:])
         prompt_id = existing[0].metadata.prompt_id
         prompt = node.make_prompt(agent, run_tape)
@@ -475,7 +506,125 @@ class Agent(BaseModel):
             step = _attributed(step, agent.full_name, node.name, prompt_id, i == len(rest) - 1)
             tape = tape.model_copy(update={"steps": tape.steps.appended([step])})
             yield AgentEvent(step=step)
-        yield _Finished(tape, any(_ends_turn(s, agent is self) for s in made))
+        yield _Finished(tape, any(_ends_turn(s, agent is self, closes_branch) for s in made))
+
+    async def _run_fork(
+        self, tape: Tape[Any, Any], stack: TapeViewStack, at: int, environment: Environment | None
+    ) -> AsyncIterator[AgentEvent | _Finished]:
+        """Run the branches of the fork pending in view ``at`` concurrently and join them.
+
+        Each branch runs on its own tape (the tape as it was at the fork, its Call, its own
+        steps). Steps reach the caller in branch order: the first unfinished branch streams
+        live, later ones are held back until the branches before them are done, so the tape
+        (and the store writing it) always shows whole branches followed by at most one
+        partial one. A tape cut inside the fork therefore resumes here: finished branches are
+        kept, the partial one is finished from its own view, the missing ones start.
+        """
+        view = stack.views[at]
+        fork = view.fork
+        assert fork is not None
+        forker, node_name = fork.metadata.agent, fork.metadata.node
+        base = _tape_of(tape, view.fork_visible)
+        runs: list[tuple[int, Tape[Any, Any], int]] = []  # (branch, its tape, steps already on `tape`)
+        first_new = view.fork_done
+        if len(stack) > at + 1:  # the tape ends inside branch `fork_done`: finish it
+            partial = _tape_of(tape, stack.views[at + 1].visible(len(tape)))
+            runs.append((view.fork_done, partial, len(partial)))
+            first_new += 1
+        for k in range(first_new, len(fork.branches)):
+            call = _attributed(fork.call(k), forker, node_name, "", False)
+            runs.append((k, base.model_copy(update={"steps": base.steps.appended([call])}), len(base)))
+
+        queue: asyncio.Queue[tuple[int, AgentEvent | _BranchEnd]] = asyncio.Queue()
+
+        async def pump(k: int, branch: Tape[Any, Any], known: int) -> None:
+            try:
+                async for item in self._run_branch(branch, known, at + 1, environment):
+                    await queue.put((k, item))
+            except Exception as e:  # reported with the branch; CancelledError passes through
+                await queue.put((k, _BranchEnd(branch, f"{type(e).__name__}: {e}")))
+
+        tasks = [asyncio.create_task(pump(k, b, known)) for k, b, known in runs]
+        order = [k for k, _, _ in runs]
+        held: dict[int, list[AgentEvent]] = {k: [] for k in order}
+        ended: dict[int, _BranchEnd] = {}
+        head = 0
+        seq = tape.steps
+        try:
+            while head < len(order):
+                k, item = await queue.get()
+                if isinstance(item, _BranchEnd):
+                    ended[k] = item
+                elif item.step is not None and k != order[head]:
+                    held[k].append(item)
+                    continue
+                else:
+                    if item.step is not None:
+                        seq = seq.appended([item.step])
+                    yield item
+                    continue
+                while head < len(order) and order[head] in ended:
+                    end = ended[order[head]]
+                    if end.error is not None:
+                        name = fork.branches[order[head]].agent_name
+                        message = f"branch {order[head]} ({name}) of the fork failed: {end.error}"
+                        yield _Finished(tape.model_copy(update={"steps": seq}), False, message)
+                        return
+                    head += 1
+                    if head < len(order):
+                        for event in held.pop(order[head]):
+                            seq = seq.appended([event.step])  # type: ignore[list-item]
+                            yield event
+            yield _Finished(tape.model_copy(update={"steps": seq}), False)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run_branch(
+        self, tape: Tape[Any, Any], known: int, branch_len: int, environment: Environment | None
+    ) -> AsyncIterator[AgentEvent | _BranchEnd]:
+        """One fork branch: agent turns, and environment reactions to the branch's actions,
+        until the branch's subagent responds. Steps past ``known`` are new to the caller."""
+        from tapekit.environment import ExternalObservationNeeded, unanswered_actions
+
+        for step in tape.steps[known:]:
+            yield AgentEvent(step=step)
+        while True:
+            final = None
+            async for event in self._arun(tape, environment, branch_len):
+                if event.final_tape is not None:
+                    final = event.final_tape
+                else:
+                    yield event
+            assert final is not None
+            tape = final
+            if tape.metadata.error is not None:
+                yield _BranchEnd(tape, tape.metadata.error)
+                return
+            if len(self.compute_view(tape)) <= branch_len:
+                yield _BranchEnd(tape, None)
+                return
+            actions = unanswered_actions(tape)
+            if not actions:
+                yield _BranchEnd(tape, "the branch stopped before its subagent responded")
+                return
+            if environment is None:
+                kinds = ", ".join(sorted({a.kind for a in actions}))
+                yield _BranchEnd(
+                    tape,
+                    f"the branch made actions ({kinds}) but the agent runs without an environment: "
+                    "run it with main_loop/async_main_loop, or pass environment= to arun",
+                )
+                return
+            try:
+                new = await environment.areact(tape)
+            except ExternalObservationNeeded as e:
+                yield _BranchEnd(tape, f"a branch cannot wait on the outside world ({e})")
+                return
+            for step in new.steps[len(tape) :]:
+                yield AgentEvent(step=step)
+            tape = new
 
     def _final(self, start: Tape[Any, Any], tape: Tape[Any, Any], error: str | None = None) -> Tape[Any, Any]:
         meta = TapeMetadata(
@@ -612,10 +761,45 @@ class Agent(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class _Finished:
-    """The tape after finishing an interrupted node run, and whether that ends the turn."""
+    """The tape after finishing an interrupted node run or a fork, whether that ends the turn,
+    and what went wrong if it failed."""
 
     tape: Tape[Any, Any]
     stop: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _BranchEnd:
+    """A fork branch is over: its final tape, and its error if it failed."""
+
+    tape: Tape[Any, Any]
+    error: str | None
+
+
+def _pending_fork(stack: TapeViewStack, start: int) -> int | None:
+    """The index of the outermost view at or above ``start`` with a fork still running."""
+    for i in range(start, len(stack)):
+        if stack.views[i].fork is not None:
+            return i
+    return None
+
+
+def _tape_of(tape: Tape[Any, Any], ranges: tuple[tuple[int, int], ...]) -> Tape[Any, Any]:
+    """The tape made of the steps in ``ranges`` (context and metadata kept). A single range
+    from the start, the case outside forks, shares the step buffer instead of copying."""
+    merged: list[tuple[int, int]] = []
+    for a, b in ranges:
+        if merged and merged[-1][1] == a:
+            merged[-1] = (merged[-1][0], b)
+        elif b > a:
+            merged.append((a, b))
+    if not merged:
+        return tape.model_copy(update={"steps": StepSequence()})
+    if len(merged) == 1 and merged[0][0] == 0:
+        return tape.model_copy(update={"steps": tape.steps[: merged[0][1]]})
+    items = tape.steps
+    return tape.model_copy(update={"steps": StepSequence(items[i] for a, b in merged for i in range(a, b))})
 
 
 def _check_unique(names: list[str], message: str) -> None:
@@ -685,9 +869,10 @@ def node_run_steps(tape: Tape[Any, Any], index: int) -> list[Step]:
     return run
 
 
-def _ends_turn(step: Step, by_root: bool) -> bool:
-    """Whether ``step`` ends the agent's turn: an action, a stop, or the root agent's Respond."""
-    return isinstance(step, Action | StopStep) or (by_root and isinstance(step, Respond))
+def _ends_turn(step: Step, by_root: bool, closes_branch: bool = False) -> bool:
+    """Whether ``step`` ends the agent's turn: an action, a stop, the root agent's Respond, or
+    the Respond that closes the fork branch being run."""
+    return isinstance(step, Action | StopStep) or ((by_root or closes_branch) and isinstance(step, Respond))
 
 
 def _content_diff(expected: list[Step], made: list[Step], labels: tuple[str, str]) -> str | None:

@@ -20,8 +20,10 @@ from pydantic_core import core_schema
 
 __all__ = [
     "Action",
+    "Branch",
     "Call",
     "ControlStep",
+    "Fork",
     "LLMOutput",
     "Observation",
     "PartialStep",
@@ -153,6 +155,40 @@ class Call(ControlStep):
     kind: Literal["call"] = "call"
     agent_name: str
     content: str = ""
+
+
+class Branch(BaseModel):
+    """One branch of a :class:`Fork`: a Call of subagent ``agent_name`` with ``content``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    agent_name: str
+    content: str = ""
+
+
+class Fork(ControlStep):
+    """Calls several subagents at once: each branch runs concurrently, sees the tape as it was
+    at the fork plus its own steps, and ends with its subagent's :class:`Respond`.
+
+    On the tape the branches follow the fork one after another, in the order given, each as a
+    ``Call`` ... ``Respond`` segment; the agent that forked then continues and sees every
+    response, exactly as if it had made the calls in sequence.
+    """
+
+    kind: Literal["fork"] = "fork"
+    branches: list[Branch] = Field(min_length=1)
+
+    @classmethod
+    def of(cls, *calls: tuple[str, str] | Branch) -> Fork:
+        """``Fork.of(("search", "q1"), ("search", "q2"))``: a fork from (agent, content) pairs."""
+        return cls(
+            branches=[c if isinstance(c, Branch) else Branch(agent_name=c[0], content=c[1]) for c in calls]
+        )
+
+    def call(self, index: int) -> Call:
+        """The Call step that opens branch ``index`` on the tape."""
+        branch = self.branches[index]
+        return Call(agent_name=branch.agent_name, content=branch.content)
 
 
 class Respond(ControlStep):
@@ -330,6 +366,11 @@ class StepSequence(Sequence[S]):
             if len(buf.items) == self._n:
                 buf.items.extend(new)
                 return StepSequence._view(buf, self._n + len(new))
+            end = self._n + len(new)
+            if end <= len(buf.items) and all(
+                a is b for a, b in zip(buf.items[self._n : end], new, strict=True)
+            ):  # the buffer already holds exactly these steps (a fork branch being joined)
+                return StepSequence._view(buf, end)
         # a fork: copy the prefix, and keep the memoised folds that still apply to it
         fork: _Buffer[S] = _Buffer(buf.items[: self._n] + new)
         fork.folds = {key: cache.prefix(self._n) for key, cache in buf.folds.items()}

@@ -117,7 +117,7 @@ async def _main_loop(
         waiting = unanswered_actions(tape)
         if not waiting or agent.compute_view(tape).top.run_open:
             final = None
-            async for event in agent.arun(tape):
+            async for event in agent.arun(tape, environment):
                 yield MainLoopEvent(agent_event=event)
                 if event.final_tape is not None:
                     final = event.final_tape

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from tapekit.core import Call, Respond, SetNextNode, Step, StepSequence, Tape
+from tapekit.core import Call, Fork, Respond, SetNextNode, Step, StepSequence, Tape
 
 __all__ = ["TapeView", "TapeViewStack", "cached_fold"]
 
@@ -38,6 +38,22 @@ class TapeView:
     next_node: str | int | None = None
     run_open: bool = False
     run_start: int = -1  # tape index of the first step of the last node run
+    fork: Fork | None = None
+    fork_index: int = -1  # tape index of the pending fork step
+    fork_done: int = 0
+    vis_base: tuple[tuple[int, int], ...] = ()
+    vis_start: int = 0
+    branch: bool = False  # this view is a branch of its caller's fork
+
+    @property
+    def fork_visible(self) -> tuple[tuple[int, int], ...]:
+        """The tape ranges every branch of the pending fork sees before its own steps."""
+        return (*self.vis_base, (self.vis_start, self.fork_index + 1))
+
+    def visible(self, end: int) -> tuple[tuple[int, int], ...]:
+        """The ``(start, stop)`` tape ranges this agent's nodes see when the tape has ``end``
+        steps."""
+        return (*self.vis_base, (self.vis_start, end))
 
     @property
     def call(self) -> Call | None:
@@ -62,6 +78,8 @@ class TapeView:
                 view = replace(self, steps=self.steps.appended([step]), run_open=not meta.run_end)
             if isinstance(step, SetNextNode):
                 view = replace(view, next_node=step.next_node)
+            elif isinstance(step, Fork):
+                view = replace(view, fork=step, fork_index=index, fork_done=0)
             return view
         return replace(self, steps=self.steps.appended([step]))
 
@@ -96,11 +114,25 @@ class TapeViewStack:
         top = views[-1]
         if isinstance(step, Call):
             caller = top._add(step, index)
-            callee = TapeView(agent_name=f"{top.agent_name}/{step.agent_name}")
-            callee = replace(callee, steps=callee.steps.appended([step]))
+            if top.fork is not None and step.metadata.agent == top.agent_name:  # a fork branch
+                vis_base, vis_start, branch = top.fork_visible, index, True
+            else:
+                vis_base, vis_start, branch = top.vis_base, top.vis_start, False
+            callee = TapeView(
+                agent_name=f"{top.agent_name}/{step.agent_name}",
+                steps=StepSequence([step]),
+                vis_base=vis_base,
+                vis_start=vis_start,
+                branch=branch,
+            )
             return TapeViewStack((*views[:-1], caller, callee))
         if isinstance(step, Respond) and len(views) > 1:
             caller = views[-2]._add(step, index)
+            if top.branch and caller.fork is not None:
+                done = caller.fork_done + 1
+                caller = replace(
+                    caller, fork_done=done, fork=None if done >= len(caller.fork.branches) else caller.fork
+                )
             return TapeViewStack((*views[:-2], caller))
         return TapeViewStack((*views[:-1], top._add(step, index)))
 
