@@ -166,8 +166,9 @@ def scripted_brain(prompt: Prompt) -> LLMOutput:
         return LLMOutput(content=" ".join(notes))
     if user.startswith("Search for: "):
         query = user.removeprefix("Search for: ")
+        call_id = f"call_{zlib.crc32(query.encode())}"
         args = json.dumps({"query": query})
-        return LLMOutput(tool_calls=[{"id": f"call_{zlib.crc32(query.encode())}", "name": "search", "arguments": args}])
+        return LLMOutput(tool_calls=[{"id": call_id, "name": "search", "arguments": args}])
     return LLMOutput(content=user.removeprefix("Sum up in one sentence: "))
 
 
