@@ -22,5 +22,10 @@ def _main() -> None:
     """tapekit: tapes, agents, batches and the Studio."""
 
 
+from tapekit._batch_cli import batch_command  # noqa: E402  (typer only; the rest loads when it runs)
+
+app.command("batch")(batch_command)
+
+
 if __name__ == "__main__":
     app()

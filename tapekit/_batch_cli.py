@@ -1,0 +1,231 @@
+"""``tapekit batch``: run an agent over a JSONL file of tapes with a live progress display.
+
+Only typer is imported with this module (``tapekit --help`` stays fast); tapekit's batch
+machinery, rich, the store and Ray are imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from tapekit.batch import BatchResult, BatchStats
+    from tapekit.core import Tape
+
+__all__ = ["batch_command", "read_tapes"]
+
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+
+def read_tapes(path: Path, tape_class: type[Tape[Any, Any]]) -> list[Tape[Any, Any]]:
+    """The tapes in ``path``, one JSON tape per line (blank lines skipped).
+
+    A line without ``metadata.id`` gets an id derived from its content, so that running the
+    same file again finds the same stored tapes. Errors name the line.
+    """
+    from pydantic import ValidationError
+
+    tapes = []
+    first_line: dict[str, int] = {}
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}, line {number}: not JSON ({e})") from e
+            if not isinstance(data, dict):
+                raise ValueError(f"{path}, line {number}: a tape must be a JSON object")
+            meta = data.get("metadata")
+            if meta is None or (isinstance(meta, dict) and not meta.get("id")):
+                digest = hashlib.sha256(line.strip().encode()).hexdigest()[:32]
+                data["metadata"] = {**(meta or {}), "id": digest}
+            try:
+                tape = tape_class.model_validate(data)
+            except ValidationError as e:
+                raise ValueError(f"{path}, line {number}: not a valid tape: {e}") from e
+            tape_id = tape.metadata.id
+            if tape_id in first_line:
+                raise ValueError(
+                    f"{path}, lines {first_line[tape_id]} and {number} are the same tape (id {tape_id}); "
+                    "give repeated tasks distinct metadata.id values"
+                )
+            first_line[tape_id] = number
+            tapes.append(tape)
+    if not tapes:
+        raise ValueError(f"{path} holds no tapes")
+    return tapes
+
+
+def _default_name(target: str, tapes: Path) -> str:
+    return re.sub(r"[^\w.\-/]", ".", f"{target}-{tapes.stem}")
+
+
+def _progress_text(stats: BatchStats) -> str:
+    return (
+        f"[green]{stats.finished - stats.failed} ok[/] [red]{stats.failed} failed[/] "
+        f"[cyan]{stats.running} running[/] {stats.skipped} skipped · "
+        f"{stats.llm_calls_per_s:,.1f} LLM calls/s · {stats.tokens_per_s:,.0f} tokens/s"
+    )
+
+
+def batch_command(
+    target: Annotated[str, typer.Argument(help="module:attr of a function returning (agent, environment)")],
+    tapes: Annotated[Path, typer.Option("--tapes", help="JSONL file: one start tape per line")],
+    db: Annotated[str, typer.Option("--db", help="SQLite file or postgresql:// URL")] = "tapekit.db",
+    concurrency: Annotated[int, typer.Option("--concurrency", help="tapes running at once")] = 64,
+    llm_concurrency: Annotated[
+        int | None, typer.Option("--llm-concurrency", help="requests in flight per LLM (default: no limit)")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="batch name (default: from TARGET and the tapes file)")
+    ] = None,
+    backend: Annotated[str, typer.Option("--backend", help="local or ray")] = "local",
+    max_loops: Annotated[
+        int | None, typer.Option("--max-loops", help="agent/environment rounds per tape")
+    ] = None,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="run failed tapes again")] = False,
+    tape_class: Annotated[
+        str | None, typer.Option("--tape-class", help="module:attr of the tape class (default: Tape)")
+    ] = None,
+    ray_workers: Annotated[
+        int | None, typer.Option("--ray-workers", help="Ray tasks (default: the cluster's CPUs)")
+    ] = None,
+) -> None:
+    """Run TARGET's agent on every tape in --tapes, storing each tape in --db as it runs.
+
+    Run the same command again to skip the finished tapes and resume the others.
+
+    Exit code: 0 if every tape finished without error, 1 if any failed, 130 if interrupted.
+    """
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    try:
+        from tapekit.batch import BatchStats, load_factory, load_object
+        from tapekit.core import Tape
+
+        if backend not in ("local", "ray"):
+            raise ValueError(f"--backend {backend!r}: choose local or ray")
+        cls = load_object(tape_class) if tape_class else Tape
+        if not (isinstance(cls, type) and issubclass(cls, Tape)):
+            raise ValueError(f"--tape-class {tape_class!r} is not a Tape class")
+        agent, environment = load_factory(target)
+        start_tapes = read_tapes(tapes, cls)
+    except (ValueError, TypeError, OSError) as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from None
+    from tapekit.store import open_store
+
+    batch_name = name or _default_name(target, tapes)
+    stats = BatchStats()
+    failures: list[BatchResult] = []
+    try:
+        store = open_store(db)
+    except (ValueError, ConnectionError, ImportError) as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from None
+    interrupted = False
+    with store:
+        try:
+            asyncio.run(
+                _run(
+                    agent,
+                    environment,
+                    start_tapes,
+                    store,
+                    stats,
+                    failures,
+                    console,
+                    dict(
+                        max_concurrency=concurrency,
+                        llm_concurrency=llm_concurrency,
+                        name=batch_name,
+                        max_loops=max_loops,
+                        retry_failed=retry_failed,
+                        backend=backend,
+                        ray_workers=ray_workers,
+                        ray_factory=target if backend == "ray" else None,
+                    ),
+                )
+            )
+        except KeyboardInterrupt:
+            interrupted = True
+        except (ValueError, TypeError) as e:
+            console.print(f"[red]error:[/] {e}")
+            raise typer.Exit(2) from None
+    _summary(console, stats, failures, batch_name, db)
+    if interrupted:
+        console.print(
+            f"[yellow]interrupted:[/] {stats.finished} of {stats.total} tapes finished and are saved in "
+            f"{db}; the others are saved as far as they got. Run the same command again to resume them."
+        )
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if stats.failed:
+        raise typer.Exit(EXIT_FAILED)
+
+
+async def _run(
+    agent: Any,
+    environment: Any,
+    start_tapes: list[Any],
+    store: Any,
+    stats: BatchStats,
+    failures: list[BatchResult],
+    console: Any,
+    options: dict[str, Any],
+) -> None:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        ProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+    from rich.text import Text
+
+    from tapekit.batch import abatch
+
+    class StatsColumn(ProgressColumn):
+        """Live counters and rates, read from the batch's stats at every refresh."""
+
+        def render(self, task: Any) -> Text:
+            return Text.from_markup(_progress_text(stats))
+
+    results = abatch(agent, environment, start_tapes, store=store, stats=stats, **options)
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        StatsColumn(),
+    )
+    with Progress(*columns, console=console, refresh_per_second=4) as progress:
+        task = progress.add_task(options["name"], total=len(start_tapes))
+        async for result in results:
+            if not result.ok:
+                failures.append(result)
+            progress.update(task, completed=stats.finished)
+
+
+def _summary(console: Any, stats: BatchStats, failures: list[BatchResult], name: str, db: str) -> None:
+    console.print(
+        f"batch [bold]{name}[/]: {stats.finished} of {stats.total} finished ({stats.failed} failed, "
+        f"{stats.skipped} already done, {stats.resumed} resumed) in {stats.elapsed_s:.1f} s; "
+        f"{stats.llm_calls} LLM calls ({stats.llm_calls_per_s:,.1f}/s), "
+        f"{stats.prompt_tokens + stats.output_tokens:,} tokens ({stats.tokens_per_s:,.0f}/s); stored in {db}"
+    )
+    for result in sorted(failures, key=lambda r: r.index)[:10]:
+        console.print(f"  [red]failed[/] #{result.index} (tape {result.start_id}): {result.error}")
+    if len(failures) > 10:
+        console.print(f"  … and {len(failures) - 10} more (tag batch:{name}:failed in the store)")
