@@ -75,7 +75,9 @@ SCHEMA = [
     "CREATE INDEX IF NOT EXISTS tape_tags_tag ON tape_tags(tag, tape_id)",
 ]
 
-TAPE_COLUMNS = "id, parent_id, author, author_tape_id, n_added_steps, error, result, context, n_steps, created, updated"
+TAPE_COLUMNS = (
+    "id, parent_id, author, author_tape_id, n_added_steps, error, result, context, n_steps, created, updated"
+)
 _TAPE_UPDATE = (
     "parent_id=excluded.parent_id, author=excluded.author, author_tape_id=excluded.author_tape_id, "
     "n_added_steps=excluded.n_added_steps, error=excluded.error, result=excluded.result, "
@@ -226,8 +228,13 @@ class SQLTapeStore(TapeStore):
         tapes.sort(key=lambda r: r[0])
         imports.sort(key=lambda r: r[0])
         steps.sort(key=lambda r: (r[0], r[1]))
-        statements = [(UPSERT_CALL, calls), (UPSERT_TAPE, tapes), (IMPORT_TAPE, imports), (INSERT_STEP, steps)]
-        self._transaction(conn, [(sql, rows) for sql, rows in statements + tag_ops if rows])
+        statements = [
+            (UPSERT_CALL, calls),
+            (UPSERT_TAPE, tapes),
+            (IMPORT_TAPE, imports),
+            (INSERT_STEP, steps),
+        ]
+        self._transaction(conn, [(sql, rows) for sql, rows in [*statements, *tag_ops] if rows])
 
     # ------------------------------------------------------------------ reads
 
@@ -292,7 +299,8 @@ class SQLTapeStore(TapeStore):
     def _select_ids(self, where: TapeFilter, limit: int | None, offset: int) -> list[str]:
         sql, args = _where(where)
         rows = self._fetch(
-            f"SELECT t.id FROM tapes t WHERE {sql} ORDER BY t.created DESC, t.id" + self._limit(limit, offset),
+            f"SELECT t.id FROM tapes t WHERE {sql} ORDER BY t.created DESC, t.id"
+            + self._limit(limit, offset),
             args,
         )
         return [r[0] for r in rows]

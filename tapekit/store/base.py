@@ -276,6 +276,7 @@ class TapeStore(ABC):
             raise TypeError(f"save_tape needs a Tape, not {type(tape).__name__}")
         tape_id = _check_id(tape_id if tape_id is not None else tape.metadata.id)
         checked_tags = _check_tags(tags)
+        self._check_open()
         start = self._known_lengths.get(tape_id)
         if start is None:  # not written by this store: what other writers committed is all there is
             start = self._stored_length(tape_id) or 0
@@ -318,14 +319,18 @@ class TapeStore(ABC):
     def _tag(self, tape_id: str, tags: Iterable[str], remove: bool) -> None:
         _check_id(tape_id)
         checked = _check_tags(tags)
+        self._check_open()
         if tape_id not in self._known_lengths and self._stored_length(tape_id) is None:
             raise TapeNotFoundError(tape_id, self.location)
         if checked:
             self._put(TagWrite(tape_id, checked, remove))
 
-    def _put(self, item: Any) -> None:
+    def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"{type(self).__name__} on {self.location} is closed")
+
+    def _put(self, item: Any) -> None:
+        self._check_open()
         self._raise_writer_error()
         self._queue.put(item)
 
@@ -335,6 +340,7 @@ class TapeStore(ABC):
 
     def flush(self) -> None:
         """Wait until everything queued so far is committed."""
+        self._check_open()
         if self._queue.unfinished_tasks == 0:
             self._raise_writer_error()
             return
@@ -688,4 +694,3 @@ class TapeStore(ABC):
         self._put(write)
         self._known_lengths[info.id] = len(steps)
         return info.id
-

@@ -64,7 +64,9 @@ class SQLiteStore(SQLTapeStore):
         with self._read_lock:
             self._read.close()
 
-    def _transaction(self, conn: sqlite3.Connection, statements: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
+    def _transaction(
+        self, conn: sqlite3.Connection, statements: list[tuple[str, list[tuple[Any, ...]]]]
+    ) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
             for sql, rows in statements:
