@@ -648,6 +648,22 @@ class Agent(BaseModel):
             last_pid = meta.prompt_id or None
         return runs
 
+    def visible_prefix(self, tape: Tape[Any, Any], index: int) -> Tape[Any, Any]:
+        """The tape that the node run starting at ``tape.steps[index]`` saw: the steps before
+        it, minus the steps of the other branches of any :class:`Fork` it runs inside."""
+        stack = TapeViewStack.compute(tape.steps[:index], self.root.name)
+        return _tape_of(tape, stack.top.visible(index))
+
+    def node_run_context(self, tape: Tape[Any, Any], index: int) -> tuple[Tape[Any, Any], int]:
+        """``(tape, index)`` as the node run at ``index`` knew them: its :meth:`visible_prefix`
+        followed by the run's steps, and the run's index there. Outside forks, that is
+        ``(tape, index)`` itself. Rebuild prompts and LLM outputs from this pair."""
+        prefix = self.visible_prefix(tape, index)
+        if len(prefix) == index:
+            return tape, index
+        run = node_run_steps(tape, index)
+        return prefix.model_copy(update={"steps": prefix.steps.appended(run)}), len(prefix)
+
     def make_training_text(self, tape: Tape[Any, Any]) -> list[TrainingText]:
         """Training text for every LLM-backed node run on ``tape``.
 
@@ -659,14 +675,15 @@ class Agent(BaseModel):
         root = self.root
         for node, index in self.get_node_runs(tape):
             agent = root.find_agent(tape.steps[index].metadata.agent)
-            prefix = tape[:index]
+            context, at = root.node_run_context(tape, index)
+            prefix = context[:at]
             prompt = node.make_prompt(agent, prefix)
             if prompt is None:
                 continue
             output = _reconstructed(
-                node, agent, tape, index, f"{agent.full_name}.{node.name} at step {index}"
+                node, agent, context, at, f"{agent.full_name}.{node.name} at step {index}"
             )
-            run = node_run_steps(tape, index)
+            run = node_run_steps(context, at)
             made = [
                 s
                 for s in node.generate_steps(agent, prefix, LLMStream.from_output(output, prompt))
@@ -697,6 +714,11 @@ class Agent(BaseModel):
         """
         if self._manager is not None:
             return self.root.reuse(tape)
+        if any(isinstance(s, Fork) for s in tape.steps):
+            raise ReconstructionError(
+                "reuse does not adapt tapes with forks yet: their branches would have to be "
+                "re-attributed branch by branch; use make_training_text on the original team"
+            )
         new = tape.model_copy(
             update={
                 "steps": StepSequence(),

@@ -8,7 +8,9 @@ recorded LLM outputs and observations and says whether it makes the same tape.
 
 from __future__ import annotations
 
+import json
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 from tapekit._diff import diff_text, first_divergence, signatures
 from tapekit._sync import iterate_sync, run_sync
 from tapekit.agent import Agent, AgentEvent
-from tapekit.core import Observation, Step, Tape
+from tapekit.core import Action, Observation, Step, Tape
 from tapekit.environment import Environment, ExternalObservationNeeded, unanswered_actions
 from tapekit.llm.base import LLMCall
 from tapekit.llm.replay import ReplayLLM
@@ -169,27 +171,47 @@ class ReplayResult:
 
 
 class _ReplayEnvironment(Environment):
-    """Answers with the observations that follow the same position on the recorded tape."""
+    """Answers each group of actions with the observations that followed the same actions on
+    the recorded tape. Looked up by content, not position, so the concurrent branches of a
+    fork (which see their own tapes) are answered too; equal action groups are answered in
+    the recorded order."""
 
     name = "replay"
 
     def __init__(self, recorded: Tape[Any, Any]) -> None:
         self.recorded = recorded
+        self._answers: dict[str, deque[list[Step]]] = {}
+        steps = recorded.steps
+        actions: list[Step] = []
+        i = 0
+        while i < len(steps):
+            if steps[i].metadata.agent:
+                if isinstance(steps[i], Action):
+                    actions.append(steps[i])
+                i += 1
+                continue
+            group = []
+            while i < len(steps) and not steps[i].metadata.agent:
+                group.append(steps[i])
+                i += 1
+            self._answers.setdefault(_actions_key(actions), deque()).append(group)
+            if any(isinstance(s, Observation) for s in group):
+                actions = []
 
     async def areact(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
-        n = len(tape)
-        steps = self.recorded.steps
-        if n >= len(steps):
-            raise ExternalObservationNeeded(unanswered_actions(tape)[-1], "the recorded tape ends here")
-        observations: list[Step] = []
-        while n + len(observations) < len(steps) and not steps[n + len(observations)].metadata.agent:
-            observations.append(steps[n + len(observations)])
-        if not observations:
-            raise RuntimeError(
-                f"the replayed agent waits for observations at step {n}, but the recorded "
-                f"agent went on with {steps[n].kind!r} there"
+        actions = unanswered_actions(tape)
+        answers = self._answers.get(_actions_key(actions))
+        if not answers:
+            said = ", ".join(f"{a.kind} {json.dumps(a.llm_dict(), sort_keys=True)[:120]}" for a in actions)
+            raise ExternalObservationNeeded(
+                actions[-1] if actions else tape.steps[-1],  # type: ignore[arg-type]
+                f"the recorded tape has no observations answering these actions: {said or 'none'}",
             )
-        return tape.with_new_steps(observations, author=self.name)
+        return tape.with_new_steps(answers.popleft(), author=self.name)
+
+
+def _actions_key(actions: list[Step]) -> str:
+    return json.dumps([a.llm_dict() for a in actions], sort_keys=True, default=str)
 
 
 def reconstruct_llm_calls(agent: Agent, tape: Tape[Any, Any]) -> list[LLMCall]:
@@ -199,9 +221,10 @@ def reconstruct_llm_calls(agent: Agent, tape: Tape[Any, Any]) -> list[LLMCall]:
     root = agent.root
     for node, index in agent.get_node_runs(tape):
         member = root.find_agent(tape.steps[index].metadata.agent)
-        prompt = node.make_prompt(member, tape[:index])
+        context, at = root.node_run_context(tape, index)
+        prompt = node.make_prompt(member, context[:at])
         if prompt is not None:
-            output = node.make_llm_output(member, tape, index)
+            output = node.make_llm_output(member, context, at)
             calls.append(LLMCall(prompt=prompt, output=output, model="reconstructed"))
     return calls
 
