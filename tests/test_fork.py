@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -321,3 +324,19 @@ def test_resuming_inside_a_fork_with_tools_under_the_main_loop() -> None:
             async_main_loop(research.make_lead(latency_s=0), piece, research.TOOLS).get_final_tape()
         )
         assert content(resumed) == content(full), f"cut at {cut}"
+
+
+def test_research_example_runs_as_a_script() -> None:
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, str(root / "examples" / "research.py"), "--latency", "0.05"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[2].split()[2:5] == ["lead.fan_out", "control", "fork"]
+    assert sum("lead/searcher.summarize" in line for line in lines) == 3
+    assert "16 steps, 8 LLM calls of 0.05 s each" in result.stdout
