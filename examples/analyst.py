@@ -390,6 +390,11 @@ def make_analyst(llm: Any = None, json_tools: bool = False) -> Agent:
     )
 
 
+def team() -> tuple[Agent, ToolEnvironment]:
+    """The scripted team and its tools, e.g. for ``tapekit studio --agent examples.analyst:team``."""
+    return make_analyst(), ENVIRONMENT
+
+
 def start_tape(question: str = "Tell me about Vulcan in 3 sentences") -> Tape[Any, Any]:
     """A tape holding just the user's question."""
     return Tape(steps=[UserStep(content=question)])

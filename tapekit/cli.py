@@ -27,5 +27,34 @@ from tapekit._batch_cli import batch_command  # noqa: E402  (typer only; the res
 app.command("batch")(batch_command)
 
 
+@app.command("studio")
+def studio_command(
+    db: str = typer.Option(..., "--db", help="the tape store: an SQLite file or a postgresql:// URL"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to bind; any but loopback needs a token"),
+    port: int = typer.Option(8765, "--port", help="port to listen on"),
+    token: str = typer.Option(
+        "", "--token", envvar="TAPEKIT_STUDIO_TOKEN", help="access token (made and printed if needed)"
+    ),
+    agent: list[str] = typer.Option(  # noqa: B008
+        [], "--agent", help="module:attr returning an Agent or (agent, environment); repeatable"
+    ),
+) -> None:
+    """Browse, diff, edit and resume the tapes of a store in your browser (the Studio)."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.getcwd())  # so that --agent finds the project's own modules
+    try:
+        from tapekit.studio import serve
+    except ImportError as e:
+        typer.echo(f"error: the Studio needs the studio extra (pip install 'tapekit[studio]'): {e}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        serve(db, host=host, port=port, token=token or None, agents=agent)
+    except (ValueError, TypeError, OSError, ConnectionError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
 if __name__ == "__main__":
     app()

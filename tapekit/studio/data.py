@@ -1,0 +1,264 @@
+"""What the Studio's pages show, computed from a tape store: step rows, step details with the
+LLM call and the view stack, tape diffs and batch matching. Plain data, no HTML (the templates
+escape everything they print)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tapekit._diff import first_divergence, signatures
+from tapekit.agent import Agent, AgentError
+from tapekit.core import Call, Respond, Step, Tape
+from tapekit.llm.base import LLMCall
+from tapekit.rendering import step_category
+from tapekit.views import TapeView, TapeViewStack
+
+__all__ = [
+    "BatchMatch",
+    "DiffRow",
+    "StepRow",
+    "TapeCache",
+    "ViewInfo",
+    "batch_pairs",
+    "diff_rows",
+    "root_agent_name",
+    "step_row",
+    "step_summary",
+    "view_infos",
+]
+
+SUMMARY_WIDTH = 240
+
+
+def step_summary(step: Step, width: int = SUMMARY_WIDTH) -> str:
+    """A one-line gist of a step's content (the full JSON is on the step's page)."""
+    if isinstance(step, Call):
+        text = f"calls {step.agent_name}: {step.content}"
+    elif isinstance(step, Respond):
+        text = f"responds: {step.content}"
+    else:
+        fields = step.llm_dict()
+        fields.pop("kind", None)
+        fields = {k: v for k, v in fields.items() if v not in (None, "", [], {})}
+        if len(fields) == 1:
+            text = _text(next(iter(fields.values())))
+        else:
+            text = " · ".join(f"{k}: {_text(v)}" for k, v in fields.items())
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+def step_author(step: Step) -> str:
+    """``agent.node`` for steps an agent made, ``environment`` for the others."""
+    meta = step.metadata
+    return f"{meta.agent}.{meta.node}" if meta.agent else "environment"
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """One line of a step list: index, category (the colour), author, kind, gist, LLM usage."""
+
+    index: int
+    category: str
+    author: str
+    kind: str
+    summary: str
+    prompt_id: str
+    run_start: bool
+    tokens: str = ""
+
+
+def step_row(step: Step, index: int, run_start: bool = False, call: LLMCall | None = None) -> StepRow:
+    """The row for ``step`` at ``index``; ``call`` (the LLM call of its node run) adds tokens."""
+    tokens = f"{call.prompt_tokens}+{call.output_tokens} tok" if call is not None else ""
+    return StepRow(
+        index=index,
+        category=step_category(step),
+        author=step_author(step),
+        kind=step.kind,
+        summary=step_summary(step),
+        prompt_id=step.metadata.prompt_id,
+        run_start=run_start,
+        tokens=tokens,
+    )
+
+
+def root_agent_name(steps: Sequence[Step]) -> str | None:
+    """The root agent of the team that made the steps (from the first agent-made step)."""
+    for step in steps:
+        if step.metadata.agent:
+            return step.metadata.agent.split("/")[0]
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ViewInfo:
+    """One frame of the tape view stack, as the step page shows it."""
+
+    agent_name: str
+    last_node: str | None
+    next_node: str | None
+    run_open: bool
+    n_steps: int
+    steps: list[StepRow] = field(default_factory=list)
+
+
+def view_infos(
+    tape: Tape[Any, Any], root_name: str, agent: Agent | None = None, last: int = 8
+) -> list[ViewInfo]:
+    """The view stack after ``tape``'s steps, root first: each view's agent, nodes and last
+    steps (memoised on the tape, like the agent's own views).
+
+    With the team's root ``agent`` the next node is the one the agent would select; without it
+    only a ``SetNextNode`` on the tape tells.
+    """
+    stack = TapeViewStack.compute(tape, root_name)
+    index_of = {id(s): i for i, s in enumerate(tape.steps)}
+    out = []
+    for view in stack.views:
+        rows = [step_row(s, index_of.get(id(s), -1)) for s in list(view.steps)[-last:]]
+        out.append(
+            ViewInfo(
+                agent_name=view.agent_name,
+                last_node=view.last_node,
+                next_node=_next_node(view, agent),
+                run_open=view.run_open,
+                n_steps=len(view.steps),
+                steps=rows,
+            )
+        )
+    return out
+
+
+def _next_node(view: TapeView, agent: Agent | None) -> str | None:
+    if agent is not None:
+        try:
+            return agent.find_agent(view.agent_name).select_node(view).name
+        except AgentError as e:
+            return f"none ({e})"
+    return None if view.next_node is None else str(view.next_node)
+
+
+# --------------------------------------------------------------------------- diffs
+
+
+@dataclass(frozen=True, slots=True)
+class DiffRow:
+    """Position ``index`` in two tapes side by side; ``same`` when the steps match."""
+
+    index: int
+    a: StepRow | None
+    b: StepRow | None
+    same: bool
+
+
+def diff_rows(
+    a: Sequence[Step], b: Sequence[Step], start: int, stop: int
+) -> tuple[list[DiffRow], int | None]:
+    """Rows ``start:stop`` of the side-by-side diff and the first divergent index (None: equal).
+
+    Steps are compared as replay compares them (content, agent, node and node-run grouping; ids
+    and timestamps aside).
+    """
+    sa, sb = signatures(a), signatures(b)
+    first = first_divergence(sa, sb)
+    rows = []
+    for i in range(start, min(stop, max(len(a), len(b)))):
+        ra = step_row(a[i], i) if i < len(a) else None
+        rb = step_row(b[i], i) if i < len(b) else None
+        same = i < len(sa) and i < len(sb) and sa[i] == sb[i]
+        rows.append(DiffRow(index=i, a=ra, b=rb, same=same))
+    return rows, first
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMatch:
+    """Two tapes from two batches that started the same way, or one left without a partner."""
+
+    a: Any | None
+    b: Any | None
+    matched_by: str
+    first_divergence: int | None = None
+    identical: bool = False
+
+
+def start_key(steps: Sequence[Step]) -> str:
+    """The steps before the first agent-made step (the task), as a comparable text."""
+    head = []
+    for step in steps:
+        if step.metadata.agent:
+            break
+        head.append(step.llm_dict())
+    return json.dumps(head, sort_keys=True, ensure_ascii=False)
+
+
+def batch_pairs(
+    a: Sequence[tuple[Any, Sequence[Step]]], b: Sequence[tuple[Any, Sequence[Step]]]
+) -> list[BatchMatch]:
+    """Pair the tapes of batch ``a`` with those of batch ``b`` that started the same way.
+
+    Each item is ``(info, first_steps)`` where ``info`` has ``id`` and ``parent_id``. A pair
+    shares its parent tape, or else the same steps before the first agent step; each tape is
+    used once, in batch order. Unpaired tapes are listed at the end.
+    """
+    left = list(range(len(b)))
+    out: list[BatchMatch] = []
+    unpaired_a = []
+    for info_a, steps_a in a:
+        match = None
+        if info_a.parent_id:
+            match = next((j for j in left if b[j][0].parent_id == info_a.parent_id), None)
+            how = "same parent"
+        if match is None:
+            key = start_key(steps_a)
+            match = next((j for j in left if start_key(b[j][1]) == key), None)
+            how = "same first steps"
+        if match is None:
+            unpaired_a.append(info_a)
+            continue
+        left.remove(match)
+        out.append(BatchMatch(a=info_a, b=b[match][0], matched_by=how))
+    out += [BatchMatch(a=info, b=None, matched_by="no partner") for info in unpaired_a]
+    out += [BatchMatch(a=None, b=b[j][0], matched_by="no partner") for j in left]
+    return out
+
+
+# --------------------------------------------------------------------------- a small tape cache
+
+
+class TapeCache:
+    """The last few whole tapes loaded, by id and length (a stored tape only ever grows).
+
+    Step pages need every step before the one shown (to fold the view stack); keeping the tape
+    makes clicking through a long tape cost one load, and its memoised views fold only once.
+    """
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[str, int], Tape[Any, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int]) -> Tape[Any, Any] | None:
+        """The cached tape, if any (and mark it recently used)."""
+        with self._lock:
+            tape = self._items.get(key)
+            if tape is not None:
+                self._items.move_to_end(key)
+            return tape
+
+    def put(self, key: tuple[str, int], tape: Tape[Any, Any]) -> None:
+        """Remember ``tape``; the least recently used one goes when the cache is full."""
+        with self._lock:
+            self._items[key] = tape
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
