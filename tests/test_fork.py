@@ -30,6 +30,7 @@ from tapekit import (
     SetNextNode,
     Step,
     Tape,
+    ToolEnvironment,
     UserStep,
     async_main_loop,
     node_run_steps,
@@ -340,3 +341,29 @@ def test_research_example_runs_as_a_script() -> None:
     assert lines[2].split()[2:5] == ["lead.fan_out", "control", "fork"]
     assert sum("lead/searcher.summarize" in line for line in lines) == 3
     assert "16 steps, 8 LLM calls of 0.05 s each" in result.stdout
+
+
+def test_step_events_arrive_in_tape_order_so_a_recorder_always_holds_a_prefix() -> None:
+    def search(query: str) -> str:
+        """Search, slowly for the first query: later branches finish first.
+
+        Args:
+            query: what to look up.
+        """
+        time.sleep(0.15 if query.endswith("products") else 0.0)
+        return research.search(query)
+
+    async def go() -> tuple[list[Step], Tape[Any, Any]]:
+        steps: list[Step] = []
+        final = research.start_tape()
+        async for event in async_main_loop(research.make_lead(latency_s=0), final, ToolEnvironment([search])):
+            if event.agent_event is not None and event.agent_event.step is not None:
+                steps.append(event.agent_event.step)
+            if event.tape is not None:
+                final = event.tape
+        return steps, final
+
+    steps, final = asyncio.run(go())
+    assert final.metadata.error is None
+    assert [s.metadata.id for s in steps] == [s.metadata.id for s in final.steps[1:]]
+    assert "crushed stone" in final.steps[-1].content
