@@ -187,6 +187,10 @@ def test_totals_by_agent_node_and_tape(store: TapeStore) -> None:
     assert set(store.totals("node")) == {"a.n1", "a/b.n2", "a.n3"}
     by_tape = store.totals("tape")
     assert by_tape[tape.metadata.id]["prompt_tokens"] == 15 and by_tape[other.metadata.id]["calls"] == 1
+    # a continuation holds the same steps: its tape counts them, the agents do not count them twice
+    more = store.save_tape(tape.with_new_steps([UserStep(content="more")]))
+    assert store.totals("tape")[more] == store.totals("tape")[tape.metadata.id]
+    assert store.totals("agent")["a"]["calls"] == 2 and store.totals("node")["a.n1"]["calls"] == 1
     with pytest.raises(ValueError, match="choose"):
         store.totals("model")  # type: ignore[arg-type]
 

@@ -352,10 +352,10 @@ class SQLTapeStore(TapeStore):
     def _select_totals(self, by: str, tape_id: str | None) -> Totals:
         group = {"tape": "s.tape_id", "agent": "s.agent", "node": "s.agent || '.' || s.node"}[by]
         sql = (
-            f"SELECT {group} AS g, COUNT(*), SUM(c.prompt_tokens), SUM(c.output_tokens), SUM(c.cost) "
-            "FROM (SELECT DISTINCT tape_id, agent, node, prompt_id FROM steps WHERE prompt_id != ''"
-            + (" AND tape_id = ?" if tape_id else "")
-            + ") s JOIN llm_calls c ON c.prompt_id = s.prompt_id GROUP BY g ORDER BY g"
+            "SELECT d.g, COUNT(*), SUM(c.prompt_tokens), SUM(c.output_tokens), SUM(c.cost) "
+            f"FROM (SELECT DISTINCT {group} AS g, s.prompt_id FROM steps s WHERE s.prompt_id != ''"
+            + (" AND s.tape_id = ?" if tape_id else "")
+            + ") d JOIN llm_calls c ON c.prompt_id = d.prompt_id GROUP BY d.g ORDER BY d.g"
         )
         out = Totals()
         for g, n, pt, ot, cost in self._fetch(sql, [tape_id] if tape_id else []):

@@ -1,0 +1,131 @@
+"""The tape store's write throughput and read latency, on SQLite and on PostgreSQL.
+
+Writes: every tape is saved after each step (as the session recorder does), so each save writes
+one new step row and upserts the tape row; figures are steps written per second, from the
+first save to the last commit, with one writer and with 4 writer processes on one database.
+Reads: the time to open a 10,000-step tape (``get_tape``) and its first page
+(``get_steps(id, 0, 100)``), median of several runs.
+
+PostgreSQL runs on a throwaway cluster started from this machine's server binaries, with the
+server's default durability (fsync and synchronous commit on); it is skipped, saying why, when
+the binaries or psycopg are missing. SQLite runs in WAL mode with ``synchronous=NORMAL``
+(commits are not fsynced one by one), so the two are not equally durable.
+
+    python bench/store.py [--steps 10000] [--writers 4] [--no-postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from tapekit import AssistantThought, Tape, UserStep
+from tapekit.store import open_store
+from tapekit.store._pgtemp import TempPostgres, postgres_unavailable
+
+STEPS_PER_TAPE = 50
+TEXT = "The quarterly revenue grew by 12 percent, driven by aggregates pricing and volume. " * 3
+
+
+def make_step(i: int, worker: int) -> AssistantThought:
+    step = AssistantThought(content=f"{i}: {TEXT}")
+    step.metadata.agent, step.metadata.node, step.metadata.prompt_id = f"agent{worker}", "think", f"p{i}"
+    return step
+
+
+def write(url: str, n_steps: int, worker: int) -> tuple[float, float]:
+    """Write ``n_steps`` steps as tapes of STEPS_PER_TAPE steps, saved after every step;
+    returns (start, end) wall-clock times, end after the last commit."""
+    with open_store(url) as store:
+        start = time.time()
+        written = 0
+        t = 0
+        while written < n_steps:
+            tape = Tape(steps=[UserStep(content="question")])
+            key = store.save_tape(tape, f"w{worker}-{t}", tags=["bench"])
+            written += 1
+            for i in range(1, STEPS_PER_TAPE):
+                if written >= n_steps:
+                    break
+                tape = tape.append(make_step(i, worker))
+                store.save_tape(tape, key)
+                written += 1
+            t += 1
+        store.flush()
+        return start, time.time()
+
+
+def _worker(args: tuple[str, int, int, mp.Barrier]) -> tuple[float, float]:  # type: ignore[type-arg]
+    url, n_steps, worker, barrier = args
+    barrier.wait()
+    return write(url, n_steps, worker)
+
+
+def throughput(url: str, n_steps: int, writers: int) -> float:
+    """Steps per second with ``writers`` processes each writing ``n_steps`` steps."""
+    if writers == 1:
+        start, end = write(url, n_steps, 0)
+        return n_steps / (end - start)
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Manager().Barrier(writers)
+    with ctx.Pool(writers) as pool:
+        spans = pool.map(_worker, [(url, n_steps, w, barrier) for w in range(writers)])
+    return writers * n_steps / (max(e for _, e in spans) - min(s for s, _ in spans))
+
+
+def read_latency(url: str, n_steps: int = 10_000, repeats: int = 5) -> tuple[float, float]:
+    """Median seconds to ``get_tape`` a ``n_steps``-step tape and to ``get_steps`` its first 100."""
+    with open_store(url) as store:
+        tape = Tape(steps=[UserStep(content="question")]).extend(make_step(i, 0) for i in range(1, n_steps))
+        key = store.save_tape(tape, "long")
+        store.flush()
+    with open_store(url) as store:  # a fresh reader, as the Studio would be
+        full, page = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            loaded = store.get_tape(key)
+            full.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            first = store.get_steps(key, 0, 100)
+            page.append(time.perf_counter() - t0)
+        assert len(loaded) == n_steps and len(first) == 100
+    return statistics.median(full), statistics.median(page)
+
+
+def run(name: str, make_url: object, n_steps: int, writers: int) -> None:
+    one = throughput(make_url(), n_steps, 1)  # type: ignore[operator]
+    many = throughput(make_url(), n_steps, writers)  # type: ignore[operator]
+    full, page = read_latency(make_url())  # type: ignore[operator]
+    print(f"{name:<10} write 1 writer         {one:>10,.0f} steps/s")
+    print(f"{name:<10} write {writers} writer procs  {many:>10,.0f} steps/s")
+    print(f"{name:<10} get_tape 10k steps     {full * 1000:>10.1f} ms")
+    print(f"{name:<10} get_steps(0, 100)      {page * 1000:>10.1f} ms", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=10_000, help="steps per writer")
+    parser.add_argument("--writers", type=int, default=4, help="writer processes")
+    parser.add_argument("--no-postgres", action="store_true")
+    args = parser.parse_args()
+    print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, {platform.platform()}")
+    print(f"{args.steps} steps per writer, tapes of {STEPS_PER_TAPE} steps saved after every step")
+    with tempfile.TemporaryDirectory() as tmp:
+        counter = iter(range(1_000))
+        run("sqlite", lambda: str(Path(tmp) / f"bench{next(counter)}.db"), args.steps, args.writers)
+    why = "--no-postgres" if args.no_postgres else postgres_unavailable()
+    if why is not None:
+        print(f"postgres   skipped: {why}")
+        return
+    with TempPostgres(durable=True) as pg:
+        run("postgres", pg.create_database, args.steps, args.writers)
+
+
+if __name__ == "__main__":
+    main()
