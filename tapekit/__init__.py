@@ -65,6 +65,7 @@ from tapekit.orchestrator import (
     reconstruct_llm_calls,
     replay_tape,
 )
+from tapekit.store import TapeInfo, TapeNotFoundError, TapeStore, open_store
 from tapekit.structured import LLMOutputParsingFailure, StructuredNode, parse_steps, steps_schema
 from tapekit.views import TapeView, TapeViewStack, cached_fold
 
@@ -110,7 +111,10 @@ __all__ = [
     "StructuredNode",
     "SystemStep",
     "Tape",
+    "TapeInfo",
     "TapeMetadata",
+    "TapeNotFoundError",
+    "TapeStore",
     "TapeView",
     "TapeViewStack",
     "Thought",
@@ -128,6 +132,7 @@ __all__ = [
     "cached_fold",
     "main_loop",
     "node_run_steps",
+    "open_store",
     "parse_steps",
     "reconstruct_llm_calls",
     "replay_tape",

@@ -245,18 +245,28 @@ class SQLTapeStore(TapeStore):
     def _select_infos(
         self, where: TapeFilter, limit: int | None, offset: int, ids: Sequence[str] | None = None
     ) -> list[TapeInfo]:
-        if ids is not None and len(ids) > _CHUNK:
-            out = []
-            for i in range(0, len(ids), _CHUNK):
-                out.extend(self._select_infos(where, None, 0, ids[i : i + _CHUNK]))
-            out.sort(key=lambda t: (-t.created, t.id))
-            return out[offset : None if limit is None else offset + limit]
         sql, args = _where(where)
-        if ids is not None:
-            if not ids:
-                return []
-            sql += f" AND t.id IN ({','.join('?' * len(ids))})"
-            args.extend(ids)
+        if ids is None:
+            return self._infos(sql, args, limit, offset)
+        return self._infos_in("id", ids, sql, args, limit, offset)
+
+    def _select_children(self, parent_ids: Sequence[str]) -> list[TapeInfo]:
+        return self._infos_in("parent_id", parent_ids, "1=1", [], None, 0)
+
+    def _infos_in(
+        self, column: str, values: Sequence[str], sql: str, args: list[Any], limit: int | None, offset: int
+    ) -> list[TapeInfo]:
+        """Infos matching ``sql`` whose ``column`` is one of ``values`` (in chunks)."""
+        out: list[TapeInfo] = []
+        for i in range(0, len(values), _CHUNK):
+            chunk = list(values[i : i + _CHUNK])
+            where = f"{sql} AND t.{column} IN ({','.join('?' * len(chunk))})"
+            out.extend(self._infos(where, [*args, *chunk], None, 0))
+        if len(values) > _CHUNK:
+            out.sort(key=lambda t: (-t.created, t.id))
+        return out[offset : None if limit is None else offset + limit]
+
+    def _infos(self, sql: str, args: list[Any], limit: int | None, offset: int) -> list[TapeInfo]:
         rows = self._fetch(
             f"SELECT {_INFO_COLUMNS} FROM tapes t WHERE {sql} ORDER BY t.created DESC, t.id"
             + self._limit(limit, offset),

@@ -235,6 +235,10 @@ class TapeStore(ABC):
         """TapeInfos matching ``where`` (and, if given, with one of ``ids``), newest first."""
 
     @abstractmethod
+    def _select_children(self, parent_ids: Sequence[str]) -> list[TapeInfo]:
+        """TapeInfos of the tapes whose parent is one of ``parent_ids``, newest first."""
+
+    @abstractmethod
     def _select_ids(self, where: TapeFilter, limit: int | None, offset: int) -> list[str]:
         """Ids of the tapes matching ``where``, newest first."""
 
@@ -534,11 +538,10 @@ class TapeStore(ABC):
         level = [tape_id]
         while level:
             children = []
-            for parent in level:
-                for info in self._select_infos(TapeFilter(parent_id=parent), None, 0):
-                    if info.id not in seen:
-                        seen.add(info.id)
-                        children.append(info)
+            for info in self._select_children(level):
+                if info.id not in seen:
+                    seen.add(info.id)
+                    children.append(info)
             out.extend(children)
             level = [c.id for c in children]
         return out
@@ -672,8 +675,9 @@ class TapeStore(ABC):
         steps = list(Tape.model_validate({"steps": item["steps"]}).steps)
         if len(steps) != info.n_steps:
             raise ValueError(f"tape {info.id} says n_steps={info.n_steps} but has {len(steps)} steps")
-        self.flush()
-        start = self._stored_length(info.id) or 0
+        start = self._known_lengths.get(info.id)
+        if start is None:  # as in save_tape: not written by this store, so committed is all there is
+            start = self._stored_length(info.id) or 0
         if start > len(steps):
             raise ValueError(f"tape {info.id} has {start} stored steps; the file has only {len(steps)}")
         meta = TapeMetadata(
