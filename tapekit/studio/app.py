@@ -208,10 +208,10 @@ def _tape_url(tape_id: str, index: int | None = None) -> str:
 
 async def _form(request: Request) -> dict[str, str]:
     """The posted form (url-encoded), after the CSRF check."""
-    ctype = request.headers.get("content-type", "").split(";")[0].strip()
-    if ctype != "application/x-www-form-urlencoded":
-        raise PageError(400, "Bad request", "Forms must be posted as application/x-www-form-urlencoded.")
     body = await request.body()
+    ctype = request.headers.get("content-type", "").split(";")[0].strip()
+    if body and ctype != "application/x-www-form-urlencoded":
+        raise PageError(400, "Bad request", "Forms must be posted as application/x-www-form-urlencoded.")
     if len(body) > MAX_FORM_BYTES:
         raise PageError(413, "Too large", f"The form is larger than {MAX_FORM_BYTES} bytes.")
     try:
@@ -367,7 +367,8 @@ def create_app(
             "step": step,
             "row": step_row(step, index),
             "author": step_author(step),
-            "json": json.dumps(step.model_dump(mode="json"), indent=2, ensure_ascii=False),
+            "json": json.dumps(step.llm_dict(), indent=2, ensure_ascii=False),
+            "metadata": step.metadata.model_dump(mode="json"),
             "call": store.get_llm_call(pid) if pid else None,
             "run": run,
             "views": view_infos(prefix, root, registered.agent if registered else None) if root else [],
@@ -398,11 +399,11 @@ def create_app(
             raise PageError(
                 404, "No such step", f"Tape {tape_id!r} has {info.n_steps} steps; there is no step {index}."
             )
+        source = await run_in_threadpool(studio.tape, info)
         try:
-            new = parse_step(form.get("step", ""))
+            new = parse_step(form.get("step", ""), source.steps[index].metadata)
         except StepInputError as e:
             raise PageError(400, "Invalid step", str(e)) from None
-        source = await run_in_threadpool(studio.tape, info)
         child = edited_tape(source, index, new, keep_rest=form.get("keep_rest") == "on")
         return await save_child(child, index)
 

@@ -140,6 +140,8 @@ def view_infos(
 
 
 def _next_node(view: TapeView, agent: Agent | None) -> str | None:
+    if view.run_open:  # resuming here finishes the open run first
+        return f"{view.last_node} (finishing its run)"
     if agent is not None:
         try:
             return agent.find_agent(view.agent_name).select_node(view).name

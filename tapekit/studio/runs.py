@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from tapekit.agent import Agent
-from tapekit.core import Action, Step, Tape, TapeMetadata, new_id, step_kinds
+from tapekit.core import Step, StepMetadata, Tape, TapeMetadata, new_id, step_kinds
 from tapekit.environment import Environment, ExternalObservationNeeded, unanswered_actions
 from tapekit.llm.base import LLMCall
 from tapekit.orchestrator import async_main_loop
@@ -194,8 +194,9 @@ async def advance(
 # --------------------------------------------------------------------------- editing steps
 
 
-def parse_step(text: str) -> Step:
-    """A step from its JSON (as the Studio shows it): the ``kind`` picks the class.
+def parse_step(text: str, metadata: StepMetadata | None = None) -> Step:
+    """A step from its JSON (as the Studio shows it): the ``kind`` picks the class. Without a
+    ``"metadata"`` field the step gets ``metadata`` (an edit keeps who made the step).
 
     Raises :class:`StepInputError` with a readable reason: bad JSON (with line and column), not
     an object, no or unknown ``kind`` (listing the known ones), or fields that do not validate.
@@ -213,6 +214,8 @@ def parse_step(text: str) -> Step:
     cls = kinds.get(kind)
     if cls is None:
         raise StepInputError(f"unknown step kind {kind!r}; known kinds: {', '.join(sorted(kinds))}")
+    if "metadata" not in data and metadata is not None:
+        data = {**data, "metadata": metadata.model_dump()}
     try:
         return cls.model_validate(data)
     except ValidationError as e:
@@ -282,8 +285,3 @@ def next_actor(tape: Tape[Any, Any], root_name: str | None) -> str:
     if waiting:
         return f"the environment (answering {', '.join(a.kind for a in waiting)})"
     return top.agent_name
-
-
-def is_action(step: Step) -> bool:
-    """Whether the step is an action (the environment answers it)."""
-    return isinstance(step, Action)
