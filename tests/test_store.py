@@ -410,6 +410,26 @@ def test_postgres_urls_open_a_postgres_store(pg_cluster: TempPostgres, tmp_path:
         PostgresStore(f"postgresql://u:secret@/x?host={tmp_path}&port=1", connect_timeout_s=1)
 
 
+@pytest.mark.skipif(PG_UNAVAILABLE is not None, reason=f"PostgreSQL backend: {PG_UNAVAILABLE}")
+def test_postgres_store_survives_dropped_connections(pg_cluster: TempPostgres) -> None:
+    import psycopg
+
+    url = pg_cluster.create_database()
+    with PostgresStore(url) as store:
+        tape = Tape(steps=[UserStep(content="0")])
+        key = store.save_tape(tape)
+        store.flush()
+        with psycopg.connect(url, autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchall()
+        assert len(killed) == 2  # the store's reader and writer
+        tape = tape.append(UserStep(content="1"))
+        store.save_tape(tape, key, tags=["after"])
+        assert store.get_tape_info(key).n_steps == 2 and store.list_tapes(tag="after") == [key]
+
+
 def test_postgres_without_psycopg_names_the_extra() -> None:
     code = textwrap.dedent("""
         import sys

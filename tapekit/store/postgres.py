@@ -5,7 +5,8 @@ Same design as the SQLite store: writes are queued and a writer thread with its 
 commits them in batches; reads use a second connection. Every write is an ``INSERT ... ON
 CONFLICT``, rows are written in key order, and a tape's rows belong to that tape only, so
 concurrent saves of different tapes never conflict (a deadlock or serialization failure, which
-only overlapping writes can cause, is retried). The schema is created on first use.
+only overlapping writes can cause, is retried). A connection the server drops is reopened and
+the batch written again (the upserts are idempotent). The schema is created on first use.
 
 psycopg 3 is imported when a store is opened, not when this module is: install the
 ``postgres`` extra (``pip install 'tapekit[postgres]'``).
@@ -23,7 +24,7 @@ from tapekit.store._sql import SCHEMA, SQLTapeStore
 
 __all__ = ["PostgresStore"]
 
-_RETRIES = 8
+_RETRIES = 10  # about 10 s of backoff in all
 
 
 def _psycopg() -> Any:
@@ -82,29 +83,52 @@ class PostgresStore(SQLTapeStore):
             for statement in SCHEMA:
                 self._read.execute(statement)
 
-    def _writer_connect(self) -> Any:
-        return self._connect()
+    def _writer_connect(self) -> _Conn:
+        return _Conn(self._connect())
 
-    def _writer_close(self, conn: Any) -> None:
-        conn.close()
+    def _writer_close(self, holder: _Conn) -> None:
+        holder.conn.close()
 
     def _close_readers(self) -> None:
         with self._read_lock:
             self._read.close()
 
-    def _transaction(self, conn: Any, statements: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
-        errors = self._psycopg.errors
+    def _transaction(self, holder: _Conn, statements: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
+        psycopg = self._psycopg
         for attempt in range(_RETRIES):
+            last = attempt == _RETRIES - 1
             try:
-                with conn.transaction(), conn.cursor() as cur:
+                if holder.conn.closed:
+                    holder.conn = self._connect()
+                with holder.conn.transaction(), holder.conn.cursor() as cur:
                     for sql, rows in statements:
                         cur.executemany(sql.replace("?", "%s"), rows)
                 return
-            except (errors.DeadlockDetected, errors.SerializationFailure):
-                if attempt == _RETRIES - 1:
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
+                if last:
                     raise
-                time.sleep(0.01 * 2**attempt)
+            except (psycopg.OperationalError, ConnectionError):
+                # the server dropped the connection (restart, failover, idle timeout): every write
+                # is an idempotent upsert, so writing the batch again on a new connection is safe
+                if last or not (holder.conn.closed or holder.conn.broken):
+                    raise
+            time.sleep(min(0.02 * 2**attempt, 5.0))
 
     def _fetch(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._read_lock:
+            if self._read.closed and not self._closed:
+                self._read = self._connect()
+            try:
+                return self._read.execute(sql.replace("?", "%s"), tuple(args)).fetchall()
+            except self._psycopg.OperationalError:
+                if not self._read.broken:
+                    raise
+            self._read = self._connect()  # dropped by the server: reads are safe to repeat
             return self._read.execute(sql.replace("?", "%s"), tuple(args)).fetchall()
+
+
+class _Conn:
+    """The writer thread's connection, replaced when the server drops it."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
