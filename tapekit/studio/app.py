@@ -41,6 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 
+from tapekit._diff import first_divergence, signatures
 from tapekit.core import Step, Tape
 from tapekit.store import TapeInfo, TapeNotFoundError, TapeStore, open_store
 from tapekit.studio.data import (
@@ -113,7 +114,7 @@ class _Studio:
         self.store = store
         self.agents = agents
         self.max_run_loops = max_run_loops
-        self.cache = TapeCache()
+        self.cache = TapeCache(16)
         self.env = _templates()
 
     # ------------------------------------------------------------------ helpers
@@ -142,6 +143,14 @@ class _Studio:
             tape = _readable(lambda: self.store.get_tape(info.id), info.id)
             self.cache.put(key, tape)
         return tape
+
+    def signatures(self, info: TapeInfo) -> list[dict[str, Any]]:
+        key = ("signatures", info.id, info.n_steps)
+        sigs = self.cache.get(key)
+        if sigs is None:
+            sigs = signatures(self.tape(info).steps)
+            self.cache.put(key, sigs)
+        return sigs
 
     def steps(self, info: TapeInfo, start: int, stop: int) -> list[Step]:
         tape = self.cache.get((info.id, info.n_steps))
@@ -485,14 +494,15 @@ def create_app(
         a_info, b_info = studio.info(a_id), studio.info(b_id)
         a_tape, b_tape = studio.tape(a_info), studio.tape(b_info)
         longest = max(len(a_tape), len(b_tape))
-        _, first = diff_rows(a_tape.steps, b_tape.steps, 0, 0)
+        sigs = studio.signatures(a_info), studio.signatures(b_info)
+        first = first_divergence(*sigs)
         default = _page_of(first) if first is not None else 1
         page = _int(q.get("page"), "page", default)
         pages = _pages(longest, STEPS_PER_PAGE)
         if page > pages:
             raise PageError(400, "Bad request", f"page {page} is past the last page ({pages}).")
         start = (page - 1) * STEPS_PER_PAGE
-        rows, first = diff_rows(a_tape.steps, b_tape.steps, start, start + STEPS_PER_PAGE)
+        rows, _ = diff_rows(a_tape.steps, b_tape.steps, start, start + STEPS_PER_PAGE, *sigs)
         return studio.render(
             request,
             "diff.html",
@@ -519,7 +529,7 @@ def create_app(
         out = []
         for pair in pairs:
             if pair.a is not None and pair.b is not None:
-                _, first = diff_rows(studio.tape(pair.a).steps, studio.tape(pair.b).steps, 0, 0)
+                first = first_divergence(studio.signatures(pair.a), studio.signatures(pair.b))
                 pair = type(pair)(pair.a, pair.b, pair.matched_by, first, first is None)
             out.append(pair)
         return studio.render(
@@ -594,7 +604,10 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
     its base URL; the server stops when the block ends. For tests, benchmarks and screenshots."""
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets; without it every
+    # response waits ~40 ms for a delayed ACK (Nagle)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))

@@ -164,14 +164,20 @@ class DiffRow:
 
 
 def diff_rows(
-    a: Sequence[Step], b: Sequence[Step], start: int, stop: int
+    a: Sequence[Step],
+    b: Sequence[Step],
+    start: int,
+    stop: int,
+    signatures_a: list[dict[str, Any]] | None = None,
+    signatures_b: list[dict[str, Any]] | None = None,
 ) -> tuple[list[DiffRow], int | None]:
     """Rows ``start:stop`` of the side-by-side diff and the first divergent index (None: equal).
 
     Steps are compared as replay compares them (content, agent, node and node-run grouping; ids
-    and timestamps aside).
+    and timestamps aside); pass the tapes' ``signatures`` if you have them already.
     """
-    sa, sb = signatures(a), signatures(b)
+    sa = signatures_a if signatures_a is not None else signatures(a)
+    sb = signatures_b if signatures_b is not None else signatures(b)
     first = first_divergence(sa, sb)
     rows = []
     for i in range(start, min(stop, max(len(a), len(b)))):
@@ -238,7 +244,8 @@ def batch_pairs(
 
 
 class TapeCache:
-    """The last few whole tapes loaded, by id and length (a stored tape only ever grows).
+    """The last few whole tapes loaded (and what was derived from them, such as their diff
+    signatures), keyed by tape id and length: a stored tape only ever grows.
 
     Step pages need every step before the one shown (to fold the view stack); keeping the tape
     makes clicking through a long tape cost one load, and its memoised views fold only once.
@@ -246,21 +253,21 @@ class TapeCache:
 
     def __init__(self, size: int = 8) -> None:
         self.size = size
-        self._items: OrderedDict[tuple[str, int], Tape[Any, Any]] = OrderedDict()
+        self._items: OrderedDict[Any, Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, int]) -> Tape[Any, Any] | None:
-        """The cached tape, if any (and mark it recently used)."""
+    def get(self, key: Any) -> Any:
+        """The cached value (a tape, or something derived from one), if any."""
         with self._lock:
             tape = self._items.get(key)
             if tape is not None:
                 self._items.move_to_end(key)
             return tape
 
-    def put(self, key: tuple[str, int], tape: Tape[Any, Any]) -> None:
-        """Remember ``tape``; the least recently used one goes when the cache is full."""
+    def put(self, key: Any, value: Any) -> None:
+        """Remember ``value``; the least recently used entry goes when the cache is full."""
         with self._lock:
-            self._items[key] = tape
+            self._items[key] = value
             self._items.move_to_end(key)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
