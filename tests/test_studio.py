@@ -205,7 +205,8 @@ def test_a_step_shows_its_exact_prompt_output_and_usage(
     assert call is not None and call.prompt_tokens > 0
     html = client.get(f"/tapes/{ids['vulcan']}/steps/1").text
     assert "Write a numbered plan" in html and "scripted-metered" in html
-    assert f">{call.prompt_tokens}</td>" in html and f">{call.output_tokens}</td>" in html
+    assert f'<dd class="prompt-tokens">{call.prompt_tokens}</dd>' in html
+    assert f'<dd class="output-tokens">{call.output_tokens}</dd>' in html
     assert f"{call.latency_s:.3f} s" in html and "$0.000" in html
     assert "1. Find the ticker of Vulcan" in html  # the output
     assert "Tools offered (3)" in html and "get_stock_ticker" in html

@@ -103,8 +103,27 @@ def _templates() -> jinja2.Environment:
         datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S") if ts else ""
     )
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    env.filters["calls"] = _tool_calls
     env.filters["money"] = lambda value: f"${value:.6f}".rstrip("0").rstrip(".") if value else "$0"
     return env
+
+
+def _tool_calls(calls: Any) -> list[dict[str, str]]:
+    """Tool calls (OpenAI message format or :class:`ToolCallRequest`) as name, id and pretty
+    arguments, for display."""
+    out = []
+    for call in calls or []:
+        data = call.model_dump() if hasattr(call, "model_dump") else dict(call)
+        function = data.get("function") or data
+        arguments = function.get("arguments", "")
+        try:
+            arguments = json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
+        except (TypeError, ValueError):
+            arguments = str(arguments)
+        out.append(
+            {"name": str(function.get("name", "?")), "id": str(data.get("id", "")), "arguments": arguments}
+        )
+    return out
 
 
 class _Studio:
