@@ -27,6 +27,8 @@ __all__ = [
     "batch_pairs",
     "diff_rows",
     "root_agent_name",
+    "start_key",
+    "step_author",
     "step_row",
     "step_summary",
     "view_infos",

@@ -30,6 +30,7 @@ __all__ = [
     "appended_tape",
     "edited_tape",
     "load_agents",
+    "next_actor",
     "parse_step",
     "truncated_tape",
 ]
