@@ -269,7 +269,9 @@ def test_diff_highlights_the_first_divergence(client: TestClient, ids: dict[str,
     assert 'name="a"' in client.get("/diff").text  # the empty form
 
 
-def test_batch_diff_pairs_tapes_that_started_the_same(client: TestClient, ids: dict[str, Any]) -> None:
+def test_batch_diff_pairs_tapes_that_started_the_same(
+    client: TestClient, store: SQLiteStore, ids: dict[str, Any]
+) -> None:
     html = client.get("/diff/batches", params={"a": "tag:baseline", "b": "tag:candidate"}).text
     pairs = re.findall(r'href="/diff\?a=(\w+)&amp;b=(\w+)#first-divergence"', html)
     assert sorted(pairs) == sorted([(ids["vulcan"], ids["vulcan_b"]), (ids["acme"], ids["acme_b"])])
@@ -279,6 +281,11 @@ def test_batch_diff_pairs_tapes_that_started_the_same(client: TestClient, ids: d
     )
     assert listed.status_code == 200 and listed.text.count("no partner") == 1
     assert client.get("/diff/batches", params={"a": "nope", "b": ids["acme"]}).status_code == 404
+    parent = store.get_tape(ids["vulcan"])
+    one = store.save_tape(parent.with_new_steps([UserStep(content="Thanks!")]))
+    two = store.save_tape(parent.with_new_steps([UserStep(content="And Acme?")]))
+    siblings = client.get("/diff/batches", params={"a": one, "b": two}).text
+    assert "same parent" in siblings and "differ from step 19" in siblings
 
 
 # --------------------------------------------------------------------------- edits and runs
