@@ -384,17 +384,19 @@ class StepSequence(Sequence[S]):
         steps. ``step_fn`` must be pure and must not mutate ``state``.
         """
         buf = self._buf
-        cache = buf.folds.get(key)
-        if cache is None:
-            cache = buf.folds.setdefault(key, _FoldCache())
-        hit = cache.nearest(self._n)
+        with buf.lock:  # the cache is shared by every thread holding a prefix of this buffer
+            cache = buf.folds.get(key)
+            if cache is None:
+                cache = buf.folds[key] = _FoldCache()
+            hit = cache.nearest(self._n)
         start, state = hit if hit is not None else (0, initial())
         if start == self._n:
             return state
         items = buf.items
         for i in range(start, self._n):
             state = step_fn(state, items[i], i)
-        cache.put(self._n, state)
+        with buf.lock:
+            cache.put(self._n, state)
         return state
 
     @classmethod

@@ -126,3 +126,36 @@ def test_cached_fold_for_user_state() -> None:
     longer = tape.append(Idea())
     assert cached_fold(longer, "ideas", lambda: 0, count_ideas) == 3
     assert cached_fold(tape, "ideas", lambda: 0, count_ideas) == 2  # the shorter tape is unchanged
+
+
+def test_folds_from_many_threads_over_one_buffer_agree_with_a_fresh_fold() -> None:
+    import random
+    import sys
+    import threading
+
+    tape = Tape(steps=[Msg(text=str(i)) for i in range(3000)])
+
+    def count(t: Tape[Any, Any]) -> int:
+        return cached_fold(t, "viewtest_threads", lambda: 0, lambda n, step, index: n + 1)
+
+    errors: list[str] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(300):
+            n = rng.randrange(len(tape) + 1)
+            got = count(tape[:n])
+            if got != n:
+                errors.append(f"prefix {n} folded to {got}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
