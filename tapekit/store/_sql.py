@@ -151,6 +151,23 @@ def _call(row: Sequence[Any]) -> LLMCall:
     )
 
 
+def _tape_row(w: TapeWrite, created: float) -> tuple[Any, ...]:
+    meta = w.meta
+    return (
+        w.tape_id,
+        meta.parent_id,
+        meta.author,
+        meta.author_tape_id,
+        meta.n_added_steps,
+        meta.error,
+        json.dumps(meta.result, default=str),
+        context_json(w.context),
+        w.n_steps,
+        created,
+        w.updated,
+    )
+
+
 class SQLTapeStore(TapeStore):
     """A :class:`TapeStore` on an SQL database with the shared schema (SQLite, PostgreSQL)."""
 
@@ -170,8 +187,10 @@ class SQLTapeStore(TapeStore):
     def _commit(self, conn: Any, writes: list[Write]) -> None:
         calls: list[tuple[Any, ...]] = []
         steps: list[tuple[Any, ...]] = []
-        tapes: list[tuple[Any, ...]] = []
-        imports: list[tuple[Any, ...]] = []
+        # a session saved after every step queues many writes of one tape: only the last one's
+        # metadata is written (with the first one's creation time), the steps of all of them
+        tapes: dict[str, tuple[TapeWrite, float]] = {}
+        imports: dict[str, TapeWrite] = {}
         tag_ops: list[tuple[str, list[tuple[Any, ...]]]] = []
 
         def tag(sql: str, rows: list[tuple[Any, ...]]) -> None:
@@ -204,34 +223,21 @@ class SQLTapeStore(TapeStore):
                     steps.append(
                         (w.tape_id, i, m.id, step.kind, m.agent, m.node, m.prompt_id, step.model_dump_json())
                     )
-                meta = w.meta
-                (imports if w.exact_created else tapes).append(
-                    (
-                        w.tape_id,
-                        meta.parent_id,
-                        meta.author,
-                        meta.author_tape_id,
-                        meta.n_added_steps,
-                        meta.error,
-                        json.dumps(meta.result, default=str),
-                        context_json(w.context),
-                        w.n_steps,
-                        w.created,
-                        w.updated,
-                    )
-                )
+                if w.exact_created:
+                    imports[w.tape_id] = w
+                else:
+                    first = tapes.get(w.tape_id)
+                    tapes[w.tape_id] = (w, w.created if first is None else first[1])
                 if w.tags:
                     tag(ADD_TAG, [(w.tape_id, t) for t in w.tags])
-        # rows in key order (stable: later saves of one tape stay later), so that concurrent
-        # transactions lock shared rows in the same order and cannot deadlock
+        # rows in key order, so that concurrent transactions lock shared rows in the same order
+        # and cannot deadlock
         calls.sort(key=lambda r: r[0])
-        tapes.sort(key=lambda r: r[0])
-        imports.sort(key=lambda r: r[0])
         steps.sort(key=lambda r: (r[0], r[1]))
         statements = [
             (UPSERT_CALL, calls),
-            (UPSERT_TAPE, tapes),
-            (IMPORT_TAPE, imports),
+            (UPSERT_TAPE, [_tape_row(w, created) for _, (w, created) in sorted(tapes.items())]),
+            (IMPORT_TAPE, [_tape_row(w, w.created) for _, w in sorted(imports.items())]),
             (INSERT_STEP, steps),
         ]
         self._transaction(conn, [(sql, rows) for sql, rows in [*statements, *tag_ops] if rows])

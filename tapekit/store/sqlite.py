@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,18 +42,30 @@ class SQLiteStore(SQLTapeStore):
             db = self._connect()
         except sqlite3.Error as e:
             raise ValueError(f"cannot open the SQLite store {self.path}: {e}") from e
-        with db:
+        try:
+            db.execute("BEGIN IMMEDIATE")  # waits (busy_timeout) for another process creating it
             for statement in SCHEMA:
                 db.execute(statement)
-        db.close()
+            db.execute("COMMIT")
+        finally:
+            db.close()
         self._read = self._connect()
         self._read_lock = threading.Lock()
         self._start_writer()
 
     def _connect(self) -> sqlite3.Connection:
-        db = connect(self.path)
-        db.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; commits need no fsync each
-        return db
+        # switching a new file to WAL answers "database is locked" at once, without waiting,
+        # while another process does the same: several processes opening one new file retry
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                db = connect(self.path)
+                db.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; commits need no fsync each
+                return db
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def _writer_connect(self) -> sqlite3.Connection:
         return self._connect()
