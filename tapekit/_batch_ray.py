@@ -1,0 +1,234 @@
+"""The Ray backend of :func:`tapekit.batch.abatch`: the tapes spread over a Ray cluster.
+
+The tapes are dealt round-robin into one share per worker. Each worker is a Ray generator
+task that runs the local batch (the same code as ``backend="local"``) on its share, with its
+part of both concurrency limits, and streams each result back as its tape finishes, so the
+driver yields results as they come, as the local backend does.
+
+- **The agent and environment** travel pickled (cloudpickle, through the object store), or,
+  with ``ray_factory="module:attr"``, each worker imports and calls the factory itself.
+- **Tapes** travel as JSON (a tape's step buffer is shared and locked, so it is not pickled);
+  the worker imports the modules of their step classes first, so every kind parses.
+- **The store**: workers write to it themselves, exactly as a local batch does (every step as
+  it is made, done tags, resume), so they must be able to open it: an SQLite file when every
+  worker runs on the driver's machine, a PostgreSQL URL for a cluster of several machines.
+  A worker commits each tape before reporting it, so a result the driver yields is stored.
+- **Errors**: a tape's failure is recorded on its tape as locally. If a whole worker fails
+  (it cannot import the agent's code, it is killed), the tapes it had not reported come back
+  failed with that error and are not marked done, so the next run retries them.
+
+Ray is imported when a Ray batch starts, never with tapekit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tapekit.agent import Agent
+from tapekit.core import Tape
+from tapekit.environment import Environment
+
+__all__ = ["aray_batch"]
+
+
+@dataclass(frozen=True)
+class _Options:
+    """What every worker needs besides its tapes (plain data: it is pickled)."""
+
+    max_concurrency: int
+    llm_concurrency: Any
+    store: str | None
+    name: str
+    max_loops: int | None
+    retry_failed: bool
+
+
+def _split(total: int, parts: int, index: int) -> int:
+    """Share ``index`` of ``total`` split into ``parts`` near-equal shares, at least 1."""
+    return max(1, total // parts + (index < total % parts))
+
+
+def _split_llm(llm_concurrency: Any, parts: int, index: int) -> Any:
+    if llm_concurrency is None:
+        return None
+    if isinstance(llm_concurrency, int):
+        return _split(llm_concurrency, parts, index)
+    return {key: _split(limit, parts, index) for key, limit in llm_concurrency.items()}
+
+
+def _store_address(store: Any) -> str | None:
+    """Where the workers open the store: a PostgreSQL DSN or an SQLite path."""
+    if store is None:
+        return None
+    for attribute in ("dsn", "path"):
+        value = getattr(store, attribute, None)
+        if isinstance(value, str) and value:
+            return value
+    raise ValueError(
+        f"the Ray backend needs a store its workers can open (an SQLite file or a PostgreSQL URL); "
+        f"{type(store).__name__} has neither a path nor a dsn"
+    )
+
+
+def _step_modules(tape: Tape[Any, Any]) -> set[str]:
+    return {type(tape).__module__, *(type(step).__module__ for step in tape.steps)}
+
+
+def _run_share(
+    payload: Any, share: list[tuple[int, type[Tape[Any, Any]], str, list[str]]], options: _Options
+) -> Iterator[dict[str, Any]]:
+    """The body of one Ray worker: the local batch on ``share``, one result dict per tape."""
+    from tapekit._sync import iterate_sync
+    from tapekit.batch import BatchStats, _alocal, load_factory
+
+    if isinstance(payload, str):
+        agent, environment = load_factory(payload)
+    else:
+        agent, environment = payload
+    items = []
+    for index, tape_class, text, modules in share:
+        for module in modules:
+            importlib.import_module(module)
+        items.append((index, tape_class.model_validate_json(text)))
+    store = None
+    if options.store is not None:
+        from tapekit.store import open_store
+
+        store = open_store(options.store)
+    try:
+        results = _alocal(
+            agent,
+            environment,
+            items,
+            max_concurrency=options.max_concurrency,
+            llm_concurrency=options.llm_concurrency,
+            store=store,
+            name=options.name,
+            max_loops=options.max_loops,
+            retry_failed=options.retry_failed,
+            stats=BatchStats(),
+        )
+        for result in iterate_sync(results):
+            if store is not None:
+                store.flush()  # what the driver is told about is committed
+            yield {
+                "index": result.index,
+                "start_id": result.start_id,
+                "tape_id": result.tape_id,
+                "tape": result.tape.model_dump_json(),
+                "error": result.error,
+                "skipped": result.skipped,
+                "resumed": result.resumed,
+                "external": result.external,
+                "llm_calls": result.llm_calls,
+                "prompt_tokens": result.prompt_tokens,
+                "output_tokens": result.output_tokens,
+            }
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as e:
+        raise ImportError("backend='ray' needs Ray: pip install 'tapekit[ray]'") from e
+    return ray
+
+
+async def aray_batch(
+    agent: Agent,
+    environment: Environment,
+    indexed: list[tuple[int, Tape[Any, Any]]],
+    *,
+    max_concurrency: int,
+    llm_concurrency: Any,
+    store: Any,
+    name: str,
+    max_loops: int | None,
+    retry_failed: bool,
+    stats: Any,
+    workers: int | None,
+    factory: str | None,
+) -> AsyncIterator[Any]:
+    """Run ``indexed`` (input index, tape) on Ray workers; yield results as tapes finish.
+
+    Calls ``ray.init()`` unless Ray is initialised (``RAY_ADDRESS`` picks a running cluster).
+    """
+    from tapekit.batch import BatchResult, batch_tape_id, load_factory
+
+    ray = _ray()
+    address = _store_address(store)
+    if factory is not None:
+        load_factory(factory)  # fail here, clearly, rather than in every worker
+    if not indexed:
+        return
+    if store is not None:
+        store.flush()  # the workers read the store from their own connections
+    if not ray.is_initialized():
+        ray.init()
+    n = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    n = min(n, len(indexed))
+    payload: Any = factory if factory is not None else ray.put((agent, environment))
+    run_share = ray.remote(_run_share).options(num_cpus=1)
+    starts = dict(indexed)
+    generators = []
+    for w in range(n):
+        share = [(i, type(t), t.model_dump_json(), sorted(_step_modules(t))) for i, t in indexed[w::n]]
+        options = _Options(
+            _split(max_concurrency, n, w),
+            _split_llm(llm_concurrency, n, w),
+            address,
+            name,
+            max_loops,
+            retry_failed,
+        )
+        generators.append((run_share.remote(payload, share, options), [i for i, _ in indexed[w::n]]))
+    queue: asyncio.Queue[BatchResult] = asyncio.Queue()
+    total_concurrency = sum(_split(max_concurrency, n, w) for w in range(n))
+
+    async def drain(generator: Any, indices: list[int]) -> None:
+        reported: set[int] = set()
+        try:
+            async for ref in generator:
+                data = await ref
+                start = starts[data["index"]]
+                tape = type(start).model_validate_json(data.pop("tape"))
+                reported.add(data["index"])
+                queue.put_nowait(BatchResult(tape=tape, **data))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the worker itself failed: its unreported tapes fail with it
+            message = f"the Ray worker failed: {type(e).__name__}: {e}"
+            for index in indices:
+                if index not in reported:
+                    start = starts[index]
+                    start_id = start.metadata.id
+                    failed = start.with_metadata(error=message)
+                    queue.put_nowait(
+                        BatchResult(index, start_id, batch_tape_id(name, start_id), failed, message)
+                    )
+
+    tasks = [asyncio.create_task(drain(g, indices)) for g, indices in generators]
+    try:
+        for finished in range(len(indexed)):
+            stats.running = min(total_concurrency, len(indexed) - finished)
+            result = await queue.get()
+            stats.llm_calls += result.llm_calls
+            stats.prompt_tokens += result.prompt_tokens
+            stats.output_tokens += result.output_tokens
+            yield result
+        stats.running = 0
+    finally:
+        for task in tasks:
+            task.cancel()
+        for generator, _ in generators:  # stop the workers: they write what they made and flush
+            with contextlib.suppress(Exception):
+                ray.cancel(generator)
+        await asyncio.gather(*tasks, return_exceptions=True)
