@@ -158,7 +158,10 @@ def load_factory(target: str) -> tuple[Agent, Environment]:
     factory = load_object(target)
     if not callable(factory):
         raise ValueError(f"target {target!r} is not callable")
-    made = factory()
+    try:
+        made = factory()
+    except Exception as e:
+        raise ValueError(f"calling {target!r} failed: {type(e).__name__}: {e}") from e
     if (
         not isinstance(made, tuple)
         or len(made) != 2

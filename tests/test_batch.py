@@ -394,6 +394,33 @@ def test_retry_failed_runs_the_failed_tapes_again(store: SQLiteStore) -> None:
     assert store.get_tape(retried[2].tape_id).metadata.error is None
 
 
+class WatchedStore(SQLiteStore):
+    """The real SQLite store, noting each save (id, number of steps, tags) as it is queued."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.saves: list[tuple[str, int, tuple[str, ...]]] = []
+
+    def save_tape(self, tape: Tape[Any, Any], tape_id: str | None = None, *, tags: Any = ()) -> str:
+        key = super().save_tape(tape, tape_id, tags=tags)
+        self.saves.append((key, len(tape), tuple(tags)))
+        return key
+
+
+def test_a_complete_tape_is_only_ever_written_with_its_done_tag(tmp_path: Path) -> None:
+    # each save is one transaction: if a kill can never leave a complete tape without its done
+    # tag, a re-run never starts a new turn on a tape that had finished
+    tapes = make_tapes(8, {2: "env", 3: "agent"})
+    with WatchedStore(tmp_path / "w.db") as store:
+        results = batch(make_agent(), BEnv(), tapes, store=store, max_concurrency=8)
+    done = batch_tags("batch")[1]
+    for r in results:
+        saves = [(n, tags) for key, n, tags in store.saves if key == r.tape_id]
+        assert saves[-1] == (len(r.tape), (done, batch_tags("batch")[2]) if r.error else (done,))
+        assert all(n < len(r.tape) for n, tags in saves[:-1]), saves
+        assert len(saves) >= len(r.tape) - 1  # and the steps were written as they were made
+
+
 @pytest.mark.parametrize("max_loops", [None, 2])
 def test_a_stored_tape_cut_anywhere_resumes_to_the_sequential_result(
     store: SQLiteStore, max_loops: int | None
