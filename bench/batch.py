@@ -11,10 +11,15 @@ wall time, LLM calls/s, tokens/s, and the ratio to the ideal, where
 ideal = min(concurrency / latency, endpoint ceiling).
 
 The **endpoint ceiling** is measured separately at the same concurrency, without an agent:
-the requests of one tape's run, recorded, then sent by the same HTTP client, each virtual tape
-sending its requests one after the other; it is measured before and after the batch and
-averaged, since a shared VM drifts. Then a sample of the tapes is run one at a time
+the requests of one tape's run are recorded, then sent by the same HTTP client from N workers,
+one request at a time each, worker w starting at position w of the sequence so that the mix of
+small (early) and large (late) requests is the batch's. It is measured before and after the
+batch and averaged, since a shared VM drifts. Then a sample of the tapes is run one at a time
 (concurrency 1) and compared with the batch's results.
+
+Python's garbage collector costs the batch more than the ceiling run, because the batch holds
+N growing tapes that every full collection walks; ``--gc-threshold 10000,50,100`` applies
+``gc.set_threshold`` to the whole run (ceiling and batch alike) to show that share.
 
 Two clients (``--clients``):
 
@@ -24,13 +29,15 @@ Two clients (``--clients``):
   its ceiling measured by bare aiohttp posts. The SDK costs several ms of CPU per request, so
   this row shows what the batch itself costs when the HTTP client is cheap.
 
-    python bench/batch.py [--latency-ms 20] [--ns 64,256,1024] [--clients openai,aiohttp] [--db PATH]
+    python bench/batch.py [--latency-ms 20] [--ns 64,256,1024] [--clients openai,aiohttp]
+                          [--gc-threshold 10000,50,100] [--db PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import hashlib
 import json
 import os
@@ -372,22 +379,24 @@ async def recorded_requests(base_url: str, loops: int) -> list[dict[str, Any]]:
     return requests
 
 
-async def _workers(concurrency: int, total: int, send: Callable[[int], Awaitable[None]]) -> float:
-    """Calls/s when ``concurrency`` workers each send requests 0, 1, 2, … of the recorded
-    sequence (one at a time) until ``total`` requests are done."""
-    counter = iter(range(total))
+async def _workers(
+    concurrency: int, per_worker: int, n_requests: int, send: Callable[[int], Awaitable[None]]
+) -> float:
+    """Calls/s when ``concurrency`` workers each send ``per_worker`` of the recorded requests,
+    one at a time, worker w starting at position w: every position of a tape's sequence is
+    sent equally often, so the mix of small and large requests is the batch's."""
 
-    async def worker() -> None:
-        for i, _ in enumerate(counter):
-            await send(i)
+    async def worker(w: int) -> None:
+        for k in range(per_worker):
+            await send((w + k) % n_requests)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return total / (time.perf_counter() - t0)
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    return concurrency * per_worker / (time.perf_counter() - t0)
 
 
 async def ceiling(
-    client: str, base_url: str, requests: list[dict[str, Any]], concurrency: int, total: int
+    client: str, base_url: str, requests: list[dict[str, Any]], concurrency: int, per_worker: int
 ) -> float:
     """The endpoint's calls/s through ``client`` alone (streaming, usage included; no agent)."""
     options = {"stream": True, "stream_options": {"include_usage": True}}
@@ -397,12 +406,12 @@ async def ceiling(
         sdk = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
 
         async def send_openai(i: int) -> None:
-            stream = await sdk.chat.completions.create(**requests[i % len(requests)], **options)
+            stream = await sdk.chat.completions.create(**requests[i], **options)
             async for _chunk in stream:
                 pass
 
         try:
-            return await _workers(concurrency, total, send_openai)
+            return await _workers(concurrency, per_worker, len(requests), send_openai)
         finally:
             await sdk.close()
     import aiohttp
@@ -410,12 +419,12 @@ async def ceiling(
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def send_aiohttp(i: int) -> None:
-            body = {**requests[i % len(requests)], **options}
+            body = {**requests[i], **options}
             async with session.post(f"{base_url}/chat/completions", json=body) as response:
                 response.raise_for_status()
                 await response.read()
 
-        return await _workers(concurrency, total, send_aiohttp)
+        return await _workers(concurrency, per_worker, len(requests), send_aiohttp)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -430,12 +439,13 @@ async def main(args: argparse.Namespace) -> None:
         requests = await recorded_requests(base_url, args.loops)
         calls_per_tape = len(requests)
         print(f"# agent: {calls_per_tape} LLM calls and {args.loops} tool calls per tape")
+        print(f"# gc thresholds: {gc.get_threshold()} (Python's default is (700, 10, 10))")
         for client in args.clients:
             await run_batch(client, base_url, make_tapes(16, args.loops), 16)  # warm-up
             for n in args.ns:
                 tapes = make_tapes(n, args.loops)
-                calls = max(1000, min(calls_per_tape * n, 6000) // 2)
-                before = await ceiling(client, base_url, requests, n, calls)
+                per_worker = max(2, round(args.ceiling_calls / n))
+                before = await ceiling(client, base_url, requests, n, per_worker)
                 store = None
                 if args.db:
                     from tapekit.store import open_store
@@ -444,15 +454,16 @@ async def main(args: argparse.Namespace) -> None:
                 wall, stats, results = await run_batch(client, base_url, tapes, n, store)
                 if store is not None:
                     store.close()
-                after = await ceiling(client, base_url, requests, n, calls)  # the machine drifts: average
-                top = (before + after) / 2
                 failed = [r for r in results if not r.ok]
                 if failed:
                     raise SystemExit(f"{len(failed)} tapes failed, e.g. {failed[0].error}")
+                sample = sorted(results, key=lambda r: r.index)[:: max(1, n // args.sample)][: args.sample]
+                del results  # measure the second ceiling without the batch's tapes in memory
+                after = await ceiling(client, base_url, requests, n, per_worker)  # a shared VM drifts
+                top = (before + after) / 2
                 calls_s = stats.llm_calls / wall
                 tokens_s = (stats.prompt_tokens + stats.output_tokens) / wall
                 ideal = min(n / latency_s, top)
-                sample = sorted(results, key=lambda r: r.index)[:: max(1, n // args.sample)][: args.sample]
                 _, _, alone = await run_batch(client, base_url, [tapes[r.index] for r in sample], 1)
                 alone.sort(key=lambda r: r.index)
                 same = all(content(r.tape) == content(a.tape) for r, a in zip(sample, alone, strict=True))
@@ -480,6 +491,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--ns", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256, 1024])
     parser.add_argument("--loops", type=int, default=10)
     parser.add_argument("--sample", type=int, default=8, help="tapes per N compared with a one-at-a-time run")
+    parser.add_argument(
+        "--gc-threshold",
+        type=lambda s: tuple(int(x) for x in s.split(",")),
+        help="gc.set_threshold for the whole run, e.g. 10000,50,100 (default: Python's)",
+    )
+    parser.add_argument("--ceiling-calls", type=int, default=3000, help="calls per ceiling measurement")
     parser.add_argument("--clients", type=lambda s: s.split(","), default=["openai", "aiohttp"])
     parser.add_argument("--db", help="also store the tapes (SQLite path or postgresql:// URL)")
     parser.add_argument("--port", type=int, default=0, help="(serve mode) the port")
@@ -491,4 +508,6 @@ if __name__ == "__main__":
     if arguments.mode == "serve":
         serve(arguments.port, arguments.latency_ms)
     else:
+        if arguments.gc_threshold:
+            gc.set_threshold(*arguments.gc_threshold)
         asyncio.run(main(arguments))
