@@ -345,17 +345,21 @@ class _Recorder:
     So a stored tape without the done tag always lacks at least one step, and resuming it never
     starts a new turn on a tape that had already finished."""
 
-    __slots__ = ("key", "saved", "store", "tape")
+    __slots__ = ("key", "parent_id", "saved", "store", "tape")
 
-    def __init__(self, store: Any, key: str, tape: Tape[Any, Any], saved: int) -> None:
+    def __init__(self, store: Any, key: str, tape: Tape[Any, Any], saved: int, parent_id: str) -> None:
         self.store = store
         self.key = key
         self.tape = tape
         self.saved = saved
+        self.parent_id = parent_id  # the start tape: batches over the same tapes pair up by it
 
     def _write(self, n: int) -> None:
         if n > self.saved:
-            self.store.save_tape(self.tape.model_copy(update={"steps": self.tape.steps[:n]}), self.key)
+            tape = _as_stored(
+                self.tape.model_copy(update={"steps": self.tape.steps[:n]}), self.key, self.parent_id
+            )
+            self.store.save_tape(tape, self.key)
             self.saved = n
 
     def step(self, step: Any) -> None:
@@ -368,6 +372,13 @@ class _Recorder:
 
     def write_all(self) -> None:
         self._write(len(self.tape))
+
+
+def _as_stored(tape: Tape[Any, Any], key: str, start_id: str) -> Tape[Any, Any]:
+    """``tape`` as the batch stores it: under its batch id, continuing the start tape (so runs of
+    two batches over the same tapes pair up by ``parent_id``)."""
+    meta = tape.metadata.model_copy(update={"id": key, "parent_id": start_id})
+    return tape.model_copy(update={"metadata": meta})
 
 
 def _loops_done(tape: Tape[Any, Any], start_len: int) -> int:
@@ -419,8 +430,10 @@ async def _run_one(run: _Run, index: int, start: Tape[Any, Any]) -> BatchResult:
                 if retry:
                     await asyncio.to_thread(store.remove_tags, key, [done_tag, failed_tag])
             else:
-                await asyncio.to_thread(store.save_tape, start, key, tags=[started_tag])
-            recorder = _Recorder(store, key, tape, len(tape))
+                await asyncio.to_thread(
+                    store.save_tape, _as_stored(start, key, start_id), key, tags=[started_tag]
+                )
+            recorder = _Recorder(store, key, tape, len(tape), start_id)
         max_loops = run.max_loops
         if resumed and max_loops is not None:
             max_loops = max(0, max_loops - _loops_done(tape, len(start)))
@@ -457,6 +470,7 @@ async def _run_one(run: _Run, index: int, start: Tape[Any, Any]) -> BatchResult:
     finally:
         stats.running -= 1
     error = final.metadata.error
+    final = _as_stored(final, key, start_id)
     if store is not None:
         try:
             store.save_tape(final, key, tags=[done_tag, failed_tag] if error else [done_tag])
@@ -581,6 +595,7 @@ def abatch(
         _check_positive(ray_workers, "ray_workers")
     stats = stats if stats is not None else BatchStats()
     stats.total = len(items)
+    stats.started_at = time.monotonic()
     indexed = list(enumerate(items))
     if backend == "ray":
         from tapekit._batch_ray import aray_batch

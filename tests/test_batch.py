@@ -377,6 +377,10 @@ def test_the_store_holds_every_tape_and_a_rerun_skips_them(store: SQLiteStore) -
 
     other = batch(make_agent(), BEnv(), tapes, store=store, name="other")  # another batch: its own tapes
     assert not any(r.skipped for r in other) and len(store.list_tapes()) == 20
+    # each stored run continues its start tape, so two batches over the same tapes pair up
+    for t, a, b in zip(tapes, first, other, strict=True):
+        assert a.tape.metadata.id == a.tape_id and a.tape.metadata.parent_id == t.metadata.id
+        assert set(store.list_tapes(parent_id=t.metadata.id)) == {a.tape_id, b.tape_id}
 
 
 def test_retry_failed_runs_the_failed_tapes_again(store: SQLiteStore) -> None:

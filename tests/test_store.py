@@ -132,6 +132,9 @@ def test_a_recorded_session_round_trips_step_by_step(store: TapeStore, store_url
     assert [s.metadata for s in loaded.steps] == [s.metadata for s in final.steps]
     assert loaded.metadata.id == key and loaded.metadata.author == final.metadata.author
     assert store.list_tapes() == [key] and store.get_tape_info(key).tags == ["demo"]
+    # the stored session continues its start tape, not the loop's short-lived per-turn tapes
+    assert loaded.metadata.parent_id is None and store.ancestry(key) == []
+    assert loaded.metadata.n_added_steps == len(final) - 1
 
 
 def test_a_typed_tape_keeps_its_context_step_classes_and_metadata(store: TapeStore) -> None:

@@ -589,6 +589,16 @@ class TapeStore(ABC):
         loses at most what the writer had not committed yet (``flush_interval_s``)."""
         key = self.save_tape(start, tape_id, tags=tags)
         state = {"tape": start}
+        # the stored session continues the start tape: its parent is the start's parent when it
+        # is stored under the start's own id, else the start tape itself (not the short-lived
+        # per-turn tapes the loop makes on the way)
+        parent = start.metadata.parent_id if key == start.metadata.id else start.metadata.id
+
+        def save(tape: Tape[Any, Any]) -> None:
+            meta = tape.metadata.model_copy(
+                update={"id": key, "parent_id": parent, "n_added_steps": len(tape) - len(start)}
+            )
+            self.save_tape(tape.model_copy(update={"metadata": meta}), key)
 
         def record(event: Any) -> None:
             agent_event = event.agent_event
@@ -597,10 +607,10 @@ class TapeStore(ABC):
             if agent_event is not None and agent_event.step is not None:
                 tape = state["tape"]
                 state["tape"] = tape.model_copy(update={"steps": tape.steps.appended([agent_event.step])})
-                self.save_tape(state["tape"], key)
+                save(state["tape"])
             if event.tape is not None:
                 state["tape"] = event.tape
-                self.save_tape(event.tape, key)
+                save(event.tape)
 
         return record
 
