@@ -403,7 +403,8 @@ async def ceiling(
     if client == "openai":
         import openai
 
-        sdk = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
+        # configured as OpenAICompatibleLLM configures its client (timeout_s=120)
+        sdk = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=120.0)
 
         async def send_openai(i: int) -> None:
             stream = await sdk.chat.completions.create(**requests[i], **options)

@@ -57,7 +57,8 @@ class BatchResult:
 
     ``index`` is its position in the input, ``start_id`` the input tape's id and ``tape_id``
     the id it is stored under (:func:`batch_tape_id`; the same whether or not there is a store).
-    ``tape`` is the final tape and ``error`` its ``metadata.error``. ``skipped``: it was already
+    ``tape`` is the final tape (its ``metadata.id`` is ``tape_id`` and its ``parent_id`` the
+    start id, as stored) and ``error`` its ``metadata.error``. ``skipped``: it was already
     done in the store and was not run; ``resumed``: it was continued from its stored steps.
     ``external``: the loop stopped on an action that waits on the outside world. The counters
     are this run's LLM calls and tokens for the tape (0 when skipped).
