@@ -358,6 +358,11 @@ class StepSequence(Sequence[S]):
     def __repr__(self) -> str:
         return f"StepSequence({list(self)!r})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as the plain list of steps (the shared buffer, its lock and memoised folds are
+        process-local), so tapes can travel to worker processes (multiprocessing, Ray)."""
+        return (StepSequence, (list(self),))
+
     def appended(self, new: Iterable[S]) -> StepSequence[S]:
         """A sequence with ``new`` after these steps; this sequence is left unchanged."""
         new = list(new)

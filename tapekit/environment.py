@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -136,17 +137,22 @@ class Tool:
         self.arguments_model: type[BaseModel] = create_model(  # type: ignore[call-overload]
             f"{self.name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
         )
+        self._schema: str | None = None
 
     def schema(self) -> dict[str, Any]:
-        """The OpenAI-style function schema (``{"type": "function", "function": {...}}``)."""
-        parameters = self.arguments_model.model_json_schema()
-        parameters.pop("title", None)
-        for prop in parameters.get("properties", {}).values():
-            prop.pop("title", None)
-        return {
-            "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": parameters},
-        }
+        """The OpenAI-style function schema (``{"type": "function", "function": {...}}``).
+
+        Built once (pydantic's JSON-schema generation costs about a millisecond, and nodes ask
+        for the schemas on every prompt); each call returns a fresh copy that is safe to edit.
+        """
+        if self._schema is None:
+            parameters = self.arguments_model.model_json_schema()
+            parameters.pop("title", None)
+            for prop in parameters.get("properties", {}).values():
+                prop.pop("title", None)
+            function = {"name": self.name, "description": self.description, "parameters": parameters}
+            self._schema = json.dumps({"type": "function", "function": function})
+        return json.loads(self._schema)
 
     def bind(self, arguments: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         """Validate ``arguments`` against the signature (``ValidationError`` if they do not fit)

@@ -229,3 +229,17 @@ def test_prompt_content_key_ignores_id() -> None:
     b = Prompt(messages=[{"role": "user", "content": "x"}])
     assert a.id != b.id and a.content_key() == b.content_key()
     assert Prompt(messages=[{"role": "user", "content": "y"}]).content_key() != a.content_key()
+
+
+def test_tapes_pickle_with_their_typed_steps() -> None:
+    import pickle
+
+    from tapekit import Call, SetNextNode, Tape, TapeMetadata
+    from tapekit.dialog import UserStep
+
+    tape = Tape(steps=[UserStep(content="hi")], metadata=TapeMetadata(author="me"))
+    tape = tape.append(SetNextNode(next_node=2)).append(Call(agent_name="helper", content="go"))
+    back = pickle.loads(pickle.dumps(tape))
+    assert back == tape and [type(s) for s in back.steps] == [UserStep, SetNextNode, Call]
+    assert back.metadata == tape.metadata
+    assert len(back.append(SetNextNode(next_node=0))) == 4  # a working sequence, not a frozen copy

@@ -741,3 +741,19 @@ def test_areact_directly() -> None:
     out = asyncio.run(env.areact(tape))
     (result,) = new_results(tape, out)
     assert result.content == 2 and result.call_id == "z"
+
+
+def test_tool_schemas_are_built_once_and_returned_as_copies() -> None:
+    def lookup(word: str) -> str:
+        """Look a word up.
+
+        Args:
+            word: the word.
+        """
+        return word
+
+    tool = Tool(lookup)
+    first = tool.schema()
+    first["function"]["parameters"]["properties"]["word"]["description"] = "edited"
+    assert tool.schema()["function"]["parameters"]["properties"]["word"]["description"] == "the word."
+    assert tool.schema() == tool.schema() and tool.schema() is not tool.schema()
