@@ -406,8 +406,17 @@ async def ceiling(
         # configured as OpenAICompatibleLLM configures its client (timeout_s=120)
         sdk = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=120.0)
 
+        from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
         async def send_openai(i: int) -> None:
-            stream = await sdk.chat.completions.create(**requests[i], **options)
+            # the request path OpenAICompatibleLLM takes: the prepared body, chunks parsed by the SDK
+            stream = await sdk.post(
+                "/chat/completions",
+                body={**requests[i], **options},
+                cast_to=ChatCompletion,
+                stream=True,
+                stream_cls=openai.AsyncStream[ChatCompletionChunk],
+            )
             async for _chunk in stream:
                 pass
 
