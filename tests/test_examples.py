@@ -20,7 +20,9 @@ def test_readme_starts_with_the_two_commands() -> None:
     assert block[0].startswith(
         "pip install -e . && bash scripts/install-local.sh && python examples/analyst.py"
     )
-    test_command = 'pip install -e ".[dev]" && bash scripts/install-system.sh && bash scripts/install-local.sh && pytest'
+    test_command = (
+        'pip install -e ".[dev]" && bash scripts/install-system.sh && bash scripts/install-local.sh && pytest'
+    )
     assert block[1].startswith(test_command)
     assert (ROOT / ".ci" / "run").read_text().strip().endswith(test_command)
 
