@@ -15,7 +15,7 @@ import hashlib
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from tapekit import (
     tool_calls_from_output,
     view_to_messages,
 )
+from tapekit.llm.base import LLMEvent
 
 TODAY = "2024-09-17"
 CORPUS: list[dict[str, str]] = json.loads((Path(__file__).parent / "data" / "corpus.json").read_text())
@@ -371,6 +372,31 @@ def _call(name: str, **arguments: Any) -> LLMOutput:
     digest = hashlib.sha1(json.dumps(arguments, sort_keys=True).encode()).hexdigest()[:8]
     call_id = f"call_{digest}"
     return LLMOutput(tool_calls=[ToolCallRequest(id=call_id, name=name, arguments=json.dumps(arguments))])
+
+
+class MeteredBrain(FunctionLLM):
+    """:func:`scripted_brain` reporting usage like a paid API (words counted as tokens, a price
+    per token), so that tools such as the Studio have token and cost figures to show."""
+
+    model_name: str = "scripted-brain"
+    fn: Any = scripted_brain
+    cost_per_prompt_token: float = 1e-6
+    cost_per_output_token: float = 4e-6
+
+    def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
+        return _metered(super()._astream(prompt), prompt)
+
+
+async def _metered(events: AsyncIterator[LLMEvent], prompt: Prompt) -> AsyncIterator[LLMEvent]:
+    n_prompt = sum(len(str(m.get("content") or "").split()) for m in prompt.messages)
+    async for event in events:
+        if event.output is not None:
+            out = event.output
+            n_out = len((out.content or "").split()) + sum(
+                len(c.arguments.split()) for c in out.tool_calls or []
+            )
+            event = event.model_copy(update={"prompt_tokens": n_prompt, "output_tokens": n_out})
+        yield event
 
 
 # ----------------------------------------------------------------------------- the team

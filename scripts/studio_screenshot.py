@@ -12,16 +12,13 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from examples.analyst import ENVIRONMENT, make_analyst, scripted_brain, start_tape  # noqa: E402
-from tapekit import FunctionLLM, Prompt, main_loop  # noqa: E402
-from tapekit.llm.base import LLMEvent  # noqa: E402
+from examples.analyst import ENVIRONMENT, MeteredBrain, make_analyst, start_tape  # noqa: E402
+from tapekit import main_loop  # noqa: E402
 from tapekit.store import SQLiteStore  # noqa: E402
 from tapekit.studio import create_app  # noqa: E402
 from tapekit.studio.app import serve_in_thread  # noqa: E402
@@ -37,32 +34,6 @@ CHROMIUM_ARGS = [
 ]
 
 
-class MeteredBrain(FunctionLLM):
-    """The example's scripted model, reporting words as tokens and a price like a paid API, so
-    that the screenshot shows usage figures."""
-
-    model_name: str = "scripted-brain"
-    fn: Any = scripted_brain
-    latency_s: float = 0.05
-    cost_per_prompt_token: float = 1e-6
-    cost_per_output_token: float = 4e-6
-
-    def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
-        return _metered(super()._astream(prompt), prompt)
-
-
-async def _metered(events: AsyncIterator[LLMEvent], prompt: Prompt) -> AsyncIterator[LLMEvent]:
-    n_prompt = sum(len(str(m.get("content") or "").split()) for m in prompt.messages)
-    async for event in events:
-        if event.output is not None:
-            out = event.output
-            n_out = len((out.content or "").split()) + sum(
-                len(c.arguments.split()) for c in out.tool_calls or []
-            )
-            event = event.model_copy(update={"prompt_tokens": n_prompt, "output_tokens": n_out})
-        yield event
-
-
 def main(argv: list[str] | None = None) -> int:
     """Make the screenshot; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -75,10 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp, SQLiteStore(Path(tmp) / "studio.db") as store:
         start = start_tape()
         record = store.recorder(start, tags=["example"])
-        for event in main_loop(make_analyst(MeteredBrain()), start, ENVIRONMENT):
+        for event in main_loop(make_analyst(MeteredBrain(latency_s=0.05)), start, ENVIRONMENT):
             record(event)
         store.flush()
-        app = create_app(store, agents={"analyst": lambda: (make_analyst(MeteredBrain()), ENVIRONMENT)})
+        app = create_app(
+            store, agents={"analyst": lambda: (make_analyst(MeteredBrain(latency_s=0.05)), ENVIRONMENT)}
+        )
         with serve_in_thread(app) as url, sync_playwright() as p:
             browser = p.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1600, "height": 940}, device_scale_factor=1)

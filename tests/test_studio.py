@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,9 @@ httpx = pytest.importorskip("httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from examples.analyst import ENVIRONMENT, make_analyst, scripted_brain, start_tape  # noqa: E402
-from tapekit import Agent, Environment, FunctionLLM, LLMOutput, Prompt, Tape, UserStep, main_loop  # noqa: E402
+from examples.analyst import MeteredBrain as _MeteredBrain  # noqa: E402
+from tapekit import Agent, Environment, LLMOutput, Prompt, Tape, UserStep, main_loop  # noqa: E402
 from tapekit._diff import signatures  # noqa: E402
-from tapekit.llm.base import LLMEvent  # noqa: E402
 from tapekit.store import SQLiteStore, TapeStore  # noqa: E402
 from tapekit.studio import create_app  # noqa: E402
 from tapekit.studio.runs import load_agents  # noqa: E402
@@ -41,28 +41,10 @@ XSS_IMG = '<img src=x onerror="window.__xss=2">'
 # --------------------------------------------------------------------------- a filled store
 
 
-async def _metered(events: AsyncIterator[LLMEvent], prompt: Prompt) -> AsyncIterator[LLMEvent]:
-    words = sum(len(str(m.get("content") or "").split()) for m in prompt.messages)
-    async for event in events:
-        if event.output is not None:
-            out = event.output
-            n_out = len((out.content or "").split()) + sum(
-                len(c.arguments.split()) for c in out.tool_calls or []
-            )
-            event = event.model_copy(update={"prompt_tokens": words, "output_tokens": n_out})
-        yield event
-
-
-class MeteredBrain(FunctionLLM):
-    """The example's scripted model, reporting token counts (words) and a price like a paid API."""
+class MeteredBrain(_MeteredBrain):
+    """The example's metered scripted model, under a model name of its own."""
 
     model_name: str = "scripted-metered"
-    fn: Any = scripted_brain
-    cost_per_prompt_token: float = 1e-6
-    cost_per_output_token: float = 4e-6
-
-    def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
-        return _metered(super()._astream(prompt), prompt)
 
 
 def team() -> tuple[Agent, Environment]:
