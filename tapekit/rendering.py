@@ -9,7 +9,7 @@ from typing import Any
 from tapekit.core import Action, Call, ControlStep, Observation, Respond, Step, Tape
 from tapekit.llm.base import LLMCall
 
-__all__ = ["render_step", "render_tape", "step_category"]
+__all__ = ["render_step", "render_tape", "step_author", "step_category"]
 
 
 def step_category(step: Step) -> str:
@@ -23,6 +23,12 @@ def step_category(step: Step) -> str:
     return "thought"
 
 
+def step_author(step: Step) -> str:
+    """``agent.node`` for steps an agent made, ``environment`` for the others."""
+    meta = step.metadata
+    return f"{meta.agent}.{meta.node}" if meta.agent else "environment"
+
+
 def _short(value: Any, width: int) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     text = " ".join(text.split())
@@ -31,8 +37,6 @@ def _short(value: Any, width: int) -> str:
 
 def render_step(step: Step, width: int = 100) -> str:
     """One line: author (``agent.node`` or ``environment``), kind and content."""
-    meta = step.metadata
-    author = f"{meta.agent}.{meta.node}" if meta.agent else "environment"
     if isinstance(step, Call):
         body = f"calls {step.agent_name}: {step.content}"
     elif isinstance(step, Respond):
@@ -41,7 +45,7 @@ def render_step(step: Step, width: int = 100) -> str:
         fields = step.llm_dict()
         fields.pop("kind", None)
         body = _short(fields.popitem()[1] if len(fields) == 1 else fields, width)
-    return f"{author:<28} {step_category(step):<11} {step.kind:<18} {_short(body, width)}"
+    return f"{step_author(step):<28} {step_category(step):<11} {step.kind:<18} {_short(body, width)}"
 
 
 def render_tape(

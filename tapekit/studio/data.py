@@ -15,7 +15,7 @@ from tapekit._diff import first_divergence, signatures
 from tapekit.agent import Agent, AgentError
 from tapekit.core import Call, Respond, Step, Tape
 from tapekit.llm.base import LLMCall
-from tapekit.rendering import step_category
+from tapekit.rendering import step_author, step_category
 from tapekit.views import TapeView, TapeViewStack
 
 __all__ = [
@@ -57,12 +57,6 @@ def step_summary(step: Step, width: int = SUMMARY_WIDTH) -> str:
 
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-
-
-def step_author(step: Step) -> str:
-    """``agent.node`` for steps an agent made, ``environment`` for the others."""
-    meta = step.metadata
-    return f"{meta.agent}.{meta.node}" if meta.agent else "environment"
 
 
 @dataclass(frozen=True, slots=True)
