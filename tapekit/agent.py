@@ -405,7 +405,7 @@ class Agent(BaseModel):
                 iterations += 1
                 seq = tape.steps
                 top = stack.top
-                closes_branch = branch_len > 0 and len(stack) == branch_len + 1
+                closes_branch = _closes_branch(stack, branch_len)
                 agent = self.find_agent(top.agent_name)
                 node = agent.select_node(top)
                 where = f"node {agent.full_name}.{node.name}"
@@ -482,7 +482,7 @@ class Agent(BaseModel):
         node = agent.find_node(top.last_node)  # type: ignore[arg-type]
         start = top.run_start
         run_tape = _tape_of(tape, top.visible(start))
-        closes_branch = branch_len > 0 and len(stack) == branch_len + 1
+        closes_branch = _closes_branch(stack, branch_len)
         existing = list(tape.steps[start:])
         prompt_id = existing[0].metadata.prompt_id
         prompt = node.make_prompt(agent, run_tape)
@@ -672,6 +672,30 @@ class Agent(BaseModel):
         :class:`ReconstructionError` shows the difference.
         """
         texts: list[TrainingText] = []
+        for run in self._rebuilt_runs(tape):
+            agent, node = run.agent, run.node
+            steps = node_run_steps(run.context, run.at)
+            made = [
+                s
+                for s in node.generate_steps(agent, run.prefix, LLMStream.from_output(run.output, run.prompt))
+                if isinstance(s, Step)
+            ]
+            _check_same(steps, made, run.where)
+            text = agent.llm_for(node).make_training_text(run.prompt, run.output)
+            texts.append(
+                text.model_copy(
+                    update={
+                        "prompt_id": steps[0].metadata.prompt_id,
+                        "agent": agent.full_name,
+                        "node": node.name,
+                    }
+                )
+            )
+        return texts
+
+    def _rebuilt_runs(self, tape: Tape[Any, Any]) -> Iterator[_RebuiltRun]:
+        """Every LLM-backed node run on ``tape`` with its prompt remade from what the run saw
+        and its output rebuilt by ``make_llm_output`` (what training text and replay need)."""
         root = self.root
         for node, index in self.get_node_runs(tape):
             agent = root.find_agent(tape.steps[index].metadata.agent)
@@ -680,27 +704,9 @@ class Agent(BaseModel):
             prompt = node.make_prompt(agent, prefix)
             if prompt is None:
                 continue
-            output = _reconstructed(
-                node, agent, context, at, f"{agent.full_name}.{node.name} at step {index}"
-            )
-            run = node_run_steps(context, at)
-            made = [
-                s
-                for s in node.generate_steps(agent, prefix, LLMStream.from_output(output, prompt))
-                if isinstance(s, Step)
-            ]
-            _check_same(run, made, f"{agent.full_name}.{node.name} at step {index}")
-            text = agent.llm_for(node).make_training_text(prompt, output)
-            texts.append(
-                text.model_copy(
-                    update={
-                        "prompt_id": run[0].metadata.prompt_id,
-                        "agent": agent.full_name,
-                        "node": node.name,
-                    }
-                )
-            )
-        return texts
+            where = f"{agent.full_name}.{node.name} at step {index}"
+            output = _reconstructed(node, agent, context, at, where)
+            yield _RebuiltRun(agent, node, where, context, at, prefix, prompt, output)
 
     def reuse(self, tape: Tape[Any, Any]) -> tuple[Tape[Any, Any], list[LLMCall]]:
         """Adapt a tape made by another agent: the same steps, attributed to this team's agents
@@ -789,6 +795,21 @@ class _Finished:
     tape: Tape[Any, Any]
     stop: bool
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _RebuiltRun:
+    """A node run as training and replay see it: who ran it, where, what it saw, and the
+    prompt and output rebuilt for it."""
+
+    agent: Agent
+    node: Node
+    where: str  # ``agent.node at step i``, for error messages
+    context: Tape[Any, Any]  # what the run saw, then its steps (see Agent.node_run_context)
+    at: int  # the run's first step in ``context``
+    prefix: Tape[Any, Any]  # ``context[:at]``
+    prompt: Prompt
+    output: LLMOutput
 
 
 @dataclass(frozen=True, slots=True)
@@ -889,6 +910,12 @@ def node_run_steps(tape: Tape[Any, Any], index: int) -> list[Step]:
             break
         run.append(steps[i])
     return run
+
+
+def _closes_branch(stack: TapeViewStack, branch_len: int) -> bool:
+    """Whether a Respond by the active agent closes the fork branch being run (its subagent is
+    the one on top)."""
+    return branch_len > 0 and len(stack) == branch_len + 1
 
 
 def _ends_turn(step: Step, by_root: bool, closes_branch: bool = False) -> bool:

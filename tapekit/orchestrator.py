@@ -217,16 +217,8 @@ def _actions_key(actions: list[Step]) -> str:
 def reconstruct_llm_calls(agent: Agent, tape: Tape[Any, Any]) -> list[LLMCall]:
     """The LLM calls behind a tape, rebuilt with each node's ``make_prompt`` and
     ``make_llm_output`` (for replay when the calls were not stored)."""
-    calls = []
-    root = agent.root
-    for node, index in agent.get_node_runs(tape):
-        member = root.find_agent(tape.steps[index].metadata.agent)
-        context, at = root.node_run_context(tape, index)
-        prompt = node.make_prompt(member, context[:at])
-        if prompt is not None:
-            output = node.make_llm_output(member, context, at)
-            calls.append(LLMCall(prompt=prompt, output=output, model="reconstructed"))
-    return calls
+    runs = agent.root._rebuilt_runs(tape)
+    return [LLMCall(prompt=r.prompt, output=r.output, model="reconstructed") for r in runs]
 
 
 def _replaying(agent: Agent, llm: ReplayLLM) -> Agent:
