@@ -42,7 +42,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from tapekit._diff import first_divergence, signatures
-from tapekit.core import Step, StepSequence, Tape
+from tapekit.core import Step, Tape
 from tapekit.store import TapeInfo, TapeNotFoundError, TapeStore, open_store
 from tapekit.studio.data import (
     TapeCache,
@@ -134,9 +134,6 @@ class _Studio:
         self.agents = agents
         self.max_run_loops = max_run_loops
         self.cache = TapeCache(16)
-        # memoised folds live on a tape's shared step buffer and are not safe to fill from two
-        # threads at once: page handlers fold one at a time
-        self.fold_lock = threading.Lock()
         self.env = _templates()
 
     # ------------------------------------------------------------------ helpers
@@ -393,9 +390,8 @@ def create_app(
             while hi + 1 < len(steps) and steps[hi + 1].metadata.prompt_id == pid:
                 hi += 1
             run = list(range(lo, hi + 1))
-        with studio.fold_lock:
-            views = view_infos(prefix, root, registered.agent if registered else None) if root else []
-            after = next_actor(prefix, root) if index == len(steps) - 1 else None
+        views = view_infos(prefix, root, registered.agent if registered else None) if root else []
+        after = next_actor(prefix, root) if index == len(steps) - 1 else None
         return {
             "index": index,
             "step": step,
@@ -491,19 +487,17 @@ def create_app(
             raise PageError(400, "Bad request", "Pick a tape to continue.")
         info = await run_in_threadpool(studio.info, tape_id)
         cached = await run_in_threadpool(studio.tape, info)
-        # the agent folds and extends its own copy, never the buffer that page handlers read
-        source = cached.model_copy(update={"steps": StepSequence(list(cached.steps))})
         try:
             result = await advance(
                 studio.agents[name],
-                source,
+                cached,
                 mode,
                 store.save_llm_call,
                 studio.max_run_loops,  # type: ignore[arg-type]
             )
         except NothingToDoError as e:
             raise PageError(409, "Nothing to do", f"{e}. Append a step to the tape, then continue.") from None
-        return await save_child(result.tape, len(source))
+        return await save_child(result.tape, len(cached))
 
     # ------------------------------------------------------------------ diffs
 
