@@ -467,6 +467,7 @@ class Agent(BaseModel):
             output_tokens=output_tokens,
             cost=llm.cost(prompt_tokens, output_tokens),
             latency_s=time.perf_counter() - t0,
+            tokens=last.tokens,
         )
         yield AgentEvent(llm_call=call)
         yield stream

@@ -26,6 +26,7 @@ __all__ = [
     "LLMEvent",
     "LLMStream",
     "StreamedOutput",
+    "TokenTrace",
     "TrainingText",
     "answer_text",
 ]
@@ -35,18 +36,39 @@ class LLMError(RuntimeError):
     """An LLM call failed; the message names the endpoint and the model, and says why."""
 
 
+class TokenTrace(BaseModel):
+    """The tokens of one LLM call exactly as the model saw and sampled them.
+
+    ``prompt_ids`` are the ids the model was conditioned on (chat template applied, special
+    tokens included), ``output_ids`` the ids it sampled, and ``output_logprobs`` the sampling
+    log-probability of each output id (under the sampler's own settings) when the backend
+    reports them. ``tokenizer`` fingerprints the tokenizer and chat template that made the ids,
+    so training can refuse ids from another tokenizer. ``policy_version`` names the weights
+    that sampled (RL uses it to bound staleness); ``finish_reason`` is the backend's.
+    """
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float] | None = None
+    tokenizer: str = ""
+    policy_version: str | None = None
+    finish_reason: str | None = None
+
+
 class LLMEvent(BaseModel):
     """One event of an LLM stream: a text chunk, or (last) the complete output with its
-    token counts when the backend reports them."""
+    token counts when the backend reports them, and its token ids when it can give them."""
 
     chunk: str | None = None
     output: LLMOutput | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None
+    tokens: TokenTrace | None = None
 
 
 class LLMCall(BaseModel):
-    """A completed LLM call: the exact prompt and output, with its cost figures."""
+    """A completed LLM call: the exact prompt and output, with its cost figures, and the token
+    ids and sampling log-probabilities (``tokens``) when the backend gives them."""
 
     prompt: Prompt
     output: LLMOutput
@@ -56,6 +78,7 @@ class LLMCall(BaseModel):
     cost: float = 0.0
     latency_s: float = 0.0
     timestamp: float = Field(default_factory=time.time)
+    tokens: TokenTrace | None = None
 
 
 class TrainingText(BaseModel):
