@@ -11,17 +11,19 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from tapekit._diff import diff_text, first_divergence, signatures
-from tapekit._sync import iterate_sync, run_sync
-from tapekit.agent import Agent, AgentEvent
+from tapekit._sync import run_sync
+from tapekit.agent import Agent
 from tapekit.core import Action, Observation, Step, Tape
 from tapekit.environment import Environment, ExternalObservationNeeded, unanswered_actions
+from tapekit.events import AsyncMainLoopStream, MainLoopEvent, MainLoopStream
 from tapekit.llm.base import LLMCall
 from tapekit.llm.replay import ReplayLLM
+from tapekit.reconstruction import rebuilt_runs
 
 __all__ = [
     "AsyncMainLoopStream",
@@ -36,62 +38,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class MainLoopEvent:
-    """One event of the main loop; exactly one field is set.
-
-    ``agent_event``: an event from inside the agent's turn; ``agent_tape``: the tape after the
-    agent's turn; ``observation``: one observation the environment added; ``env_tape``: the tape
-    after the environment's turn; ``external``: the loop stopped because an action waits on
-    the outside world (the last tape is resumable once you append the observation).
-    """
-
-    agent_event: AgentEvent | None = None
-    agent_tape: Tape[Any, Any] | None = None
-    observation: Observation | None = None
-    env_tape: Tape[Any, Any] | None = None
-    external: ExternalObservationNeeded | None = None
-
-    @property
-    def tape(self) -> Tape[Any, Any] | None:
-        """The new tape if this event carries one (after either side's turn)."""
-        return self.agent_tape if self.agent_tape is not None else self.env_tape
-
-
-class AsyncMainLoopStream:
-    """Events of :func:`async_main_loop`; ``async for`` them or await :meth:`get_final_tape`."""
-
-    def __init__(self, events: AsyncIterator[MainLoopEvent], start: Tape[Any, Any]) -> None:
-        self._events = events
-        self._start = start
-
-    def __aiter__(self) -> AsyncIterator[MainLoopEvent]:
-        return self._events
-
-    async def get_final_tape(self) -> Tape[Any, Any]:
-        """Run to the end and return the last tape."""
-        tape = self._start
-        async for event in self._events:
-            if event.tape is not None:
-                tape = event.tape
-        return tape
-
-
-class MainLoopStream:
-    """Events of :func:`main_loop` (sync); iterate them or call :meth:`get_final_tape`."""
-
-    def __init__(self, events: AsyncIterator[MainLoopEvent], start: Tape[Any, Any]) -> None:
-        self._events = events
-        self._start = start
-
-    def __iter__(self) -> Iterator[MainLoopEvent]:
-        return iterate_sync(self._events)
-
-    def get_final_tape(self) -> Tape[Any, Any]:
-        """Run to the end and return the last tape."""
-        return run_sync(AsyncMainLoopStream(self._events, self._start).get_final_tape())
 
 
 def async_main_loop(
@@ -217,7 +163,7 @@ def _actions_key(actions: list[Step]) -> str:
 def reconstruct_llm_calls(agent: Agent, tape: Tape[Any, Any]) -> list[LLMCall]:
     """The LLM calls behind a tape, rebuilt with each node's ``make_prompt`` and
     ``make_llm_output`` (for replay when the calls were not stored)."""
-    runs = agent.root._rebuilt_runs(tape)
+    runs = rebuilt_runs(agent, tape)
     return [LLMCall(prompt=r.prompt, output=r.output, model="reconstructed") for r in runs]
 
 

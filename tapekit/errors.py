@@ -1,0 +1,22 @@
+"""tapekit's exceptions: one root, :class:`TapekitError`, above every error tapekit raises.
+
+``except TapekitError`` catches anything tapekit reports on purpose. Each error also keeps the
+builtin base that describes it (a missing tape is a ``KeyError``, a bad configuration a
+``RuntimeError`` or ``ValueError``), so code written against those keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = ["AgentError", "ReconstructionError", "TapekitError"]
+
+
+class TapekitError(Exception):
+    """The root of every exception tapekit raises on purpose."""
+
+
+class AgentError(TapekitError, RuntimeError):
+    """The agent's configuration or the tape does not let it continue (named in the message)."""
+
+
+class ReconstructionError(TapekitError, ValueError):
+    """A node's ``make_llm_output`` does not reproduce the steps on the tape (diff included)."""
