@@ -11,7 +11,8 @@ import pytest
 
 HAVE_TRAIN = all(importlib.util.find_spec(m) for m in ("torch", "transformers", "tokenizers"))
 pytestmark = pytest.mark.skipif(
-    not HAVE_TRAIN, reason="needs torch, transformers and tokenizers (extra `train`, scripts/install-local.sh)"
+    not HAVE_TRAIN,
+    reason="needs torch, transformers and tokenizers (extra `train`; scripts/install-local.sh)",
 )
 
 TEXTS = [
@@ -19,6 +20,7 @@ TEXTS = [
     for a in range(3, 60, 7)
     for b in range(2, 40, 9)
 ]
+SMALL: dict[str, int] = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 128}
 MESSAGES = [
     {"role": "system", "content": "Solve the problem."},
     {"role": "user", "content": "Ann has 12 pens and buys 30 more."},
@@ -32,7 +34,7 @@ MESSAGES = [
 def tiny() -> tuple[Any, Any]:
     from tapekit.training.tiny import TinyConfig, make_tiny
 
-    return make_tiny(TEXTS, TinyConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128))
+    return make_tiny(TEXTS, TinyConfig(**SMALL))
 
 
 def _weights_equal(a: Any, b: Any) -> bool:
@@ -71,11 +73,11 @@ def test_same_texts_and_seed_give_the_same_tokenizer_and_weights(tiny: tuple[Any
     from tapekit.training.tiny import TinyConfig, make_tiny
 
     model, tok = tiny
-    config = TinyConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128)
+    config = TinyConfig(**SMALL)
     model2, tok2 = make_tiny(list(reversed(TEXTS)), config)
     assert tok2.get_vocab() == tok.get_vocab()
     assert _weights_equal(model, model2)
-    model3, _ = make_tiny(TEXTS, TinyConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, seed=1))
+    model3, _ = make_tiny(TEXTS, TinyConfig(**SMALL, seed=1))
     assert not _weights_equal(model, model3)
 
 
@@ -83,7 +85,7 @@ def test_save_and_load_round_trip(tiny: tuple[Any, Any], tmp_path: Path) -> None
     from tapekit.training.tiny import TinyConfig, load_tiny, save_tiny
 
     model, tok = tiny
-    save_tiny(model, tok, tmp_path / "m", TinyConfig(hidden_size=64, num_heads=4, intermediate_size=128))
+    save_tiny(model, tok, tmp_path / "m", TinyConfig(**SMALL))
     assert (tmp_path / "m" / "tiny_config.json").is_file()
     model2, tok2 = load_tiny(tmp_path / "m")
     assert _weights_equal(model, model2)
@@ -113,10 +115,11 @@ def test_the_tiny_model_learns_a_reply_and_stops_at_end_of_turn(tmp_path: Path) 
     from tapekit.llm.transformers import TransformersLLM
     from tapekit.training.tiny import TinyConfig, make_tiny, save_tiny
 
-    model, tok = make_tiny(TEXTS, TinyConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128))
+    model, tok = make_tiny(TEXTS, TinyConfig(**SMALL))
     prompt_messages = MESSAGES[:2]
     reply = "calculator: 12+30"
-    full = tok.apply_chat_template([*prompt_messages, {"role": "assistant", "content": reply}], tokenize=False)
+    conversation = [*prompt_messages, {"role": "assistant", "content": reply}]
+    full = tok.apply_chat_template(conversation, tokenize=False)
     prompt = tok.apply_chat_template(prompt_messages, tokenize=False, add_generation_prompt=True)
     ids = torch.tensor([tok(full, add_special_tokens=False)["input_ids"]])
     n_prompt = len(tok(prompt, add_special_tokens=False)["input_ids"])
@@ -133,7 +136,9 @@ def test_the_tiny_model_learns_a_reply_and_stops_at_end_of_turn(tmp_path: Path) 
     assert loss.item() < 0.05
     save_tiny(model.eval(), tok, tmp_path / "trained")
     llm = TransformersLLM(
-        model_name="tiny", model_path=str(tmp_path / "trained"), device="cpu",
+        model_name="tiny",
+        model_path=str(tmp_path / "trained"),
+        device="cpu",
         parameters={"max_new_tokens": 30, "do_sample": False},
     )
     output = llm.generate(Prompt(messages=prompt_messages))

@@ -156,7 +156,7 @@ def build_tiny_model(tokenizer: Any, config: TinyConfig | None = None) -> Any:
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = pad
     model.generation_config.bos_token_id = None
-    return model.to(torch.float32).eval()
+    return model.float().eval()
 
 
 def make_tiny(texts: Iterable[str], config: TinyConfig | None = None, path: str | Path | None = None) -> Any:
