@@ -1,0 +1,347 @@
+"""The evaluation report: per-attempt records, pass@k / pass^k estimators, bootstrap intervals,
+a rich table and JSON. :mod:`tapekit.evaluate` fills it; nothing here runs an agent.
+
+Estimators (per task with ``n`` attempts of which ``c`` passed, then averaged over tasks):
+
+- pass@1 = c / n;
+- pass@k = 1 - C(n - c, k) / C(n, k): the chance that at least one of k attempts drawn without
+  replacement from the n passes (the unbiased estimator of the Codex paper);
+- pass^k = C(c, k) / C(n, k): the chance that all k drawn attempts pass (tau-bench's reliability
+  measure; with n == k it is 1 when every attempt passed, else 0).
+
+Confidence intervals are percentile bootstraps over tasks (tasks resampled with replacement),
+seeded, so the same report always prints the same intervals.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+__all__ = ["Estimate", "EvalReport", "SampleResult", "Score", "pass_at_k", "pass_hat_k"]
+
+
+class Score(BaseModel):
+    """What a scorer says about one tape: a ``value`` (higher is better, usually in [0, 1]),
+    whether the attempt ``passed``, and optional text ``feedback`` (why; what to fix), which
+    optimisers and reflection models read."""
+
+    model_config = ConfigDict(frozen=True)
+
+    value: float
+    passed: bool
+    feedback: str | None = None
+
+
+class SampleResult(BaseModel):
+    """One attempt at one task: where its tape is, what each scorer said, and what it cost.
+
+    ``sample`` is the attempt's index (0 .. k-1); ``error`` the tape's ``metadata.error`` (the
+    run failed) and ``scorer_errors`` the scorers that raised (their score is a fail whose
+    feedback holds the exception). ``cost`` is in the LLMs' price units (dollars usually).
+    """
+
+    task_id: str
+    category: str = ""
+    sample: int = 0
+    tape_id: str = ""
+    scores: dict[str, Score] = Field(default_factory=dict)
+    error: str | None = None
+    scorer_errors: list[str] = Field(default_factory=list)
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        """Prompt plus output tokens of the attempt's LLM calls."""
+        return self.prompt_tokens + self.output_tokens
+
+
+class Estimate(BaseModel):
+    """A metric's value with its bootstrap confidence interval ``[low, high]``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    value: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+def _check_nck(n: int, c: int, k: int) -> None:
+    if not 0 <= c <= n:
+        raise ValueError(f"passed count c={c} must be between 0 and n={n}")
+    if not 1 <= k <= n:
+        raise ValueError(f"k={k} needs 1 <= k <= n={n} attempts per task")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one task: n attempts, c passed; 1 - C(n-c, k) / C(n, k)."""
+    _check_nck(n, c, k)
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass^k for one task (every one of k attempts passes): C(c, k) / C(n, k)."""
+    _check_nck(n, c, k)
+    return math.comb(c, k) / math.comb(n, k)
+
+
+def _bootstrap(values: Sequence[float], n_resamples: int, confidence: float, seed: int) -> Estimate:
+    """Mean of ``values`` with a seeded percentile-bootstrap interval (resampling the values)."""
+    if not values:
+        return Estimate(value=math.nan, low=math.nan, high=math.nan)
+    mean = sum(values) / len(values)
+    if len(values) == 1 or n_resamples == 0:
+        return Estimate(value=mean, low=mean, high=mean)
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(n_resamples))
+    tail = (1.0 - confidence) / 2.0
+    low = means[min(n_resamples - 1, math.floor(tail * n_resamples))]
+    high = means[min(n_resamples - 1, math.ceil((1.0 - tail) * n_resamples) - 1)]
+    return Estimate(value=mean, low=min(low, mean), high=max(high, mean))
+
+
+class EvalReport(BaseModel):
+    """The outcome of an evaluation: every attempt's scores and costs, and the metrics over them.
+
+    ``scorers`` lists the scorer names in order; the first is the primary one (the default of
+    every metric). ``k`` is the number of attempts per task the evaluation made. Metrics are
+    means over tasks with seeded bootstrap intervals (``n_bootstrap`` resamples of the tasks,
+    ``confidence`` level, ``seed``). ``tapes`` (not saved) holds the final tapes by tape id when
+    the report was made in this process.
+    """
+
+    name: str = "eval"
+    k: int = 1
+    scorers: list[str] = Field(default_factory=list)
+    samples: list[SampleResult] = Field(default_factory=list)
+    seed: int = 0
+    n_bootstrap: int = 1000
+    confidence: float = 0.95
+    _tapes: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    # ------------------------------------------------------------------ grouping
+
+    @property
+    def tapes(self) -> dict[str, Any]:
+        """The final tapes by tape id (empty for a report loaded from JSON)."""
+        return self._tapes
+
+    @property
+    def task_ids(self) -> list[str]:
+        """Task ids in the order their first attempt appears."""
+        return list(dict.fromkeys(s.task_id for s in self.samples))
+
+    @property
+    def categories(self) -> list[str]:
+        """The tasks' categories, sorted ("" is the category of uncategorised tasks)."""
+        return sorted({s.category for s in self.samples})
+
+    def by_task(self) -> dict[str, list[SampleResult]]:
+        """Attempts grouped by task id, each group ordered by sample index."""
+        groups: dict[str, list[SampleResult]] = {}
+        for s in self.samples:
+            groups.setdefault(s.task_id, []).append(s)
+        return {t: sorted(g, key=lambda s: s.sample) for t, g in groups.items()}
+
+    def for_category(self, category: str) -> EvalReport:
+        """The same report restricted to the tasks of ``category``."""
+        if category not in self.categories:
+            raise KeyError(f"no tasks of category {category!r}; categories: {self.categories}")
+        sub = self.model_copy(update={"samples": [s for s in self.samples if s.category == category]})
+        sub._tapes = self._tapes
+        return sub
+
+    def by_category(self) -> dict[str, EvalReport]:
+        """One sub-report per category."""
+        return {c: self.for_category(c) for c in self.categories}
+
+    # ------------------------------------------------------------------ metrics
+
+    def _scorer(self, scorer: str | None) -> str:
+        if scorer is None:
+            if not self.scorers:
+                raise ValueError("the report has no scorers")
+            return self.scorers[0]
+        if scorer not in self.scorers:
+            raise KeyError(f"no scorer {scorer!r} in the report; scorers: {self.scorers}")
+        return scorer
+
+    def _per_task(self, fn: Callable[[list[SampleResult]], float]) -> list[float]:
+        return [fn(group) for group in self.by_task().values()]
+
+    def _estimate(self, values: list[float]) -> Estimate:
+        return _bootstrap(values, self.n_bootstrap, self.confidence, self.seed)
+
+    def _counts(self, group: list[SampleResult], scorer: str) -> tuple[int, int]:
+        return len(group), sum(s.scores[scorer].passed for s in group if scorer in s.scores)
+
+    def pass_at(self, k: int = 1, scorer: str | None = None) -> Estimate:
+        """Mean over tasks of unbiased pass@k (at least one of k attempts passes), with its CI."""
+        name = self._scorer(scorer)
+        return self._estimate(self._per_task(lambda g: pass_at_k(*self._counts(g, name), k)))
+
+    def pass_hat(self, k: int | None = None, scorer: str | None = None) -> Estimate:
+        """Mean over tasks of unbiased pass^k (all k attempts pass; default k: the report's),
+        with its CI."""
+        name = self._scorer(scorer)
+        kk = self.k if k is None else k
+        return self._estimate(self._per_task(lambda g: pass_hat_k(*self._counts(g, name), kk)))
+
+    def pass_at_1(self, scorer: str | None = None) -> Estimate:
+        """Share of attempts that pass, averaged per task, with its CI."""
+        return self.pass_at(1, scorer)
+
+    def pass_at_k(self, scorer: str | None = None) -> Estimate:
+        """pass@k for the report's own k."""
+        return self.pass_at(self.k, scorer)
+
+    def pass_hat_k(self, scorer: str | None = None) -> Estimate:
+        """pass^k for the report's own k."""
+        return self.pass_hat(self.k, scorer)
+
+    def mean_score(self, scorer: str | None = None) -> Estimate:
+        """Mean score value (per task, then over tasks), with its CI."""
+        name = self._scorer(scorer)
+
+        def mean(group: list[SampleResult]) -> float:
+            values = [s.scores[name].value for s in group if name in s.scores]
+            return sum(values) / len(values) if values else 0.0
+
+        return self._estimate(self._per_task(mean))
+
+    @property
+    def n_tasks(self) -> int:
+        """How many tasks were evaluated."""
+        return len(self.task_ids)
+
+    @property
+    def n_errors(self) -> int:
+        """Attempts whose run failed (a tape with ``metadata.error``)."""
+        return sum(s.error is not None for s in self.samples)
+
+    @property
+    def tokens_per_attempt(self) -> float:
+        """Mean prompt plus output tokens of one attempt."""
+        return sum(s.tokens for s in self.samples) / max(len(self.samples), 1)
+
+    @property
+    def cost_per_attempt(self) -> float:
+        """Mean cost of one attempt."""
+        return sum(s.cost for s in self.samples) / max(len(self.samples), 1)
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens of every attempt together."""
+        return sum(s.tokens for s in self.samples)
+
+    @property
+    def total_cost(self) -> float:
+        """Cost of every attempt together."""
+        return sum(s.cost for s in self.samples)
+
+    def summary(self, scorer: str | None = None) -> dict[str, Any]:
+        """The headline figures for one scorer as plain data (what a table row shows)."""
+        name = self._scorer(scorer)
+        return {
+            "scorer": name,
+            "tasks": self.n_tasks,
+            "attempts": len(self.samples),
+            "k": self.k,
+            "pass@1": self.pass_at_1(name).model_dump(),
+            f"pass@{self.k}": self.pass_at_k(name).model_dump(),
+            f"pass^{self.k}": self.pass_hat_k(name).model_dump(),
+            "mean_score": self.mean_score(name).model_dump(),
+            "run_errors": self.n_errors,
+            "scorer_errors": sum(name in s.scorer_errors for s in self.samples),
+            "tokens_per_attempt": self.tokens_per_attempt,
+            "cost_per_attempt": self.cost_per_attempt,
+            "total_tokens": self.total_tokens,
+            "total_cost": self.total_cost,
+        }
+
+    def failures(self, scorer: str | None = None) -> list[SampleResult]:
+        """The attempts that did not pass ``scorer`` (what a reflection step reads first)."""
+        name = self._scorer(scorer)
+        return [s for s in self.samples if name in s.scores and not s.scores[name].passed]
+
+    # ------------------------------------------------------------------ output
+
+    def table(self, title: str | None = None) -> Any:
+        """A ``rich.table.Table``: one row per scorer for all tasks, then per category."""
+        from rich.table import Table
+
+        k = self.k
+        table = Table(title=title or f"eval {self.name}: {self.n_tasks} tasks x {k} attempts")
+        for col in ("scorer", "category", "tasks", "pass@1", f"pass@{k}", f"pass^{k}", "mean score"):
+            table.add_column(col, justify="left" if col in ("scorer", "category") else "right")
+        table.add_column("tokens/attempt", justify="right")
+        table.add_column("cost/attempt", justify="right")
+        table.add_column("errors", justify="right")
+        groups: list[tuple[str, EvalReport]] = [("all", self)]
+        if self.categories != [""]:
+            groups += [(c or "(none)", r) for c, r in self.by_category().items()]
+        for name in self.scorers:
+            for label, report in groups:
+                table.add_row(
+                    name,
+                    label,
+                    str(report.n_tasks),
+                    str(report.pass_at_1(name)),
+                    str(report.pass_at_k(name)),
+                    str(report.pass_hat_k(name)),
+                    str(report.mean_score(name)),
+                    f"{report.tokens_per_attempt:,.0f}",
+                    f"{report.cost_per_attempt:.6f}",
+                    str(report.n_errors),
+                )
+        return table
+
+    def to_text(self, width: int = 160) -> str:
+        """The table as plain text (no colours), e.g. for logs and tests."""
+        import io
+
+        from rich.console import Console
+
+        console = Console(width=width, record=True, color_system=None, file=io.StringIO())
+        console.print(self.table())
+        return console.export_text()
+
+    def print(self) -> None:
+        """Print the table to the terminal."""
+        from rich.console import Console
+
+        Console().print(self.table())
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """Everything but the tapes as JSON, with each scorer's summary under ``summary``."""
+        data = self.model_dump(mode="json")
+        data["summary"] = {name: self.summary(name) for name in self.scorers}
+        return json.dumps(data, indent=indent)
+
+    def save(self, path: str | Path) -> Path:
+        """Write :meth:`to_json` to ``path``; returns the path."""
+        out = Path(path)
+        out.write_text(self.to_json(), encoding="utf-8")
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> EvalReport:
+        """A report saved by :meth:`save` (the summary is recomputed, not read)."""
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data.pop("summary", None)
+        return cls.model_validate(data)
