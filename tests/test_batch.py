@@ -312,6 +312,26 @@ def test_one_failing_tape_never_stops_the_others() -> None:
     assert [content(r.tape) for r in results if r.ok] == [content(t) for t in reference]
 
 
+def test_a_tape_with_text_the_store_refuses_fails_alone_and_every_other_tape_is_stored(
+    store: SQLiteStore,
+) -> None:
+    def half_emoji(prompt: Prompt) -> str:  # the model answers task w2 with a lone surrogate
+        text = answer(prompt)
+        return text + " \ud83d" if " w2 " in prompt.messages[-1]["content"] else text
+
+    tapes = make_tapes(6)
+    results = batch(make_agent(FunctionLLM(fn=half_emoji)), BEnv(), tapes, store=store, name="s")
+    errors = {r.index: r.error for r in results if r.error}
+    assert set(errors) == {2} and "lone surrogate" in (errors[2] or "")
+    _, done, failed = batch_tags("s")
+    assert set(store.list_tapes(tag=done)) == {batch_tape_id("s", f"task-{i}") for i in range(6)}
+    assert store.list_tapes(tag=failed) == [batch_tape_id("s", "task-2")]
+    assert "lone surrogate" in (store.get_tape(batch_tape_id("s", "task-2")).metadata.error or "")
+    reference = sequential([t for i, t in enumerate(tapes) if i != 2])
+    stored = [store.get_tape(batch_tape_id("s", f"task-{i}")) for i in (0, 1, 3, 4, 5)]
+    assert [content(t) for t in stored] == [content(t) for t in reference]
+
+
 def test_bad_arguments_fail_at_the_call() -> None:
     agent, env = factory()
     tapes = make_tapes(2)

@@ -559,3 +559,105 @@ def test_a_killed_writer_process_loses_nothing_flushed(store_url: str) -> None:
         loaded = store.get_tape("session")
         assert [s.content for s in loaded.steps] == [str(i) for i in range(30)]  # type: ignore[attr-defined]
         assert store.get_tape_info("session").n_steps == 30
+
+
+# ---------------------------------------------------------------------------- text the databases refuse
+
+
+def test_a_lone_surrogate_is_refused_at_save_naming_the_tape_step_and_field(store: TapeStore) -> None:
+    bad = Tape(steps=[UserStep(content="fine"), UserStep(content="half an emoji \ud83d")])
+    bad = bad.with_metadata(id="bad")
+    message = r"tape 'bad': step 1 \(user, id \w+\).* field content .*lone surrogate"
+    with pytest.raises(ValueError, match=message):
+        store.save_tape(bad)
+    good = Tape(steps=[UserStep(content="whole emoji \U0001f600")]).with_metadata(id="good")
+    store.save_tape(good)
+    with pytest.raises(ValueError, match=r"tape 'x': its metadata.error .*lone surrogate"):
+        store.save_tape(Tape().with_metadata(id="x", error="\udcff"))
+    with pytest.raises(ValueError, match=r"tag '\\udcff'"):
+        store.save_tape(good, tags=["\udcff"])
+    with pytest.raises(ValueError, match="NUL"):
+        store.save_tape(Tape().with_metadata(id="y", author="a\x00b"))
+    surrogate_call = call("p-bad")
+    surrogate_call.output.content = "\ud800"
+    with pytest.raises(ValueError, match=r"LLM call 'p-bad': its output .*field content"):
+        store.save_llm_call(surrogate_call)
+    store.save_llm_call(call("p-good"))
+    # nothing bad reached the writer: the store keeps working and holds every good row
+    assert store.list_tapes() == ["good"] and store.get_tape("good") == good
+    assert store.list_llm_calls() == ["p-good"]
+    # a NUL inside a step's text is JSON-escaped, and round-trips
+    nul = Tape(steps=[UserStep(content="a\x00b")])
+    store.save_tape(nul)
+    assert store.get_tape(nul.metadata.id) == nul
+
+
+def _refuse_tape_id(store_url: str, tape_id: str) -> None:
+    """Make the database itself refuse to store tape ``tape_id`` (a trigger), as a row that
+    passed every check but fails on commit."""
+    if store_url.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(store_url, autocommit=True) as db:
+            db.execute(
+                "CREATE FUNCTION refuse() RETURNS trigger AS $$ BEGIN IF NEW.id = '"
+                + tape_id
+                + "' THEN RAISE EXCEPTION 'refused by a trigger'; END IF; RETURN NEW; END $$ LANGUAGE plpgsql"
+            )
+            db.execute("CREATE TRIGGER refuse BEFORE INSERT ON tapes FOR EACH ROW EXECUTE FUNCTION refuse()")
+        return
+    import sqlite3
+
+    db = sqlite3.connect(store_url)
+    db.execute(
+        f"CREATE TRIGGER refuse BEFORE INSERT ON tapes WHEN NEW.id = '{tape_id}' "
+        "BEGIN SELECT RAISE(ABORT, 'refused by a trigger'); END"
+    )
+    db.commit()
+    db.close()
+
+
+def test_one_row_the_database_refuses_loses_no_other_row_nor_the_writer(store_url: str) -> None:
+    from tapekit.store import StoreWriteError
+
+    with open_store(store_url, flush_interval_s=5.0) as store:  # all three saves in one commit
+        store.save_tape(Tape())  # the tables exist before the trigger is made
+        store.flush()
+        _refuse_tape_id(store_url, "poison")
+        before = Tape(steps=[UserStep(content="before")]).with_metadata(id="before")
+        after = Tape(steps=[UserStep(content="after")]).with_metadata(id="after")
+        store.save_tape(before)
+        store.save_tape(Tape(steps=[UserStep(content="p")]).with_metadata(id="poison"))
+        store.save_tape(after)
+        store.save_llm_call(call("p1"))
+        with pytest.raises(StoreWriteError, match=r"1 queued write.*tape 'poison'.*refused by a trigger"):
+            store.flush()
+        store.flush()  # reported once; the writer goes on
+        assert store.get_tape("before") == before and store.get_tape("after") == after
+        assert store.list_llm_calls() == ["p1"] and "poison" not in store.list_tapes()
+        later = Tape(steps=[UserStep(content="later")])
+        store.save_tape(later)
+        assert store.get_tape(later.metadata.id) == later
+
+
+def test_a_bad_jsonl_line_names_the_file_and_line_and_the_import_stores_nothing(
+    store: TapeStore, tmp_path: Path
+) -> None:
+    with SQLiteStore(tmp_path / "src.db") as src:
+        fill(src)
+        src.export_jsonl(tmp_path / "a.jsonl")
+    good = (tmp_path / "a.jsonl").read_bytes().splitlines(keepends=True)
+    cases = {
+        b'{"type": "tape", "info": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n": "nested too deeply",
+        b'{"type": "tape", "caf\xe9": 1}\n': r"not valid UTF-8 \(byte 0xe9 at column 22\)",
+        b'{"type": "llm_call", "call": ' + b"9" * 5000 + b"}\n": "not valid JSON",
+        b'{"type": "tape", "info": {"id": "x\\udcff", "n_steps": 0}, "steps": []}\n': "lone surrogate",
+    }
+    for bad, message in cases.items():
+        path = tmp_path / "bad.jsonl"
+        path.write_bytes(b"".join([*good[:3], bad, *good[3:]]))  # after a tape and a call
+        with pytest.raises(ValueError, match=rf"bad.jsonl, line 4: .*{message}"):
+            store.import_jsonl(path)
+        assert store.count_tapes() == 0 and store.list_llm_calls() == []  # nothing stored
+    store.import_jsonl(tmp_path / "a.jsonl")  # the store is fine
+    assert store.count_tapes() == 2 and len(store.list_llm_calls()) == 3

@@ -7,13 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tapekit.store.base import TapeFilter, TapeInfo, TapeNotFoundError, TapeStore, Totals
+from tapekit.store.base import StoreWriteError, TapeFilter, TapeInfo, TapeNotFoundError, TapeStore, Totals
 from tapekit.store.postgres import PostgresStore
 from tapekit.store.sqlite import SQLiteStore
 
 __all__ = [
     "PostgresStore",
     "SQLiteStore",
+    "StoreWriteError",
     "TapeFilter",
     "TapeInfo",
     "TapeNotFoundError",

@@ -22,7 +22,6 @@ from tapekit.store.base import (
     TapeWrite,
     Totals,
     Write,
-    context_json,
 )
 
 # DOUBLE PRECISION is REAL in SQLite; the first three tables are the original SQLite schema
@@ -160,8 +159,8 @@ def _tape_row(w: TapeWrite, created: float) -> tuple[Any, ...]:
         meta.author_tape_id,
         meta.n_added_steps,
         meta.error,
-        json.dumps(meta.result, default=str),
-        context_json(w.context),
+        w.result_text,
+        w.context_text,
         w.n_steps,
         created,
         w.updated,
@@ -206,8 +205,8 @@ class SQLTapeStore(TapeStore):
                     (
                         c.prompt.id,
                         c.model,
-                        c.prompt.model_dump_json(),
-                        c.output.model_dump_json(),
+                        w.prompt_text,
+                        w.output_text,
                         c.prompt_tokens,
                         c.output_tokens,
                         c.cost,
@@ -218,11 +217,9 @@ class SQLTapeStore(TapeStore):
             elif isinstance(w, TagWrite):
                 tag(REMOVE_TAG if w.remove else ADD_TAG, [(w.tape_id, t) for t in w.tags])
             elif isinstance(w, TapeWrite):
-                for i, step in enumerate(w.steps, w.start):
+                for i, (step, data) in enumerate(zip(w.steps, w.data, strict=True), w.start):
                     m = step.metadata
-                    steps.append(
-                        (w.tape_id, i, m.id, step.kind, m.agent, m.node, m.prompt_id, step.model_dump_json())
-                    )
+                    steps.append((w.tape_id, i, m.id, step.kind, m.agent, m.node, m.prompt_id, data))
                 if w.exact_created:
                     imports[w.tape_id] = w
                 else:

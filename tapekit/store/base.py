@@ -22,15 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from tapekit.core import Step, Tape, TapeMetadata
 from tapekit.llm.base import LLMCall
+from tapekit.store import _jsonl
+from tapekit.store._text import check_text, model_json
 
-__all__ = ["TapeFilter", "TapeInfo", "TapeNotFoundError", "TapeStore", "Totals"]
-
-JSONL_FORMAT = "tapekit-store"
-JSONL_VERSION = 1
+__all__ = ["StoreWriteError", "TapeFilter", "TapeInfo", "TapeNotFoundError", "TapeStore", "Totals"]
 
 
 class Totals(dict[str, dict[str, float]]):
@@ -48,6 +47,11 @@ class TapeNotFoundError(KeyError):
 
     def __str__(self) -> str:
         return f"no tape {self.tape_id!r} in {self.where}"
+
+
+class StoreWriteError(RuntimeError):
+    """Queued writes the database refused (each named); the store's other writes were committed
+    and the store keeps working. Raised once, by the next ``flush`` or read."""
 
 
 class TapeInfo(BaseModel):
@@ -117,13 +121,19 @@ class TapeWrite:
     created: float
     updated: float
     exact_created: bool = False  # imports keep their creation time even if the tape exists
+    # serialised on the caller's thread (see _text.py): the writer only writes
+    data: list[str] = field(default_factory=list)  # the JSON of each of ``steps``
+    context_text: str = "null"
+    result_text: str = "null"
 
 
 @dataclass(slots=True)
 class CallWrite:
-    """A completed LLM call to upsert by prompt id."""
+    """A completed LLM call to upsert by prompt id (``prompt_text``/``output_text``: their JSON)."""
 
     call: LLMCall
+    prompt_text: str = ""
+    output_text: str = ""
 
 
 @dataclass(slots=True)
@@ -149,6 +159,7 @@ _STOP = object()
 def _check_id(tape_id: object, what: str = "tape_id") -> str:
     if not isinstance(tape_id, str) or not tape_id:
         raise TypeError(f"{what} must be a non-empty string, not {tape_id!r}")
+    check_text(tape_id, f"the {what.replace('_', ' ')} {tape_id!r}")
     return tape_id
 
 
@@ -163,6 +174,62 @@ def _check_tags(tags: object) -> tuple[str, ...]:
         if not isinstance(tag, str) or not tag:
             raise TypeError(f"every tag must be a non-empty string, not {tag!r}")
     return tuple(dict.fromkeys(out))
+
+
+@dataclass(slots=True)
+class WriteGroup:
+    """Writes committed together or not at all (an import)."""
+
+    writes: list[Write]
+
+
+def _flat(items: list[Write | WriteGroup]) -> list[Write]:
+    return [w for item in items for w in (item.writes if isinstance(item, WriteGroup) else [item])]
+
+
+def call_write(call: LLMCall) -> CallWrite:
+    """The write of ``call``, serialised and checked here (a ``ValueError`` names what the
+    database could not store)."""
+    what = f"the LLM call {call.prompt.id!r}"
+    check_text(call.prompt.id, f"{what}: its prompt id")
+    check_text(call.model, f"{what}: its model name")
+    prompt = model_json(call.prompt, f"{what}: its prompt")
+    return CallWrite(call, prompt, model_json(call.output, f"{what}: its output"))
+
+
+def _describe(w: Write | WriteGroup) -> str:
+    """A queued write, for error messages."""
+    if isinstance(w, TapeWrite):
+        return f"tape {w.tape_id!r} (steps {w.start} to {w.n_steps - 1} and metadata)"
+    if isinstance(w, CallWrite):
+        return f"LLM call {w.call.prompt.id!r}"
+    if isinstance(w, WriteGroup):
+        return f"an import of {len(w.writes)} rows (none of them stored)"
+    return f"tags of tape {w.tape_id!r}"
+
+
+def serialised(w: TapeWrite) -> TapeWrite:
+    """``w`` with its steps, context and result serialised, every text column checked: a value the
+    database cannot store is refused here, on the caller's thread, naming the tape, step and field."""
+    where = f"tape {w.tape_id!r}"
+    _check_id(w.tape_id)
+    for name in ("parent_id", "author", "author_tape_id", "error"):
+        check_text(getattr(w.meta, name), f"{where}: its metadata.{name}")
+    for tag in w.tags:
+        check_text(tag, f"{where}: its tag {tag!r}")
+    data = []
+    for i, step in enumerate(w.steps, w.start):
+        m = step.metadata
+        for name in ("id", "agent", "node", "prompt_id"):
+            check_text(getattr(m, name), f"{where}: step {i} ({step.kind}): its metadata.{name}")
+        data.append(model_json(step, f"{where}: step {i} ({step.kind}, id {m.id})"))
+    try:
+        w.context_text = context_json(w.context)
+        w.result_text = json.dumps(w.meta.result, default=str)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: its context or result cannot be stored as JSON: {e}") from e
+    w.data = data
+    return w
 
 
 def _load_steps(texts: list[str]) -> list[Any]:
@@ -196,6 +263,7 @@ class TapeStore(ABC):
         self.flush_interval_s = float(flush_interval_s)
         self._queue: queue.Queue[Any] = queue.Queue()
         self._error: BaseException | None = None
+        self._failed_writes: list[str] = []  # rows the writer could not commit, not yet reported
         self._known_lengths: dict[str, int] = {}
         self._closed = False
         self._writer: threading.Thread | None = None
@@ -295,19 +363,18 @@ class TapeStore(ABC):
                 "(save a different tape under its own id)"
             )
         now = time.time()
-        self._put(
-            TapeWrite(
-                tape_id,
-                tape.metadata,
-                tape.context,
-                list(tape.steps[start:]),
-                start,
-                len(tape),
-                checked_tags,
-                now,
-                now,
-            )
+        write = TapeWrite(
+            tape_id,
+            tape.metadata,
+            tape.context,
+            list(tape.steps[start:]),
+            start,
+            len(tape),
+            checked_tags,
+            now,
+            now,
         )
+        self._put(serialised(write))
         self._known_lengths[tape_id] = len(tape)
         return tape_id
 
@@ -315,7 +382,7 @@ class TapeStore(ABC):
         """Queue a completed LLM call for writing, keyed by its prompt id."""
         if not isinstance(call, LLMCall):
             raise TypeError(f"save_llm_call needs an LLMCall, not {type(call).__name__}")
-        self._put(CallWrite(call))
+        self._put(call_write(call))
 
     def add_tags(self, tape_id: str, tags: Iterable[str]) -> None:
         """Add ``tags`` to the stored tape ``tape_id`` (tags it has already are kept once)."""
@@ -346,6 +413,12 @@ class TapeStore(ABC):
     def _raise_writer_error(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"the store's writer failed: {self._error!r}") from self._error
+        if self._failed_writes:  # reported once; the writer goes on
+            failed, self._failed_writes = self._failed_writes, []
+            raise StoreWriteError(
+                f"{len(failed)} queued write(s) to {self.location} failed and were not stored "
+                "(the other writes were): " + "; ".join(failed)
+            )
 
     def flush(self) -> None:
         """Wait until everything queued so far is committed."""
@@ -396,7 +469,7 @@ class TapeStore(ABC):
                     batch.append(item)
                 writes = [b for b in batch if b is not _STOP and not isinstance(b, _Flush)]
                 if writes:
-                    self._commit(conn, writes)
+                    self._commit_or_isolate(conn, writes)
                 for b in batch:
                     if isinstance(b, _Flush):
                         b.done.set()
@@ -407,6 +480,23 @@ class TapeStore(ABC):
             self._error = e
         finally:
             self._writer_close(conn)
+
+    def _commit_or_isolate(self, conn: Any, items: list[Write | WriteGroup]) -> None:
+        """Commit ``items`` in one transaction; if that fails, commit them one by one (a group
+        as a whole), so that one bad row never loses the others nor stops the writer: only the
+        items that fail on their own are lost, and the next ``flush`` (or read) reports them."""
+        try:
+            self._commit(conn, _flat(items))
+            return
+        except Exception as e:
+            if len(items) == 1:
+                self._failed_writes.append(f"{_describe(items[0])}: {type(e).__name__}: {e}")
+                return
+        for item in items:
+            try:
+                self._commit(conn, _flat([item]))
+            except Exception as e:
+                self._failed_writes.append(f"{_describe(item)}: {type(e).__name__}: {e}")
 
     # ------------------------------------------------------------------ reading tapes
 
@@ -622,95 +712,14 @@ class TapeStore(ABC):
         """Write tapes (all, or ``tape_ids``) with their metadata and tags, and with
         ``llm_calls`` the LLM calls behind their steps (all stored calls when exporting all
         tapes), to ``path``: one JSON object per line. Returns how many tapes were written."""
-        self.flush()
-        if tape_ids is None:
-            ids = self._select_ids(TapeFilter(), None, 0)
-            ids.reverse()  # oldest first: parents before their children
-        else:
-            if isinstance(tape_ids, str):
-                raise TypeError("tape_ids must be a list of ids, not a string")
-            ids = [_check_id(t) for t in tape_ids]
-        prompt_ids: dict[str, None] = {}
-        with open(path, "w", encoding="utf-8") as out:
-            out.write(json.dumps({"format": JSONL_FORMAT, "version": JSONL_VERSION}) + "\n")
-            for tape_id in ids:
-                infos = self._select_infos(TapeFilter(), None, 0, ids=[tape_id])
-                if not infos:
-                    raise TapeNotFoundError(tape_id, self.location)
-                info = infos[0]
-                context = self._select_context(tape_id) or "null"
-                steps = ",".join(self._select_steps(tape_id, 0, info.n_steps))
-                out.write(
-                    f'{{"type":"tape","info":{info.model_dump_json()},"context":{context},"steps":[{steps}]}}\n'
-                )
-                if llm_calls and tape_ids is not None:
-                    prompt_ids.update(dict.fromkeys(self._select_prompt_ids(tape_id)))
-            if llm_calls:
-                calls = self._select_llm_calls(None if tape_ids is None else list(prompt_ids))
-                for call in calls:
-                    out.write(f'{{"type":"llm_call","call":{call.model_dump_json()}}}\n')
-        return len(ids)
+        return _jsonl.export_jsonl(self, path, tape_ids, llm_calls)
 
     def import_jsonl(self, path: str | Path) -> list[str]:
         """Store the tapes and LLM calls of a file written by :meth:`export_jsonl`, with their
         ids, metadata, tags and creation times; importing the same file again changes nothing.
-        Returns the ids of the tapes in the file."""
-        imported: list[str] = []
-        with open(path, encoding="utf-8") as lines:
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                try:
-                    item = json.loads(line)
-                    if number == 1:
-                        if item.get("format") != JSONL_FORMAT:
-                            raise ValueError(f"not a tapekit store export (first line {line.strip()[:80]!r})")
-                        if item.get("version") != JSONL_VERSION:
-                            raise ValueError(f"export version {item.get('version')!r} is not supported")
-                        continue
-                    kind = item.get("type")
-                    if kind == "tape":
-                        imported.append(self._import_tape(item))
-                    elif kind == "llm_call":
-                        self.save_llm_call(LLMCall.model_validate(item["call"]))
-                    else:
-                        raise ValueError(f"unknown line type {kind!r}")
-                except (ValueError, KeyError, TypeError, AttributeError, ValidationError) as e:
-                    raise ValueError(f"{path}, line {number}: {e}") from e
-        self.flush()
-        return imported
+        Returns the ids of the tapes in the file.
 
-    def _import_tape(self, item: dict[str, Any]) -> str:
-        info = TapeInfo.model_validate(item["info"])
-        steps = list(Tape.model_validate({"steps": item["steps"]}).steps)
-        if len(steps) != info.n_steps:
-            raise ValueError(f"tape {info.id} says n_steps={info.n_steps} but has {len(steps)} steps")
-        start = self._known_lengths.get(info.id)
-        if start is None:  # as in save_tape: not written by this store, so committed is all there is
-            start = self._stored_length(info.id) or 0
-        if start > len(steps):
-            raise ValueError(f"tape {info.id} has {start} stored steps; the file has only {len(steps)}")
-        meta = TapeMetadata(
-            id=info.id,
-            parent_id=info.parent_id,
-            author=info.author,
-            author_tape_id=info.author_tape_id,
-            n_added_steps=info.n_added_steps,
-            error=info.error,
-            result=info.result,
-        )
-        write = TapeWrite(
-            info.id,
-            meta,
-            item.get("context"),
-            steps[start:],
-            start,
-            len(steps),
-            _check_tags(info.tags),
-            info.created,
-            info.updated,
-            exact_created=True,
-        )
-        self._put(write)
-        self._known_lengths[info.id] = len(steps)
-        return info.id
+        The whole file is read and checked first and then committed in one transaction: a file
+        with a bad line (not UTF-8, not JSON, not a valid tape) stores nothing, and the
+        ``ValueError`` names the file and line."""
+        return _jsonl.import_jsonl(self, path)
