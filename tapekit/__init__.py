@@ -70,6 +70,8 @@ from tapekit.store import TapeInfo, TapeNotFoundError, TapeStore, open_store
 from tapekit.structured import LLMOutputParsingFailure, StructuredNode, parse_steps, steps_schema
 from tapekit.views import TapeView, TapeViewStack, cached_fold
 
+import tapekit.migrate.steps  # noqa: E402, F401  (registers the generic step kinds of imported tapes)
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -1,0 +1,287 @@
+"""Migration from the reference TapeAgents package: every file in ../shared/reference-data
+(written by tapeagents 0.1.16) is imported into a real SQLite store, and the result is checked
+against the counts, ids and links that the data's README lists."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tapekit import Tape, ToolCall, ToolResult
+from tapekit.migrate import (
+    GenericAction,
+    GenericObservation,
+    GenericThought,
+    ReferenceFormatError,
+    import_reference,
+    read_training_texts,
+    reference_tape,
+    to_reference_tape,
+)
+from tapekit.store import SQLiteStore
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parents[2] / "shared" / "reference-data"
+if not (DATA / "README.md").is_file():
+    pytest.skip(f"the reference data is not at {DATA} (../shared/reference-data)", allow_module_level=True)
+
+TAPE_FILES = sorted((DATA / "tapes").glob("*.json"))
+# the README's "Step kinds" table: tape id, number of top-level steps, counts by kind
+EXPECTED = {
+    "01_analyst_dialog_turn1": ("eeba76a7-5c23-4bd3-b1be-1863177bba3e", 19),
+    "02_simulated_investor_own_tape": ("cb556dd2-f81a-4b66-b203-8be2e608db0c", 1),
+    "03_analyst_dialog_continued_by_investor": ("0199503e-1683-47c8-afbc-3b0d8ceff452", 20),
+    "04_analyst_dialog_turn2": ("81bea31f-3b1d-4df8-8147-fe50f2744e4b", 30),
+    "05_calc_agent_custom_steps": ("350960f9-ddd6-448f-b0b5-a5b047761442", 14),
+    "06_calc_agent_reused": ("c3739cdd-2718-4d3c-9926-619947ec7166", 14),
+    "07_team_session": ("0ca3b5c4-da80-4d90-a4a3-ace684becd5c", 10),
+    "08_quote_agent_error": ("72db9157-cfa1-4ec9-b556-28f7589cdb15", 3),
+}
+TOTALS = {
+    "set_next_node": 32,
+    "assistant": 19,
+    "tool": 15,
+    "user": 9,
+    "call": 6,
+    "respond": 6,
+    "assistant_thought": 4,
+    "compute_action": 4,
+    "compute_result": 4,
+    "answer_action": 2,
+    "broadcast": 2,
+    "llm_output_parsing_failure_action": 2,
+    "plan_thought": 2,
+    "task": 2,
+    "final_step": 1,
+    "make_observation": 1,
+}
+CUSTOM = {
+    "compute_action",
+    "compute_result",
+    "answer_action",
+    "broadcast",
+    "llm_output_parsing_failure_action",
+    "plan_thought",
+    "task",
+    "final_step",
+    "make_observation",
+}
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    with SQLiteStore(tmp_path_factory.mktemp("migrate") / "imported.db") as store:
+        report = import_reference([DATA], store)
+        yield store, report
+
+
+def test_every_file_is_read(imported: Any) -> None:
+    _, report = imported
+    assert len(TAPE_FILES) == 8
+    read = {Path(p).name: what for p, what in report.files.items()}
+    assert set(read) == {
+        *(f.name for f in TAPE_FILES),
+        "tapes.yaml",
+        "tapedata.sqlite",
+        "training_texts.json",
+    }
+    assert read["tapes.yaml"] == "8 tapes"
+    assert read["tapedata.sqlite"] == "8 tapes, 34 LLM calls"
+    assert read["training_texts.json"] == "5 training texts"
+    assert all(read[f.name] == "1 tapes" for f in TAPE_FILES)
+
+
+def test_counts_by_kind_match_the_readme(imported: Any) -> None:
+    store, report = imported
+    assert dict(report.step_kinds) == TOTALS
+    assert sum(report.step_kinds.values()) == 111 and len(report.step_kinds) == 16
+    assert sorted(report.tapes) == sorted(tape_id for tape_id, _ in EXPECTED.values())
+    assert store.count_tapes(tag="tapeagents") == 8
+    # per tape: the stored tape gives back exactly the file's steps (kinds, ids, fields)
+    for path in TAPE_FILES:
+        tape_id, n_steps = EXPECTED[path.stem]
+        original = json.loads(path.read_text())
+        stored = store.get_tape(tape_id)
+        back = to_reference_tape(stored)
+        assert len(back["steps"]) == n_steps
+        assert back == original, path.name
+
+
+def test_kinds_map_to_tapekit_classes(imported: Any) -> None:
+    store, _ = imported
+    tapes = [store.get_tape(tape_id) for tape_id, _ in EXPECTED.values()]
+    steps = [s for t in tapes for s in t.steps]
+    kinds = Counter(s.kind for s in steps)
+    # 14 ToolCalls steps hold 15 calls: one tapekit tool_call each; 5 text answers stay assistant
+    assert kinds["tool_call"] == 15 and kinds["assistant"] == 5
+    assert kinds["tool_result"] == 15 and kinds["user"] == 9 and kinds["assistant_thought"] == 4
+    assert kinds["set_next_node"] == 32 and kinds["call"] == 6 and kinds["respond"] == 6
+    generic = [s for s in steps if isinstance(s, GenericThought | GenericAction | GenericObservation)]
+    assert Counter(s.original_kind for s in generic) == {k: TOTALS[k] for k in CUSTOM}
+    by_kind = {s.original_kind: s for s in generic}
+    assert isinstance(by_kind["compute_action"], GenericAction)
+    assert isinstance(by_kind["compute_result"], GenericObservation)
+    assert by_kind["compute_result"].metadata.other["action_kind"] == "compute_action"
+    assert by_kind["broadcast"].fields["from_"] == "Client/Manager" or "from_" in by_kind["broadcast"].fields
+    nested = by_kind["make_observation"].fields["new_observation"]
+    assert nested["kind"] == "user" and nested["metadata"]["id"]
+    # tool results are paired with their calls by id, and name the tool
+    turn2 = store.get_tape(EXPECTED["04_analyst_dialog_turn2"][0])
+    calls = {s.call_id: s for s in turn2.steps if isinstance(s, ToolCall)}
+    results = [s for s in turn2.steps if isinstance(s, ToolResult)]
+    assert len(results) == 7 and all(r.call_id in calls and r.name == calls[r.call_id].name for r in results)
+    parallel = [s for s in turn2.steps if isinstance(s, ToolCall) and s.metadata.id.endswith("#1")]
+    assert len(parallel) == 1  # the one assistant step with two parallel calls
+
+
+def test_ids_parent_links_and_metadata_are_kept(imported: Any) -> None:
+    store, _ = imported
+    ids = {name: tape_id for name, (tape_id, _) in EXPECTED.items()}
+    t01, t03 = (
+        store.get_tape_info(ids["01_analyst_dialog_turn1"]),
+        store.get_tape_info(ids["03_analyst_dialog_continued_by_investor"]),
+    )
+    assert t03.parent_id == t01.id
+    assert t03.author == "simulated_investor" and t03.author_tape_id == ids["02_simulated_investor_own_tape"]
+    assert [a.id for a in store.ancestry(t03.id)] == [t01.id]
+    t08 = store.get_tape_info(ids["08_quote_agent_error"])
+    assert t08.parent_id == t08.id and t08.error.startswith("Agent loop exception")
+    assert store.get_tape_info(ids["05_calc_agent_custom_steps"]).result == {
+        "answer": 3.0,
+        "expected": 3,
+        "solved": True,
+    }
+    own = store.get_tape(ids["02_simulated_investor_own_tape"])
+    assert own.context["metadata"]["id"] == t01.id and len(own.context["steps"]) == 19
+    # shared prefixes keep their step ids across tapes
+    a, b = store.get_tape(t01.id), store.get_tape(ids["04_analyst_dialog_turn2"])
+    assert [s.metadata.id for s in a.steps[:19]] == [s.metadata.id for s in b.steps[:19]]
+    assert b.steps[0].metadata.prompt_id == "" and b.steps[1].metadata.prompt_id.startswith("4666db7c")
+
+
+def test_llm_calls_are_stored_under_the_step_prompt_ids(imported: Any) -> None:
+    store, report = imported
+    assert len(report.llm_calls) == 34 and len(store.list_llm_calls()) == 34
+    step_pids = set()
+    for tape_id, _ in EXPECTED.values():
+        step_pids |= {s.metadata.prompt_id for s in store.get_tape(tape_id).steps if s.metadata.prompt_id}
+    assert len(step_pids) == 33
+    linked = {pid for pid in step_pids if store.get_llm_call(pid) is not None}
+    assert len(linked) == 27  # six team-tape steps have prompt ids without a row
+    call = store.get_llm_call("fab561b6-64dd-4314-b04a-62818bd1fe19")
+    assert call.model == "gpt-4o-mini-2024-07-18" and call.prompt_tokens == 141 and call.output_tokens == 0
+    assert call.output.tool_calls[0].name == "get_stock_ticker" and call.output.content is None
+    assert len(call.prompt.tools) == 3 and call.prompt.messages[0]["role"] == "system"
+    reused = store.get_llm_call("3f01c127-ffcc-494e-a1a0-f9d1536656e8")
+    assert (
+        reused.model == "" and reused.prompt_tokens == 0 and '"kind": "plan_thought"' in reused.output.content
+    )
+    totals = store.totals("tape")
+    assert sum(t["calls"] for t in totals.values()) > 0
+    with sqlite3.connect(DATA / "tapedata.sqlite") as conn:
+        cost = conn.execute("SELECT SUM(cost) FROM LLMCalls").fetchone()[0]
+    stored_cost = sum(store.get_llm_call(pid).cost for pid in store.list_llm_calls())
+    assert stored_cost == pytest.approx(cost)
+
+
+def test_training_texts_are_parsed_and_checked() -> None:
+    texts = read_training_texts(DATA / "training_texts.json")
+    assert len(texts) == 5
+    assert all(t.output_text.endswith("<|eot_id|>") for t in texts)
+    assert '"kind": "plan_thought"' in texts[0].output_text
+    assert "<|start_header_id|>assistant<|end_header_id|>" in texts[0].prompt_text
+
+
+def test_yaml_json_and_sqlite_copies_agree(tmp_path: Path) -> None:
+    from tapekit.migrate import read_reference_file
+
+    yaml_tapes = read_reference_file(DATA / "tapes.yaml").tapes
+    sqlite_tapes = read_reference_file(DATA / "tapedata.sqlite").tapes
+    json_tapes = [read_reference_file(p).tapes[0] for p in TAPE_FILES]
+    as_data = [to_reference_tape(t) for t in json_tapes]
+    assert [to_reference_tape(t) for t in yaml_tapes] == as_data
+    by_id = {t.metadata.id: to_reference_tape(t) for t in sqlite_tapes}
+    assert [by_id[d["metadata"]["id"]] for d in as_data] == as_data
+
+
+def test_importing_again_changes_nothing_and_conflicts_are_named(tmp_path: Path) -> None:
+    with SQLiteStore(tmp_path / "again.db") as store:
+        import_reference([DATA / "tapes"], store)
+        before = {i: store.get_tape_info(i).n_steps for i in store.list_tapes()}
+        import_reference([DATA / "tapes.yaml"], store)
+        assert {i: store.get_tape_info(i).n_steps for i in store.list_tapes()} == before
+        changed = json.loads(TAPE_FILES[0].read_text())
+        changed["steps"][2]["metadata"]["id"] = "another-id"
+        bad = tmp_path / "changed.json"
+        bad.write_text(json.dumps(changed))
+        with pytest.raises(ReferenceFormatError, match=r"already stored .* with other steps"):
+            import_reference([bad], store)
+
+
+def test_bad_input_names_the_file_and_step(tmp_path: Path) -> None:
+    broken = json.loads(TAPE_FILES[4].read_text())
+    del broken["steps"][3]["kind"]
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(broken))
+    with SQLiteStore(tmp_path / "bad.db") as store:
+        with pytest.raises(
+            ReferenceFormatError, match=r"broken\.json \(tape 350960f9.*\), step 3: the step has no 'kind'"
+        ):
+            import_reference([path], store)
+        (tmp_path / "notes.json").write_text("not json")
+        with pytest.raises(ReferenceFormatError, match=r"notes\.json: not JSON"):
+            import_reference([tmp_path / "notes.json"], store)
+        with pytest.raises(ReferenceFormatError, match="no such file"):
+            import_reference([tmp_path / "missing.json"], store)
+
+
+def test_generic_steps_load_in_a_fresh_process(tmp_path: Path) -> None:
+    """Stored imported tapes load wherever tapekit is imported (the generic kinds register with
+    the package), without importing tapekit.migrate."""
+    db = tmp_path / "fresh.db"
+    with SQLiteStore(db) as fresh:
+        import_reference([TAPE_FILES[4]], fresh)
+    code = (
+        "import sys; from tapekit.store import SQLiteStore\n"
+        "s = SQLiteStore(sys.argv[1]); t = s.get_tape('350960f9-ddd6-448f-b0b5-a5b047761442')\n"
+        "print(sorted({x.kind for x in t.steps})); s.close()"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "generic_action" in out.stdout and "generic_observation" in out.stdout
+
+
+def test_the_studio_shows_the_prompt_behind_an_imported_step(imported: Any) -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    from fastapi.testclient import TestClient
+
+    from tapekit.studio import create_app
+
+    store, _ = imported
+    tape_id = EXPECTED["04_analyst_dialog_turn2"][0]
+    with TestClient(create_app(store), raise_server_exceptions=False) as client:
+        page = client.get(f"/tapes/{tape_id}/steps/3")  # the first tool call, from LLMCalls row 2
+        assert page.status_code == 200, page.text[-2000:]
+        assert "Carry out the plan step by step" in page.text  # the prompt's last message
+        assert "get_stock_ticker" in page.text and "gpt-4o-mini-2024-07-18" in page.text
+        team = client.get(f"/tapes/{EXPECTED['07_team_session'][0]}/steps/9")  # final_step: generic
+        assert team.status_code == 200 and "Termination message received" in team.text
+        calc = client.get(f"/tapes/{EXPECTED['05_calc_agent_custom_steps'][0]}/steps/3")
+        assert calc.status_code == 200 and "compute_action" in calc.text
+        assert "stand-in/llama-3-style-8b-instruct" in calc.text
+
+
+def test_reference_tape_round_trips_unknown_kinds_exactly() -> None:
+    data = json.loads(TAPE_FILES[6].read_text())  # the team tape: broadcast, final_step, copy_output
+    tape = reference_tape(data)
+    assert isinstance(tape, Tape)
+    again = Tape.model_validate_json(tape.model_dump_json())
+    assert to_reference_tape(again) == data
