@@ -82,12 +82,7 @@ def parse_steps(text: str, step_classes: Sequence[type[Step]]) -> list[Step]:
     """The steps in ``text`` (a ``{"steps": [...]}`` JSON object), validated against
     ``step_classes``; :class:`StepParsingError` says what is wrong."""
     by_kind = {cls.model_fields["kind"].default: cls for cls in step_classes}
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        cut = e.pos >= len(text.rstrip()) - 1 or "Unterminated" in e.msg
-        hint = " (it looks cut off: raise the LLM's max_tokens or lower max_steps)" if cut else ""
-        raise StepParsingError(f"the output is not JSON{hint}: {e}") from e
+    data = _load_json(text)
     if not isinstance(data, dict) or not isinstance(data.get("steps"), list) or not data["steps"]:
         raise StepParsingError('expected a JSON object {"steps": [...]} with at least one step')
     steps: list[Step] = []
@@ -104,7 +99,29 @@ def parse_steps(text: str, step_classes: Sequence[type[Step]]) -> list[Step]:
         except ValidationError as e:
             problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
             raise StepParsingError(f"step {i} ({cls.__name__}) is invalid: {problems}") from e
+        except RecursionError:
+            raise StepParsingError(f"step {i} ({cls.__name__}) is nested too deeply to validate") from None
+        except Exception as e:  # a validator of the step class that fails in another way
+            raise StepParsingError(f"step {i} ({cls.__name__}) is invalid: {type(e).__name__}: {e}") from e
     return steps
+
+
+def _load_json(text: str) -> Any:
+    """``json.loads(text)``, every failure a :class:`StepParsingError` that says why."""
+    if not isinstance(text, str):
+        raise StepParsingError(f"the output must be text, not {type(text).__name__}")
+    if not text.strip():
+        raise StepParsingError("the output is empty")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        cut = e.pos >= len(text.rstrip()) - 1 or "Unterminated" in e.msg
+        hint = " (it looks cut off: raise the LLM's max_tokens or lower max_steps)" if cut else ""
+        raise StepParsingError(f"the output is not JSON{hint}: {e}") from e
+    except RecursionError:
+        raise StepParsingError("the output is JSON nested too deeply to read") from None
+    except ValueError as e:  # e.g. an integer with more digits than int() accepts
+        raise StepParsingError(f"the output is not JSON that can be read: {e}") from e
 
 
 def steps_or_failure(text: str, step_classes: Sequence[type[Step]]) -> list[Step]:
@@ -130,19 +147,36 @@ class StructuredNode(Node):
     instruction: str = "Answer with the next steps as JSON."
     max_retries: int = 1
 
-    def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
-        """System message, the view as messages, the instruction; the steps' schema."""
+    def _prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
         messages: list[dict[str, Any]] = [{"role": "system", "content": self.system}] if self.system else []
         messages += view_to_messages(agent.compute_view(tape).top.steps, agent.full_name)
         messages.append({"role": "user", "content": self.instruction})
         return Prompt(messages=messages, response_schema=steps_schema(self.step_classes, self.max_steps))
 
+    def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
+        """System message, the view as messages, the instruction; the steps' schema.
+
+        Raises :class:`StepParsingError` instead when the previous runs of this node all made
+        parsing failures and no retries are left, and no other node would run next: the agent
+        then fails with that error (the failures, with the raw outputs, stay on the tape)."""
+        failures = self._recent_failures(agent, tape)
+        if failures > self.max_retries:
+            last = next(s for s in reversed(tape.steps) if isinstance(s, LLMOutputParsingFailure))
+            raise StepParsingError(
+                f"the LLM's output could not be parsed into steps in {failures} attempts "
+                f"(max_retries={self.max_retries}); the last one: {last.error}"
+            )
+        return self._prompt(agent, tape)
+
     def generate_steps(self, agent: Agent, tape: Tape[Any, Any], llm_stream: LLMStream) -> Iterator[Step]:
-        """The parsed steps, or a parsing failure (and a retry while retries are left)."""
+        """The parsed steps, or a parsing failure (and a retry while retries are left).
+
+        When retries run out, the agent's next node runs, seeing the failure; if this is the
+        agent's last node, the node runs once more only to stop the agent with an error that
+        says the output could not be parsed."""
         steps = steps_or_failure(llm_stream.get_text(), self.step_classes)
-        if (
-            isinstance(steps[0], LLMOutputParsingFailure)
-            and self._recent_failures(agent, tape) < self.max_retries
+        if isinstance(steps[0], LLMOutputParsingFailure) and (
+            self._recent_failures(agent, tape) < self.max_retries or agent.nodes[-1].name == self.name
         ):
             yield SetNextNode(next_node=self.name)
         yield from steps

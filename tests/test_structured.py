@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Literal
 
 import pytest
 
-from tapekit import Action, Agent, FunctionLLM, Tape, Thought, UserStep
+from tapekit import Action, Agent, FunctionLLM, Node, Tape, Thought, UserStep
 from tapekit.llm.llamacpp import LlamaCppLLM
 from tapekit.structured import (
     LLMOutputParsingFailure,
@@ -78,6 +79,17 @@ def test_parse_valid_output() -> None:
         ('{"steps": [{"kind": "structtest_fly"}]}', "allowed kinds"),
         ('{"steps": [{"kind": "structtest_search"}]}', "query"),
         ('{"steps": [{"kind": "structtest_reply", "message": "hi", "tone": "angry"}]}', "tone"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        (
+            '{"steps": [{"kind": "structtest_search", "query": "q", "max_results": ' + "9" * 5000 + "}]}",
+            "int",
+        ),
+        ("", "the output is empty"),
+        ("  \n", "the output is empty"),
+    ],
+    ids=[
+        *("prose", "no-steps", "a-list", "unknown-kind", "missing-field", "bad-enum"),
+        *("deep", "huge-int", "empty", "blank"),
     ],
 )
 def test_bad_output_is_explained_and_becomes_a_failure_step(text: str, message: str) -> None:
@@ -85,6 +97,21 @@ def test_bad_output_is_explained_and_becomes_a_failure_step(text: str, message: 
         parse_steps(text, CLASSES)
     (failure,) = steps_or_failure(text, CLASSES)
     assert isinstance(failure, LLMOutputParsingFailure) and failure.raw == text and message in failure.error
+    assert "cut off" not in failure.error or message == "not JSON"
+
+
+def test_every_malformed_output_becomes_a_failure_step_retried_then_a_clear_error() -> None:
+    deep = '{"steps": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    huge = '{"steps": [{"kind": "structtest_search", "query": "q", "max_results": ' + "9" * 5000 + "}]}"
+    for bad in (deep, huge, ""):
+        node = StructuredNode(name="think", step_classes=CLASSES, max_retries=1)
+        agent = Agent.create(name="a", llms=answers(bad, bad), nodes=[node])
+        tape = agent.run(Tape(steps=[UserStep(content="hi")])).get_final_tape()
+        failures = [s for s in tape.steps if isinstance(s, LLMOutputParsingFailure)]
+        assert [f.raw for f in failures] == [bad, bad]  # the raw text is kept, and it was retried
+        error = tape.metadata.error or ""
+        assert "could not be parsed into steps in 2 attempts" in error and "SetNextNode" not in error
+        assert "cut off" not in error and "(in node a.think)" in error
 
 
 def answers(*outputs: str) -> FunctionLLM:
@@ -97,9 +124,32 @@ def test_structured_node_retries_once_then_keeps_the_failure_on_the_tape() -> No
     agent = Agent.create(name="a", llms=answers("oops", "still oops"), nodes=[node])
     tape = agent.run(Tape(steps=[UserStep(content="hi")])).get_final_tape()
     kinds = [s.kind for s in tape.steps]
-    assert kinds[:4] == ["user", "set_next_node", "llm_output_parsing_failure", "llm_output_parsing_failure"]
-    assert tape.steps[2].raw == "oops"  # type: ignore[attr-defined]
-    assert "ran its last node" in (tape.metadata.error or "")  # no retries left, nothing routes onwards
+    assert kinds == ["user", *["set_next_node", "llm_output_parsing_failure"] * 2]
+    assert tape.steps[2].raw == "oops" and tape.steps[4].raw == "still oops"  # type: ignore[attr-defined]
+    # no retries left, and no other node to route to: the agent stops, saying why
+    assert "StepParsingError: the LLM's output could not be parsed into steps in 2 attempts" in (
+        tape.metadata.error or ""
+    )
+    assert "the output is not JSON" in (tape.metadata.error or "")
+
+
+class GiveUp(Node):
+    """Replies that it gave up, after seeing the parsing failure."""
+
+    def make_prompt(self, agent: Agent, tape: Tape) -> None:
+        return None
+
+    def generate_steps(self, agent: Agent, tape: Tape, llm_stream: object) -> Iterator[Reply]:
+        assert isinstance(tape.steps[-1], LLMOutputParsingFailure)
+        yield Reply(message="gave up")
+
+
+def test_when_retries_run_out_the_next_node_sees_the_failure() -> None:
+    node = StructuredNode(name="think", step_classes=CLASSES, max_retries=0)
+    agent = Agent.create(name="a", llms=answers("oops"), nodes=[node, GiveUp(name="after")])
+    tape = agent.run(Tape(steps=[UserStep(content="hi")])).get_final_tape()
+    assert [s.kind for s in tape.steps[1:]] == ["llm_output_parsing_failure", "structtest_reply"]
+    assert tape.metadata.error is None
 
 
 def test_structured_node_round_trips_into_training_text() -> None:
