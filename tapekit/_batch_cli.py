@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -33,34 +32,31 @@ def read_tapes(path: Path, tape_class: type[Tape[Any, Any]]) -> list[Tape[Any, A
     """
     from pydantic import ValidationError
 
+    from tapekit.store._jsonl import read_jsonl_lines
+
     tapes = []
     first_line: dict[str, int] = {}
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {number}: not JSON ({e})") from e
-            if not isinstance(data, dict):
-                raise ValueError(f"{path}, line {number}: a tape must be a JSON object")
-            meta = data.get("metadata")
-            if meta is None or (isinstance(meta, dict) and not meta.get("id")):
-                digest = hashlib.sha256(line.strip().encode()).hexdigest()[:32]
-                data["metadata"] = {**(meta or {}), "id": digest}
-            try:
-                tape = tape_class.model_validate(data)
-            except ValidationError as e:
-                raise ValueError(f"{path}, line {number}: not a valid tape: {e}") from e
-            tape_id = tape.metadata.id
-            if tape_id in first_line:
-                raise ValueError(
-                    f"{path}, lines {first_line[tape_id]} and {number} are the same tape (id {tape_id}); "
-                    "give repeated tasks distinct metadata.id values"
-                )
-            first_line[tape_id] = number
-            tapes.append(tape)
+    for number, line, data in read_jsonl_lines(path):
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}, line {number}: a tape must be a JSON object")
+        meta = data.get("metadata")
+        if meta is None or (isinstance(meta, dict) and not meta.get("id")):
+            digest = hashlib.sha256(line.strip().encode()).hexdigest()[:32]
+            data["metadata"] = {**(meta or {}), "id": digest}
+        try:
+            tape = tape_class.model_validate(data)
+        except ValidationError as e:
+            raise ValueError(f"{path}, line {number}: not a valid tape: {e}") from e
+        except RecursionError:
+            raise ValueError(f"{path}, line {number}: the tape is nested too deeply to read") from None
+        tape_id = tape.metadata.id
+        if tape_id in first_line:
+            raise ValueError(
+                f"{path}, lines {first_line[tape_id]} and {number} are the same tape (id {tape_id}); "
+                "give repeated tasks distinct metadata.id values"
+            )
+        first_line[tape_id] = number
+        tapes.append(tape)
     if not tapes:
         raise ValueError(f"{path} holds no tapes")
     return tapes
@@ -93,7 +89,9 @@ def batch_command(
     max_loops: Annotated[
         int | None, typer.Option("--max-loops", help="agent/environment rounds per tape")
     ] = None,
-    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="run failed tapes again")] = False,
+    retry_failed: Annotated[
+        bool, typer.Option("--retry-failed", metavar="", help="run the tapes that failed last time again")
+    ] = False,
     tape_class: Annotated[
         str | None, typer.Option("--tape-class", help="module:attr of the tape class (default: Tape)")
     ] = None,
@@ -107,9 +105,14 @@ def batch_command(
 
     Exit code: 0 if every tape finished without error, 1 if any failed, 130 if interrupted.
     """
+    import os
+    import sys
+
     from rich.console import Console
 
     console = Console(stderr=True)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # TARGET may be the project's own module, as in `tapekit studio`
     try:
         from tapekit.batch import BatchStats, load_factory, load_object
         from tapekit.core import Tape

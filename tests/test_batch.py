@@ -653,6 +653,38 @@ def test_the_batch_command_reports_failures_and_bad_input(tmp_path: Path) -> Non
         assert out.exit_code == 2 and message in " ".join(out.output.split()), (extra, out.output)
 
 
+def test_the_batch_command_names_the_file_and_line_of_an_unreadable_tapes_file(tmp_path: Path) -> None:
+    good = make_tapes(1)[0].model_dump_json() + "\n"
+    bad_lines = {
+        "deep.jsonl": b'{"steps": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
+        "latin1.jsonl": b'{"steps": [{"kind": "batch_test.task", "word": "caf\xe9", "n": 1}]}\n',
+        "long-int.jsonl": b'{"steps": [{"kind": "batch_test.task", "n": ' + b"9" * 5000 + b"}]}\n",
+    }
+    for file_name, bad in bad_lines.items():
+        path = tmp_path / file_name
+        path.write_bytes(good.encode() + b"\n" + bad)
+        out = CliRunner().invoke(
+            app, ["batch", "tests.test_batch:factory", "--tapes", str(path), "--db", str(tmp_path / "x.db")]
+        )
+        text = " ".join(out.output.split())
+        assert out.exit_code == 2 and f"{file_name}, line 3:" in text, (file_name, out.output)
+        assert "Traceback" not in out.output
+
+
+def test_the_batch_command_finds_the_projects_own_modules_and_retry_failed_is_a_flag(tmp_path: Path) -> None:
+    (tmp_path / "my_agent.py").write_text("from tests.test_batch import factory  # the user's own module\n")
+    _write_tapes(tmp_path / "tasks.jsonl", make_tapes(2))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "150"}
+    # -P: python itself does not put the working directory on sys.path; the command must
+    args = ["batch", "my_agent:factory", "--tapes", "tasks.jsonl", "--db", "t.db", "--retry-failed"]
+    command = [sys.executable, "-P", "-m", "tapekit.cli", *args]
+    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert run.returncode == 0 and "2 of 2 finished" in run.stderr, run.stderr
+    helped = CliRunner().invoke(app, ["batch", "--help"], env={"COLUMNS": "150"})
+    (line,) = [x for x in helped.output.splitlines() if "--retry-failed" in x]
+    assert "<bool>" not in line and "BOOL" not in line.upper().replace("RETRY", "")
+
+
 def test_ctrl_c_stops_the_command_and_says_how_to_resume(tmp_path: Path) -> None:
     tapes_file = _write_tapes(tmp_path / "tasks.jsonl", make_tapes(40))
     db = tmp_path / "cli.db"

@@ -27,8 +27,8 @@ JSONL_FORMAT = "tapekit-store"
 JSONL_VERSION = 1
 
 
-def read_jsonl_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
-    """``(line number, parsed JSON)`` for each non-blank line of ``path``; a line that is not
+def read_jsonl_lines(path: str | Path) -> Iterator[tuple[int, str, Any]]:
+    """``(line number, text, parsed JSON)`` for each non-blank line of ``path``; a line that is not
     UTF-8 or not JSON (nested too deeply, an integer too long, ...) is a ``ValueError`` naming the
     file and line."""
     with open(path, "rb") as lines:
@@ -46,7 +46,7 @@ def read_jsonl_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
                 raise ValueError(f"{path}, line {number}: the JSON is nested too deeply to read") from None
             except ValueError as e:  # JSONDecodeError, and int() of a number with too many digits
                 raise ValueError(f"{path}, line {number}: not valid JSON: {e}") from None
-            yield number, item
+            yield number, line, item
 
 
 def export_jsonl(store: TapeStore, path: str | Path, tape_ids: Iterable[str] | None, llm_calls: bool) -> int:
@@ -94,7 +94,7 @@ def import_jsonl(store: TapeStore, path: str | Path) -> list[str]:
     lengths: dict[str, int] = {}  # the stored length of each tape once this import is committed
     imported: list[str] = []
     header_seen = False
-    for number, item in read_jsonl_lines(path):
+    for number, _, item in read_jsonl_lines(path):
         try:
             if not isinstance(item, dict):
                 raise ValueError(f"expected a JSON object, not {type(item).__name__}")
