@@ -38,6 +38,7 @@ from tapekit import (
     Prompt,
     SetNextNode,
     Step,
+    StepSequence,
     StopStep,
     Tape,
     Thought,
@@ -118,8 +119,9 @@ _OPERATORS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
 
 
 def _evaluate(node: ast.AST) -> int | float:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value  # type: ignore[no-any-return]
+    value = node.value if isinstance(node, ast.Constant) else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
     if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
         return _OPERATORS[type(node.op)](_evaluate(node.left), _evaluate(node.right))  # type: ignore[no-any-return]
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
@@ -192,7 +194,10 @@ def parse_output(text: str, first_call: int) -> list[Step]:
 def answer_steps(line: str) -> list[Step]:
     """The final answer line as a :class:`MathAnswer` and a ``StopStep``."""
     match = _ANSWER.match(line)
-    answer = MathAnswer(text=match[1], well_formed=True) if match else MathAnswer(text=line, well_formed=False)
+    if match:
+        answer = MathAnswer(text=match[1], well_formed=True)
+    else:
+        answer = MathAnswer(text=line, well_formed=False)
     return [answer, StopStep(reason="answered")]
 
 
@@ -394,7 +399,8 @@ class Oracle:
             _, op, right, _ = steps[len(results)]
             left = results[-1] if results else str(problem.start)
             arguments = json.dumps({"expression": f"{left}{op}{right}"})
-            return LLMOutput(tool_calls=[ToolCallRequest(id="oracle", name="calculator", arguments=arguments)])
+            request = ToolCallRequest(id="oracle", name="calculator", arguments=arguments)
+            return LLMOutput(tool_calls=[request])
         if instruction == ANSWER_INSTRUCTION:
             return LLMOutput(content=f"Answer: {results[-1] if results else problem.answer}")
         raise ValueError(f"the oracle does not know the instruction {instruction!r}")
@@ -412,4 +418,4 @@ def make_student(llm: Any) -> Agent:
 
 def start_tape(problem: Problem) -> Tape[Any, Any]:
     """The tape a run starts from: the question as a user message."""
-    return Tape(steps=[UserStep(content=problem.question)])
+    return Tape(steps=StepSequence([UserStep(content=problem.question)]))
