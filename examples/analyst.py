@@ -475,12 +475,11 @@ def main(argv: list[str] | None = None) -> int:
     calls = {}
     final = start
     with SQLiteStore(args.db) as store:
-        record = store.recorder(start)
         try:
-            for event in main_loop(make_analyst(llm, json_tools), start, ENVIRONMENT, max_loops=20):
-                record(event)
-                if event.agent_event is not None and event.agent_event.llm_call is not None:
-                    calls[event.agent_event.llm_call.prompt.id] = event.agent_event.llm_call
+            team = make_analyst(llm, json_tools)
+            for event in main_loop(team, start, ENVIRONMENT, max_loops=20, store=store):
+                if event.llm_call is not None:
+                    calls[event.llm_call.prompt.id] = event.llm_call
                 if event.tape is not None:
                     final = event.tape
         except LLMError as e:

@@ -26,26 +26,18 @@ import asyncio
 import contextlib
 import importlib
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
+from tapekit._batch_config import BatchConfig
+from tapekit._batch_local import alocal
+from tapekit._batch_results import BatchResult, BatchStats, batch_tape_id
+from tapekit._loading import load_factory
 from tapekit.agent import Agent
 from tapekit.core import Tape
 from tapekit.environment import Environment
 
 __all__ = ["aray_batch"]
-
-
-@dataclass(frozen=True)
-class _Options:
-    """What every worker needs besides its tapes (plain data: it is pickled)."""
-
-    max_concurrency: int
-    llm_concurrency: Any
-    store: str | None
-    name: str
-    max_loops: int | None
-    retry_failed: bool
 
 
 def _split(total: int, parts: int, index: int) -> int:
@@ -80,11 +72,11 @@ def _step_modules(tape: Tape[Any, Any]) -> set[str]:
 
 
 def _run_share(
-    payload: Any, share: list[tuple[int, type[Tape[Any, Any]], str, list[str]]], options: _Options
+    payload: Any, share: list[tuple[int, type[Tape[Any, Any]], str, list[str]]], config: BatchConfig
 ) -> Iterator[dict[str, Any]]:
-    """The body of one Ray worker: the local batch on ``share``, one result dict per tape."""
+    """The body of one Ray worker: the local batch on ``share`` (with its part of the limits
+    and the store's address in ``config``), one result dict per tape."""
     from tapekit._sync import iterate_sync
-    from tapekit.batch import BatchStats, _alocal, load_factory
 
     if isinstance(payload, str):
         agent, environment = load_factory(payload)
@@ -96,23 +88,12 @@ def _run_share(
             importlib.import_module(module)
         items.append((index, tape_class.model_validate_json(text)))
     store = None
-    if options.store is not None:
+    if config.store is not None:
         from tapekit.store import open_store
 
-        store = open_store(options.store)
+        store = open_store(config.store)
     try:
-        results = _alocal(
-            agent,
-            environment,
-            items,
-            max_concurrency=options.max_concurrency,
-            llm_concurrency=options.llm_concurrency,
-            store=store,
-            name=options.name,
-            max_loops=options.max_loops,
-            retry_failed=options.retry_failed,
-            stats=BatchStats(),
-        )
+        results = alocal(agent, environment, items, replace(config, store=store, stats=BatchStats()))
         for result in iterate_sync(results):
             if store is not None:
                 store.flush()  # what the driver is told about is committed
@@ -146,24 +127,15 @@ async def aray_batch(
     agent: Agent,
     environment: Environment,
     indexed: list[tuple[int, Tape[Any, Any]]],
-    *,
-    max_concurrency: int,
-    llm_concurrency: Any,
-    store: Any,
-    name: str,
-    max_loops: int | None,
-    retry_failed: bool,
-    stats: Any,
-    workers: int | None,
-    factory: str | None,
-) -> AsyncIterator[Any]:
+    config: BatchConfig,
+) -> AsyncIterator[BatchResult]:
     """Run ``indexed`` (input index, tape) on Ray workers; yield results as tapes finish.
 
     Calls ``ray.init()`` unless Ray is initialised (``RAY_ADDRESS`` picks a running cluster).
     """
-    from tapekit.batch import BatchResult, batch_tape_id, load_factory
-
     ray = _ray()
+    store, stats, factory, name = config.store, config.stats, config.ray_factory, config.name
+    max_concurrency = config.max_concurrency
     address = _store_address(store)
     if factory is not None:
         load_factory(factory)  # fail here, clearly, rather than in every worker
@@ -173,7 +145,7 @@ async def aray_batch(
         store.flush()  # the workers read the store from their own connections
     if not ray.is_initialized():
         ray.init()
-    n = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    n = config.ray_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
     n = min(n, len(indexed))
     payload: Any = factory if factory is not None else ray.put((agent, environment))
     run_share = ray.remote(_run_share).options(num_cpus=1)
@@ -181,15 +153,15 @@ async def aray_batch(
     generators = []
     for w in range(n):
         share = [(i, type(t), t.model_dump_json(), sorted(_step_modules(t))) for i, t in indexed[w::n]]
-        options = _Options(
-            _split(max_concurrency, n, w),
-            _split_llm(llm_concurrency, n, w),
-            address,
-            name,
-            max_loops,
-            retry_failed,
+        part = replace(  # plain data: it is pickled to the worker
+            config,
+            max_concurrency=_split(max_concurrency, n, w),
+            llm_concurrency=_split_llm(config.llm_concurrency, n, w),
+            store=address,
+            stats=None,
+            backend="local",
         )
-        generators.append((run_share.remote(payload, share, options), [i for i, _ in indexed[w::n]]))
+        generators.append((run_share.remote(payload, share, part), [i for i, _ in indexed[w::n]]))
     queue: asyncio.Queue[BatchResult] = asyncio.Queue()
     total_concurrency = sum(_split(max_concurrency, n, w) for w in range(n))
 

@@ -38,6 +38,12 @@ def studio_command(
     agent: list[str] = typer.Option(  # noqa: B008
         [], "--agent", help="module:attr returning an Agent or (agent, environment); repeatable"
     ),
+    imports: list[str] = typer.Option(  # noqa: B008
+        [], "--import", help="a module defining step classes of the stored tapes; repeatable"
+    ),
+    create: bool = typer.Option(
+        False, "--create", metavar="", help="create the SQLite file if it does not exist"
+    ),
 ) -> None:
     """Browse, diff, edit and resume the tapes of a store in your browser (the Studio)."""
     import os
@@ -50,7 +56,7 @@ def studio_command(
         typer.echo(f"error: the Studio needs the studio extra (pip install 'tapekit[studio]'): {e}", err=True)
         raise typer.Exit(2) from None
     try:
-        serve(db, host=host, port=port, token=token or None, agents=agent)
+        serve(db, host=host, port=port, token=token or None, agents=agent, create=create, imports=imports)
     except (ValueError, TypeError, OSError, ConnectionError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

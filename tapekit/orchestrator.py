@@ -8,10 +8,11 @@ recorded LLM outputs and observations and says whether it makes the same tape.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +25,14 @@ from tapekit.events import AsyncMainLoopStream, MainLoopEvent, MainLoopStream
 from tapekit.llm.base import LLMCall
 from tapekit.llm.replay import ReplayLLM
 from tapekit.reconstruction import rebuilt_runs
+from tapekit.recording import SessionRecorder
 
 __all__ = [
     "AsyncMainLoopStream",
     "MainLoopEvent",
     "MainLoopStream",
     "ReplayResult",
+    "amain_loop",
     "areplay_tape",
     "async_main_loop",
     "main_loop",
@@ -40,20 +43,78 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def async_main_loop(
-    agent: Agent, tape: Tape[Any, Any], environment: Environment, max_loops: int | None = None
+def amain_loop(
+    agent: Agent,
+    tape: Tape[Any, Any],
+    environment: Environment,
+    max_loops: int | None = None,
+    *,
+    store: Any = None,
+    tape_id: str | None = None,
+    tags: Iterable[str] = (),
+    recorder: SessionRecorder | None = None,
 ) -> AsyncMainLoopStream:
     """Alternate agent turns and environment reactions on ``tape`` until the agent is done
     (no action to answer), an error is recorded on the tape, an action waits on the outside
-    world, or ``max_loops`` agent/environment rounds have run."""
-    return AsyncMainLoopStream(_main_loop(agent, tape, environment, max_loops), tape)
+    world, or ``max_loops`` agent/environment rounds have run.
+
+    With a ``store`` (a tapekit store), the session is persisted as it runs, under ``tape_id``
+    (default: the start tape's id) with ``tags``: every step as soon as it is made, every LLM
+    call when it completes, the metadata after each turn, and the final tape when the loop
+    ends (see :mod:`tapekit.recording`). A crash loses at most what the store's writer had not
+    committed yet, and the stored tape is a resume point. ``recorder`` is a
+    :class:`~tapekit.recording.SessionRecorder` configured by hand instead (the batch runner's
+    way of storing a tape one step behind).
+    """
+    if store is not None:
+        if recorder is not None:
+            raise ValueError("pass either store= or recorder=, not both")
+        recorder = SessionRecorder(store, tape, tape_id, tags=tags)
+    elif tape_id is not None or tuple(tags):
+        raise ValueError("tape_id= and tags= say how to store the session: pass store= too")
+    events = _main_loop(agent, tape, environment, max_loops)
+    if recorder is not None:
+        events = _recorded(events, recorder)
+    return AsyncMainLoopStream(events, tape)
+
+
+async_main_loop = amain_loop
+"""The former name of :func:`amain_loop` (kept as an alias)."""
 
 
 def main_loop(
-    agent: Agent, tape: Tape[Any, Any], environment: Environment, max_loops: int | None = None
+    agent: Agent,
+    tape: Tape[Any, Any],
+    environment: Environment,
+    max_loops: int | None = None,
+    *,
+    store: Any = None,
+    tape_id: str | None = None,
+    tags: Iterable[str] = (),
+    recorder: SessionRecorder | None = None,
 ) -> MainLoopStream:
-    """Sync version of :func:`async_main_loop`."""
-    return MainLoopStream(_main_loop(agent, tape, environment, max_loops), tape)
+    """Sync version of :func:`amain_loop`."""
+    stream = amain_loop(
+        agent, tape, environment, max_loops, store=store, tape_id=tape_id, tags=tags, recorder=recorder
+    )
+    return MainLoopStream(stream.__aiter__(), tape)
+
+
+async def _recorded(
+    events: AsyncIterator[MainLoopEvent], recorder: SessionRecorder
+) -> AsyncIterator[MainLoopEvent]:
+    """The loop's events, each handed to ``recorder`` before the caller sees it; the final
+    tape is written when the loop ends, and whatever was made when it is stopped early."""
+    await recorder.astart()
+    try:
+        async for event in events:
+            await recorder.record(event)
+            yield event
+    except BaseException:  # cancelled, closed early, or failed: keep every step made so far
+        with contextlib.suppress(Exception):
+            recorder.write_all()
+        raise
+    recorder.finish()
 
 
 async def _main_loop(
@@ -194,7 +255,7 @@ async def areplay_tape(
         start_tape = tape[:n]
     calls = llm_calls if llm_calls is not None else reconstruct_llm_calls(agent, tape)
     replayer = _replaying(agent, ReplayLLM(calls=calls))
-    made = await async_main_loop(replayer, start_tape, _ReplayEnvironment(tape)).get_final_tape()
+    made = await amain_loop(replayer, start_tape, _ReplayEnvironment(tape)).get_final_tape()
     expected, actual = signatures(tape.steps), signatures(made.steps)
     index = first_divergence(expected, actual)
     error = made.metadata.error

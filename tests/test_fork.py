@@ -357,8 +357,8 @@ def test_step_events_arrive_in_tape_order_so_a_recorder_always_holds_a_prefix() 
         steps: list[Step] = []
         final = research.start_tape()
         async for event in async_main_loop(research.make_lead(latency_s=0), final, ToolEnvironment([search])):
-            if event.agent_event is not None and event.agent_event.step is not None:
-                steps.append(event.agent_event.step)
+            if event.step is not None:
+                steps.append(event.step)
             if event.tape is not None:
                 final = event.tape
         return steps, final

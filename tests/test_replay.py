@@ -57,8 +57,8 @@ def test_a_fresh_run_makes_the_recorded_tape(path: Path) -> None:
 def _calls_of(question: str) -> list[LLMCall]:
     calls = []
     for event in main_loop(make_analyst(), start_tape(question), ENVIRONMENT):
-        if event.agent_event and event.agent_event.llm_call:
-            calls.append(event.agent_event.llm_call)
+        if event.llm_call is not None:
+            calls.append(event.llm_call)
     return calls
 
 

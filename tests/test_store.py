@@ -112,7 +112,7 @@ def run_recorded(store: TapeStore, watcher: TapeStore | None = None) -> tuple[Ta
         if event.tape is not None:
             final = event.tape
             made = len(event.tape)
-        elif event.agent_event is not None and event.agent_event.step is not None:
+        elif event.step is not None:
             made += 1
         if watcher is not None:
             store.flush()

@@ -16,6 +16,7 @@ import json
 import queue
 import threading
 import time
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -673,36 +674,33 @@ class TapeStore(ABC):
     def recorder(
         self, start: Tape[Any, Any], tape_id: str | None = None, *, tags: Iterable[str] = ()
     ) -> Callable[[Any], None]:
-        """A callback for main-loop events that persists the session under ``tape_id``
-        (default: the start tape's id) with ``tags`` while it runs: every step as soon as it is
-        made, every LLM call when it completes, the tape's metadata after each turn. A crash
-        loses at most what the writer had not committed yet (``flush_interval_s``)."""
-        key = self.save_tape(start, tape_id, tags=tags)
-        state = {"tape": start}
-        # the stored session continues the start tape: its parent is the start's parent when it
-        # is stored under the start's own id, else the start tape itself (not the short-lived
-        # per-turn tapes the loop makes on the way)
-        parent = start.metadata.parent_id if key == start.metadata.id else start.metadata.id
+        """Deprecated: pass ``store=`` to ``main_loop``/``amain_loop`` instead, which persist the
+        session through the same path (:class:`tapekit.recording.SessionRecorder`).
 
-        def save(tape: Tape[Any, Any]) -> None:
-            meta = tape.metadata.model_copy(
-                update={"id": key, "parent_id": parent, "n_added_steps": len(tape) - len(start)}
-            )
-            self.save_tape(tape.model_copy(update={"metadata": meta}), key)
+        A callback for main-loop events that persists the session under ``tape_id`` (default:
+        the start tape's id) with ``tags`` while it runs: every step as soon as it is made,
+        every LLM call when it completes, the tape's metadata after each turn."""
+        from tapekit.recording import SessionRecorder
+
+        warnings.warn(
+            "store.recorder(start) is deprecated: use main_loop(agent, start, env, store=store)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        session = SessionRecorder(self, start, tape_id, tags=tags)
+        session.start()
 
         def record(event: Any) -> None:
-            agent_event = event.agent_event
-            if agent_event is not None and agent_event.llm_call is not None:
-                self.save_llm_call(agent_event.llm_call)
-            if agent_event is not None and agent_event.step is not None:
-                tape = state["tape"]
-                state["tape"] = tape.model_copy(update={"steps": tape.steps.appended([agent_event.step])})
-                save(state["tape"])
-            if event.tape is not None:
-                state["tape"] = event.tape
-                save(event.tape)
+            session.follow(event)
+            if session.over_bound():
+                self.flush()
 
         return record
+
+    def pending_writes(self) -> int:
+        """How many queued writes the background writer has not committed yet (what a recorded
+        session bounds, waiting for the writer when there are too many)."""
+        return self._queue.unfinished_tasks
 
     # ------------------------------------------------------------------ JSONL
 

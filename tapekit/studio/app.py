@@ -27,7 +27,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
@@ -48,6 +48,8 @@ from tapekit.studio.data import (
     TapeCache,
     batch_pairs,
     diff_rows,
+    lenient_steps,
+    lenient_tape,
     root_agent_name,
     step_author,
     step_row,
@@ -159,7 +161,7 @@ class _Studio:
         key = (info.id, info.n_steps)
         tape = self.cache.get(key)
         if tape is None:
-            tape = _readable(lambda: self.store.get_tape(info.id), info.id)
+            tape = _readable(lambda: self.store.get_tape(info.id), lambda: lenient_tape(self.store, info))
             self.cache.put(key, tape)
         return tape
 
@@ -175,7 +177,10 @@ class _Studio:
         tape = self.cache.get((info.id, info.n_steps))
         if tape is not None:
             return list(tape.steps[start:stop])
-        return _readable(lambda: self.store.get_steps(info.id, start, stop), info.id)
+        return _readable(
+            lambda: self.store.get_steps(info.id, start, stop),
+            lambda: lenient_steps(self.store, info.id, start, stop),
+        )
 
     def rows(self, info: TapeInfo, start: int, stop: int) -> list[Any]:
         """Step rows ``start:stop``; the first step of each node run shows its LLM tokens."""
@@ -195,16 +200,13 @@ class _Studio:
         return next((a for a in self.agents.values() if a.agent.name == root), None)
 
 
-def _readable(load: Any, tape_id: str) -> Any:
+def _readable(load: Callable[[], Any], lenient: Callable[[], Any]) -> Any:
+    """``load()``; if a step does not validate (its class is not imported, or changed), the
+    ``lenient()`` load, which shows such steps generically (kind and raw fields)."""
     try:
         return load()
-    except ValidationError as e:
-        raise PageError(
-            500,
-            "Cannot read this tape",
-            f"Tape {tape_id!r} has steps this Studio cannot load: {e}. Start the Studio with "
-            "--agent (or import) the module that defines their step classes.",
-        ) from None
+    except ValidationError:
+        return lenient()
 
 
 def _int(value: str | None, name: str, default: int, minimum: int = 1) -> int:
@@ -598,25 +600,52 @@ def serve(
     port: int = 8765,
     token: str | None = None,
     agents: Iterable[AgentSource] | Mapping[str, AgentSource] | None = None,
+    *,
+    create: bool = False,
+    imports: Iterable[str] = (),
 ) -> None:
     """Serve the Studio over the store at ``db`` (an SQLite path or a ``postgresql://`` URL)
     until interrupted.
 
-    Bound to anything but a loopback address the Studio is reachable from other machines, so it
-    then needs a token: without one, a random token is made and printed with the URL to open.
+    An SQLite file must exist unless ``create`` is true (a typo then fails instead of serving an
+    empty new store). ``imports`` are modules to import first: those that define the step
+    classes of the stored tapes (steps of kinds no imported module declares are shown
+    generically, by kind and raw fields). Bound to anything but a loopback address the Studio is
+    reachable from other machines, so it then needs a token: without one, a random token is made
+    and printed with the URL to open. What is printed is flushed at once (for pipes and service
+    managers).
     """
+    import importlib
     import secrets
 
     import uvicorn
 
+    check_store_exists(db, create)
+    for module in imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ValueError(f"--import {module}: cannot import it: {e}") from e
     if not is_loopback(host) and not token:
         token = secrets.token_urlsafe(24)
-        print(f"the Studio is bound to {host}, so it needs a token; made one: {token}")
+        print(f"the Studio is bound to {host}, so it needs a token; made one: {token}", flush=True)
     with open_store(db, flush_interval_s=0.005) as store:
         app = create_app(store, agents=agents, token=token)
         shown = "localhost" if host in ("0.0.0.0", "::") else host
-        print(f"tapekit Studio on {db}: http://{shown}:{port}/tapes" + (f"?token={token}" if token else ""))
+        url = f"http://{shown}:{port}/tapes" + (f"?token={token}" if token else "")
+        print(f"tapekit Studio on {db}: {url}", flush=True)
         uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def check_store_exists(db: str | Path, create: bool) -> None:
+    """Refuse an SQLite path that does not exist unless ``create`` (URLs are not checked)."""
+    if create or (isinstance(db, str) and db.startswith(("postgresql://", "postgres://"))):
+        return
+    if not Path(db).exists():
+        raise ValueError(
+            f"no tape store at {db}: the file does not exist (check the path, or pass --create to "
+            "make a new, empty store there)"
+        )
 
 
 @contextlib.contextmanager

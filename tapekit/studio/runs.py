@@ -18,7 +18,8 @@ from tapekit.agent import Agent
 from tapekit.core import Step, StepMetadata, Tape, TapeMetadata, new_id, step_kinds
 from tapekit.environment import Environment, ExternalObservationNeeded, unanswered_actions
 from tapekit.llm.base import LLMCall
-from tapekit.orchestrator import async_main_loop
+from tapekit.orchestrator import amain_loop
+from tapekit.recording import SessionRecorder
 
 __all__ = [
     "AgentSource",
@@ -131,34 +132,35 @@ async def advance(
     mode: Literal["step", "run"],
     on_llm_call: Callable[[LLMCall], None] | None = None,
     max_loops: int = 100,
+    *,
+    store: Any = None,
 ) -> RunResult:
     """Continue ``tape`` with the agent and its environment, and return the child tape.
 
     ``step`` stops after one node run (the step whose ``metadata.run_end`` is true) or after one
     environment reaction: both leave a valid resume point. ``run`` goes on until the agent is
-    done, waits on the outside world, fails, or has run ``max_loops`` rounds. Each completed LLM
-    call goes to ``on_llm_call`` (to store it). Raises :class:`NothingToDoError` when nothing
-    could be added (e.g. the last action waits for the user).
+    done, waits on the outside world, fails, or has run ``max_loops`` rounds. With a ``store``,
+    the child is stored as it grows (every step and LLM call, through the main loop's recorder),
+    under the id the result carries; each completed LLM call also goes to ``on_llm_call``.
+    Raises :class:`NothingToDoError` when nothing could be added (e.g. the last action waits
+    for the user).
     """
     environment = registered.environment or _NoEnvironment()
     loops = 1 if mode == "step" else max_loops
-    base, pending = tape, []
+    child_id = new_id()
+    recorder = SessionRecorder(store, tape, child_id, parent_id=tape.metadata.id, write_start=False)
     stopped, waiting, error = "done", "", None
-    events = async_main_loop(registered.agent, tape, environment, max_loops=loops).__aiter__()
+    stream = amain_loop(registered.agent, tape, environment, max_loops=loops, recorder=recorder)
+    events = stream.__aiter__()
     n_rounds = 0
     try:
         async for event in events:
-            agent_event = event.agent_event
-            if agent_event is not None:
-                if agent_event.llm_call is not None and on_llm_call is not None:
-                    on_llm_call(agent_event.llm_call)
-                if agent_event.step is not None:
-                    pending.append(agent_event.step)
-                    if mode == "step" and agent_event.step.metadata.run_end:
-                        stopped = "node run"
-                        break
-            elif event.tape is not None:
-                base, pending = event.tape, []
+            if event.llm_call is not None and on_llm_call is not None:
+                on_llm_call(event.llm_call)
+            if event.step is not None and mode == "step" and event.step.metadata.run_end:
+                stopped = "node run"
+                break
+            if event.tape is not None:
                 error = event.tape.metadata.error
                 if error:
                     stopped = "error"
@@ -174,7 +176,7 @@ async def advance(
         await events.aclose()  # type: ignore[attr-defined]
     if mode == "run" and stopped == "done" and n_rounds >= loops:
         stopped = "max loops"
-    steps = base.steps.appended(pending) if pending else base.steps
+    steps = recorder.tape.steps
     added = len(steps) - len(tape)
     if added == 0 and not error:
         raise NothingToDoError(
@@ -182,6 +184,7 @@ async def advance(
         )
     made_by_agent = any(s.metadata.agent for s in steps[len(tape) :])
     meta = TapeMetadata(
+        id=child_id,
         parent_id=tape.metadata.id,
         author=registered.agent.name if made_by_agent else environment.name,
         n_added_steps=added,
