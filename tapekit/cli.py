@@ -26,6 +26,16 @@ from tapekit._batch_cli import batch_command  # noqa: E402  (typer only; the res
 
 app.command("batch")(batch_command)
 
+from tapekit._cli_chat import chat_command  # noqa: E402
+from tapekit._cli_io import export_command, import_app  # noqa: E402
+from tapekit._cli_run import replay_command, run_command  # noqa: E402
+
+app.command("run")(run_command)
+app.command("replay")(replay_command)
+app.command("chat")(chat_command)
+app.command("export")(export_command)
+app.add_typer(import_app, name="import")
+
 
 @app.command("studio")
 def studio_command(

@@ -1,0 +1,104 @@
+"""Helpers shared by the ``tapekit`` commands: loading an agent target, reading a tape file,
+picking a stored tape. Only the standard library and typer at import time."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from tapekit.agent import Agent
+    from tapekit.core import Tape
+    from tapekit.environment import Environment
+    from tapekit.store import TapeStore
+
+__all__ = ["CliError", "fail", "load_target", "pick_tape", "read_tape_file"]
+
+
+class CliError(Exception):
+    """A mistake in the command's input: printed as ``error: ...`` with exit code 2."""
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print ``error: message`` to stderr and return the Exit to raise."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def load_target(target: str) -> tuple[Agent, Environment | None]:
+    """The agent (and environment, if the target gives one) that ``module:attr`` names: an
+    Agent, an ``(agent, environment)`` pair, or a function returning either."""
+    from tapekit._loading import load_object
+    from tapekit.agent import Agent
+    from tapekit.environment import Environment
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # so that targets find the project's own modules
+    try:
+        obj: Any = load_object(target)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if callable(obj) and not isinstance(obj, Agent):
+        try:
+            obj = obj()
+        except Exception as e:
+            raise CliError(f"calling {target!r} failed: {type(e).__name__}: {e}") from e
+    environment = None
+    if isinstance(obj, tuple) and len(obj) == 2:
+        obj, environment = obj
+    if not isinstance(obj, Agent) or not (environment is None or isinstance(environment, Environment)):
+        raise CliError(f"{target!r} must give an Agent or (agent, environment), not {type(obj).__name__}")
+    return obj, environment
+
+
+def read_tape_file(path: Path) -> Tape[Any, Any]:
+    """The tape in a JSON file (a tape object, or the first line of a JSONL file of tapes)."""
+    from pydantic import ValidationError
+
+    from tapekit.core import Tape
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise CliError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        try:
+            data = json.loads(first)
+        except json.JSONDecodeError as e:
+            raise CliError(f"{path} is not a JSON tape: {e}") from None
+    try:
+        return Tape.model_validate(data)
+    except ValidationError as e:
+        raise CliError(f"{path} is not a valid tape: {e}") from None
+
+
+def pick_tape(store: TapeStore, tape: str) -> str:
+    """The id of a stored tape: ``latest`` (the newest), ``waiting`` (the newest waiting
+    session), or an id (a unique prefix of at least 6 characters is enough)."""
+    from tapekit.store import TapeNotFoundError
+
+    if tape in ("latest", "waiting"):
+        ids = store.list_tapes(tag="waiting" if tape == "waiting" else None, limit=1)
+        if not ids:
+            raise CliError(f"no {'waiting ' if tape == 'waiting' else ''}tape in {store.location}")
+        return ids[0]
+    try:
+        store.get_tape_info(tape)
+        return tape
+    except TapeNotFoundError:
+        pass
+    if len(tape) >= 6:
+        matches = [i for i in store.list_tapes() if i.startswith(tape)]
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            raise CliError(f"tape id prefix {tape!r} matches {len(matches)} tapes; give more of it")
+    raise CliError(f"no tape {tape!r} in {store.location}")
