@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from tapekit.batch import BatchResult, BatchStats
+    from tapekit.batch import BatchOptions, BatchResult, BatchStats
     from tapekit.core import Tape
 
 __all__ = ["batch_command", "read_tapes"]
@@ -114,7 +114,7 @@ def batch_command(
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # TARGET may be the project's own module, as in `tapekit studio`
     try:
-        from tapekit.batch import BatchStats, load_factory, load_object
+        from tapekit.batch import BatchOptions, BatchStats, load_factory, load_object
         from tapekit.core import Tape
 
         if backend not in ("local", "ray"):
@@ -149,7 +149,7 @@ def batch_command(
                     stats,
                     failures,
                     console,
-                    dict(
+                    BatchOptions(
                         max_concurrency=concurrency,
                         llm_concurrency=llm_concurrency,
                         name=batch_name,
@@ -185,7 +185,7 @@ async def _run(
     stats: BatchStats,
     failures: list[BatchResult],
     console: Any,
-    options: dict[str, Any],
+    options: BatchOptions,
 ) -> None:
     from rich.progress import (
         BarColumn,
