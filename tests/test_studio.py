@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -502,27 +504,36 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
+def _start(args: list[str], cwd: Path = ROOT) -> tuple[subprocess.Popen[str], str]:
+    """Start ``tapekit studio`` as a service manager would: stdout a pipe, Python's own
+    buffering left on (no PYTHONUNBUFFERED), so the banner must be flushed by the command."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env["PYTHONPATH"] = str(ROOT)
     process = subprocess.Popen(
         [sys.executable, "-m", "tapekit.cli", "studio", *args],
-        cwd=ROOT,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env=env,
     )
     assert process.stdout is not None
-    lines = []
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in process.stdout], daemon=True).start()  # type: ignore[union-attr]
+    seen: list[str] = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
+        try:
+            line = lines.get(timeout=0.2)
+        except queue.Empty:
+            if process.poll() is not None:
+                break
+            continue
+        seen.append(line)
         if "tapekit Studio on" in line:
-            return process, "".join(lines)
+            return process, "".join(seen)
     process.kill()
-    raise AssertionError("the Studio did not start:\n" + "".join(lines))
+    raise AssertionError("the Studio did not print its URL while running:\n" + "".join(seen))
 
 
 def _stop(process: subprocess.Popen[str]) -> None:
@@ -575,3 +586,63 @@ def test_the_studio_command_serves_and_makes_a_token_off_loopback(tmp_path: Path
         timeout=60,
     )
     assert bad.returncode == 2 and "cannot import 'nowhere'" in bad.stderr
+
+
+def test_the_studio_command_refuses_a_missing_file_unless_asked_to_create_it(tmp_path: Path) -> None:
+    def studio(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "tapekit.cli", "studio", *args]
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    typo = tmp_path / "typo.db"
+    out = studio("--db", str(typo))
+    assert out.returncode == 2 and f"no tape store at {typo}" in out.stderr and "--create" in out.stderr
+    assert not typo.exists()
+    out = studio("--db", str(typo), "--create", "--import", "no_such_module_here")
+    assert out.returncode == 2 and "--import no_such_module_here: cannot import it" in out.stderr
+    port = _free_port()
+    process, _ = _start(["--db", str(typo), "--create", "--port", str(port)])
+    try:
+        assert _get(f"http://127.0.0.1:{port}/tapes").status_code == 200 and typo.exists()
+    finally:
+        _stop(process)
+
+
+STEP_MODULE = """
+from typing import Literal
+from tapekit import Thought
+
+class Hunch(Thought):
+    kind: Literal["studio_test_hunch"] = "studio_test_hunch"
+    guess: str
+    confidence: float
+"""
+
+
+def test_steps_of_kinds_not_imported_are_shown_generically_and_import_loads_them(tmp_path: Path) -> None:
+    (tmp_path / "hunches.py").write_text(STEP_MODULE)
+    db = tmp_path / "kinds.db"
+    maker = (
+        "import sys; sys.path.insert(0, '.'); from hunches import Hunch; from tapekit import Tape, UserStep;"
+        "from tapekit.store import SQLiteStore;"
+        "t = Tape(steps=[UserStep(content='q'), Hunch(guess='<b>vulcan</b>', confidence=0.5)]);"
+        f"s = SQLiteStore({str(db)!r}); s.save_tape(t.with_metadata(id='hunch-tape')); s.close()"
+    )
+    subprocess.run(
+        [sys.executable, "-c", maker], cwd=tmp_path, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    with SQLiteStore(db) as store, TestClient(create_app(store), raise_server_exceptions=False) as c:
+        page = c.get("/tapes/hunch-tape")  # this process never imported `hunches`
+        assert page.status_code == 200, message(page.text)
+        assert step_rows(page.text) == [(0, "observation"), (1, "unknown")]
+        assert "studio_test_hunch" in page.text and "&lt;b&gt;vulcan&lt;/b&gt;" in page.text
+        assert "--import" in page.text
+        detail = c.get("/tapes/hunch-tape/steps/1")
+        assert detail.status_code == 200 and "confidence" in detail.text
+    port = _free_port()
+    process, _ = _start(["--db", str(db), "--port", str(port), "--import", "hunches"], cwd=tmp_path)
+    try:
+        page = _get(f"http://127.0.0.1:{port}/tapes/hunch-tape")
+        assert page.status_code == 200
+        assert [c for _, c in step_rows(page.text)] == ["observation", "thought"]
+    finally:
+        _stop(process)

@@ -493,9 +493,9 @@ def create_app(
             result = await advance(
                 studio.agents[name],
                 cached,
-                mode,
-                store.save_llm_call,
-                studio.max_run_loops,  # type: ignore[arg-type]
+                mode,  # type: ignore[arg-type]
+                max_loops=studio.max_run_loops,
+                store=store,
             )
         except NothingToDoError as e:
             raise PageError(409, "Nothing to do", f"{e}. Append a step to the tape, then continue.") from None

@@ -11,11 +11,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ConfigDict, ValidationError
+
 from tapekit._diff import first_divergence, signatures
 from tapekit.agent import Agent, AgentError
-from tapekit.core import Call, Respond, Step, Tape
+from tapekit.core import Call, Respond, Step, StepMetadata, Tape, TapeMetadata, step_kinds
 from tapekit.llm.base import LLMCall
 from tapekit.rendering import step_author, step_category
+from tapekit.store import TapeInfo, TapeStore
 from tapekit.views import TapeView, TapeViewStack
 
 __all__ = [
@@ -23,9 +26,13 @@ __all__ = [
     "DiffRow",
     "StepRow",
     "TapeCache",
+    "UnknownStep",
     "ViewInfo",
     "batch_pairs",
     "diff_rows",
+    "lenient_step",
+    "lenient_steps",
+    "lenient_tape",
     "root_agent_name",
     "start_key",
     "step_author",
@@ -43,6 +50,11 @@ def step_summary(step: Step, width: int = SUMMARY_WIDTH) -> str:
         text = f"calls {step.agent_name}: {step.content}"
     elif isinstance(step, Respond):
         text = f"responds: {step.content}"
+    elif isinstance(step, UnknownStep):
+        fields = {k: v for k, v in step.llm_dict().items() if k != "kind"}
+        text = "(step class not loaded: start the Studio with --import MODULE) " + json.dumps(
+            fields, ensure_ascii=False, default=str
+        )
     else:
         fields = step.llm_dict()
         fields.pop("kind", None)
@@ -57,6 +69,55 @@ def step_summary(step: Step, width: int = SUMMARY_WIDTH) -> str:
 
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+class UnknownStep(Step):
+    """A stored step whose ``kind`` no loaded step class declares (or that its class no longer
+    accepts): the Studio shows its kind and raw fields instead of failing the page. Start the
+    Studio with ``--import MODULE`` (or ``--agent``) to load the real classes."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: str
+
+
+def lenient_step(data: Any) -> Step:
+    """``data`` (a stored step's JSON object) as its step class, or as an :class:`UnknownStep`."""
+    cls = step_kinds().get(data.get("kind")) if isinstance(data, dict) else None
+    if cls is not None:
+        try:
+            return cls.model_validate(data)
+        except ValidationError:
+            pass
+    if not isinstance(data, dict):
+        data = {"kind": "?", "value": data}
+    fields = {k: v for k, v in data.items() if k not in ("metadata", "kind")}
+    try:
+        meta = StepMetadata.model_validate(data.get("metadata") or {})
+    except ValidationError:
+        meta = StepMetadata()
+    return UnknownStep(metadata=meta, kind=str(data.get("kind", "?")), **fields)
+
+
+def lenient_steps(store: TapeStore, tape_id: str, start: int, stop: int) -> list[Step]:
+    """Steps ``start:stop`` of a stored tape, those of unknown kinds as :class:`UnknownStep`."""
+    return [lenient_step(json.loads(text)) for text in store._select_steps(tape_id, start, stop)]
+
+
+def lenient_tape(store: TapeStore, info: TapeInfo) -> Tape[Any, Any]:
+    """The stored tape ``info.id``, steps of unknown kinds as :class:`UnknownStep`."""
+    meta = TapeMetadata(
+        id=info.id,
+        parent_id=info.parent_id,
+        author=info.author,
+        author_tape_id=info.author_tape_id,
+        n_added_steps=info.n_added_steps,
+        error=info.error,
+        result=info.result,
+    )
+    context = store._select_context(info.id)
+    steps = lenient_steps(store, info.id, 0, info.n_steps)
+    return Tape(metadata=meta, context=json.loads(context) if context else None, steps=steps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +139,7 @@ def step_row(step: Step, index: int, run_start: bool = False, call: LLMCall | No
     tokens = f"{call.prompt_tokens}+{call.output_tokens} tok" if call is not None else ""
     return StepRow(
         index=index,
-        category=step_category(step),
+        category="unknown" if isinstance(step, UnknownStep) else step_category(step),
         author=step_author(step),
         kind=step.kind,
         summary=step_summary(step),
