@@ -23,13 +23,15 @@ N growing tapes that every full collection walks; ``--gc-threshold 10000,50,100`
 
 Two clients (``--clients``):
 
-- ``openai``: tapekit's ``OpenAICompatibleLLM`` (openai SDK on httpx), the real client path;
-  its ceiling is measured with the same SDK.
-- ``aiohttp``: a minimal chat-completions client on aiohttp (``AiohttpChatLLM`` below), with
-  its ceiling measured by bare aiohttp posts. The SDK costs several ms of CPU per request, so
-  this row shows what the batch itself costs when the HTTP client is cheap.
+- ``tapekit`` (default): tapekit's ``OpenAICompatibleLLM``, the real client path. Its ceiling
+  sends the recorded prompts through the same ``OpenAICompatibleLLM`` (``astream``: the same
+  request building, HTTP session, stream parsing and output assembly), only without the agent,
+  so the ratio is what the agent and the batch runner cost on top of the client.
+- ``aiohttp``: a minimal chat-completions client on aiohttp (``AiohttpChatLLM`` below, no
+  retries, no error mapping), with its ceiling measured by bare aiohttp posts that read the
+  whole body without parsing it: the floor of what any Python client costs.
 
-    python bench/batch.py [--latency-ms 20] [--ns 64,256,1024] [--clients openai,aiohttp]
+    python bench/batch.py [--latency-ms 20] [--ns 64,256,1024] [--clients tapekit,aiohttp]
                           [--gc-threshold 10000,50,100] [--db PATH]
 """
 
@@ -320,10 +322,18 @@ class AiohttpChatLLM(LLM):
 
 
 def make_llm(client: str, base_url: str) -> LLM:
-    """The LLM client for ``client`` ("openai" or "aiohttp") on the endpoint."""
+    """The LLM client for ``client`` ("tapekit" or "aiohttp") on the endpoint."""
     if client == "aiohttp":
         return AiohttpChatLLM(model_name="bench", base_url=base_url)
+    if client != "tapekit":
+        raise SystemExit(f"unknown client {client!r}: use tapekit or aiohttp")
     return OpenAICompatibleLLM(model_name="bench", base_url=base_url, api_key="bench", max_retries=0)
+
+
+async def close_llm(llm: LLM) -> None:
+    """Close the client's HTTP session."""
+    if isinstance(llm, AiohttpChatLLM | OpenAICompatibleLLM):
+        await llm.aclose()
 
 
 def make_agent(llm: LLM) -> Agent:
@@ -362,21 +372,20 @@ async def run_batch(
         )
     ]
     wall = time.perf_counter() - t0
-    if isinstance(llm, AiohttpChatLLM):
-        await llm.aclose()
+    await close_llm(llm)
     return wall, stats, results
 
 
-async def recorded_requests(base_url: str, loops: int) -> list[dict[str, Any]]:
-    """The chat requests of one tape's run, in order (to replay them without the agent)."""
-    llm = make_llm("openai", base_url)
-    assert isinstance(llm, OpenAICompatibleLLM)
-    requests = []
+async def recorded_prompts(base_url: str, loops: int) -> list[Prompt]:
+    """The prompts of one tape's run, in order (to replay them without the agent)."""
+    llm = make_llm("tapekit", base_url)
+    prompts = []
     async for event in async_main_loop(make_agent(llm), make_tapes(1, loops)[0], TOOLS):
         call = event.agent_event.llm_call if event.agent_event is not None else None
         if call is not None:
-            requests.append(llm.request(call.prompt))
-    return requests
+            prompts.append(call.prompt)
+    await close_llm(llm)
+    return prompts
 
 
 async def _workers(
@@ -396,45 +405,36 @@ async def _workers(
 
 
 async def ceiling(
-    client: str, base_url: str, requests: list[dict[str, Any]], concurrency: int, per_worker: int
+    client: str, base_url: str, prompts: list[Prompt], concurrency: int, per_worker: int
 ) -> float:
-    """The endpoint's calls/s through ``client`` alone (streaming, usage included; no agent)."""
-    options = {"stream": True, "stream_options": {"include_usage": True}}
-    if client == "openai":
-        import openai
+    """The endpoint's calls/s through ``client`` alone, without the agent (streaming, usage
+    included): ``tapekit`` sends each prompt through ``OpenAICompatibleLLM.astream`` and reads
+    every event, ``aiohttp`` posts the same bodies with bare aiohttp and reads the raw bytes."""
+    if client == "tapekit":
+        llm = make_llm(client, base_url)
 
-        # configured as OpenAICompatibleLLM configures its client (timeout_s=120)
-        sdk = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=120.0)
-
-        from openai.types.chat import ChatCompletion, ChatCompletionChunk
-
-        async def send_openai(i: int) -> None:
-            # the request path OpenAICompatibleLLM takes: the prepared body, chunks parsed by the SDK
-            stream = await sdk.post(
-                "/chat/completions",
-                body={**requests[i], **options},
-                cast_to=ChatCompletion,
-                stream=True,
-                stream_cls=openai.AsyncStream[ChatCompletionChunk],
-            )
-            async for _chunk in stream:
+        async def send_tapekit(i: int) -> None:
+            async for _event in llm.astream(prompts[i]):
                 pass
 
         try:
-            return await _workers(concurrency, per_worker, len(requests), send_openai)
+            return await _workers(concurrency, per_worker, len(prompts), send_tapekit)
         finally:
-            await sdk.close()
+            await close_llm(llm)
     import aiohttp
 
+    # the bodies OpenAICompatibleLLM sends (the batch's aiohttp client sends the same fields)
+    shape = OpenAICompatibleLLM(model_name="bench", base_url=base_url)
+    options = {"stream": True, "stream_options": {"include_usage": True}}
+    bodies = [{**shape.request(p), **options} for p in prompts]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def send_aiohttp(i: int) -> None:
-            body = {**requests[i], **options}
-            async with session.post(f"{base_url}/chat/completions", json=body) as response:
+            async with session.post(f"{base_url}/chat/completions", json=bodies[i]) as response:
                 response.raise_for_status()
                 await response.read()
 
-        return await _workers(concurrency, per_worker, len(requests), send_aiohttp)
+        return await _workers(concurrency, per_worker, len(prompts), send_aiohttp)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -446,7 +446,7 @@ async def main(args: argparse.Namespace) -> None:
             f"{platform.platform()}"
         )
         print(f"# endpoint: bare ASGI app on uvicorn in its own process, {args.latency_ms:g} ms per call")
-        requests = await recorded_requests(base_url, args.loops)
+        requests = await recorded_prompts(base_url, args.loops)
         calls_per_tape = len(requests)
         print(f"# agent: {calls_per_tape} LLM calls and {args.loops} tool calls per tape")
         print(f"# gc thresholds: {gc.get_threshold()} (Python's default is (700, 10, 10))")
@@ -507,7 +507,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         help="gc.set_threshold for the whole run, e.g. 10000,50,100 (default: Python's)",
     )
     parser.add_argument("--ceiling-calls", type=int, default=3000, help="calls per ceiling measurement")
-    parser.add_argument("--clients", type=lambda s: s.split(","), default=["openai", "aiohttp"])
+    parser.add_argument("--clients", type=lambda s: s.split(","), default=["tapekit"])
     parser.add_argument("--db", help="also store the tapes (SQLite path or postgresql:// URL)")
     parser.add_argument("--port", type=int, default=0, help="(serve mode) the port")
     return parser.parse_args(argv)

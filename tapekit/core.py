@@ -18,6 +18,8 @@ from uuid import uuid4
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler
 from pydantic_core import core_schema
 
+from tapekit.errors import TapekitError
+
 __all__ = [
     "Action",
     "Branch",
@@ -69,7 +71,7 @@ class StepMetadata(BaseModel):
     other: dict[str, Any] = Field(default_factory=dict)
 
 
-class UnknownStepKindError(ValueError):
+class UnknownStepKindError(TapekitError, ValueError):
     """Raised when serialized data names a step ``kind`` that no loaded step class declares."""
 
 

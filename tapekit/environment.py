@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from tapekit._sync import run_sync
 from tapekit.core import Action, Observation, Tape
 from tapekit.dialog import AssistantStep, ToolCall, ToolResult
+from tapekit.errors import TapekitError
 
 __all__ = [
     "Environment",
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 
-class ExternalObservationNeeded(Exception):
+class ExternalObservationNeeded(TapekitError):
     """The action waits on the outside world (usually a human); the orchestrator stops and the
     tape can be resumed once the observation has been appended."""
 
@@ -40,7 +41,7 @@ class ExternalObservationNeeded(Exception):
         super().__init__(message or f"action {action.kind!r} needs an observation from outside")
 
 
-class UnknownActionError(TypeError):
+class UnknownActionError(TapekitError, TypeError):
     """The environment was given an action it has no handler for (a configuration error)."""
 
 

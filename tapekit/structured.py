@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from tapekit.agent import Agent, Node, node_run_steps
 from tapekit.core import LLMOutput, Prompt, SetNextNode, Step, Tape, Thought
 from tapekit.dialog import view_to_messages
+from tapekit.errors import TapekitError
 from tapekit.llm.base import LLMStream
 
 __all__ = [
@@ -38,7 +39,7 @@ class LLMOutputParsingFailure(Thought):
     raw: str
 
 
-class StepParsingError(ValueError):
+class StepParsingError(TapekitError, ValueError):
     """Text that is not a valid ``{"steps": [...]}`` object for the allowed step classes."""
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tapekit._sync import iterate_sync, run_sync
 from tapekit.core import LLMOutput, Prompt, ToolCallRequest
+from tapekit.errors import TapekitError
 
 __all__ = [
     "LLM",
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 
-class LLMError(RuntimeError):
+class LLMError(TapekitError, RuntimeError):
     """An LLM call failed; the message names the endpoint and the model, and says why."""
 
 

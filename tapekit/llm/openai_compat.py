@@ -1,13 +1,15 @@
 """Any server that speaks the OpenAI chat-completions API: OpenAI, vLLM, llama.cpp, Ollama, ...
 
-Built on the official ``openai`` SDK (extra ``openai``), which also does the retries with
-backoff on 429/5xx and connection errors. Failures come out as :class:`~tapekit.llm.LLMError`
-naming the endpoint and the model.
+Requests go out on aiohttp (extra ``openai``): one prepared JSON body per call, the streamed
+answer read as server-sent events and parsed with plain ``json`` (no SDK models on the hot
+path: the openai SDK's per-request CPU capped a batch at about 300 calls/s on one core, this
+path does several times that; see docs/batch.md). Retries with backoff on 408/409/429/5xx and
+connection failures happen before any byte of the answer is read. Failures come out as
+:class:`~tapekit.llm.LLMError` naming the endpoint and the model, with a hint where one helps.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -15,127 +17,183 @@ from typing import Any, Literal
 from pydantic import PrivateAttr
 
 from tapekit.core import Prompt
-from tapekit.llm.base import LLM, LLMError, LLMEvent, StreamedOutput
+from tapekit.llm._chat_stream import ChatChunkFolder, SSEDecoder, StreamError, encode_json
+from tapekit.llm._http import HTTPStatusFailure, SessionPool, TransportFailure, open_stream
+from tapekit.llm.base import LLM, LLMError, LLMEvent
 
 __all__ = ["OpenAICompatibleLLM"]
+
+OPENAI_URL = "https://api.openai.com/v1"
 
 
 class OpenAICompatibleLLM(LLM):
     """A chat-completions endpoint.
 
-    ``base_url`` is the server's ``/v1`` URL (None: OpenAI itself); ``api_key`` defaults to
-    ``$OPENAI_API_KEY`` (local servers accept anything); ``parameters`` are sent with every
-    request (``temperature``, ``max_tokens``, ``seed``, ...). A prompt's ``tools`` become
+    ``base_url`` is the server's ``/v1`` URL (None: ``$OPENAI_BASE_URL``, else OpenAI itself);
+    ``api_key`` defaults to ``$OPENAI_API_KEY`` and is sent as a bearer token (local servers
+    accept anything or nothing); ``headers`` are added to every request (they override the
+    defaults); ``parameters`` are sent with every request (``temperature``, ``max_tokens``,
+    ``seed``, or a server's own fields such as vLLM's ``top_k``). A prompt's ``tools`` become
     ``tools``; its ``response_schema`` becomes OpenAI's ``json_schema`` response format, or with
     ``schema_style="json_object"`` the ``{"type": "json_object", "schema": ...}`` form that
     llama-cpp-python's server understands.
+
+    ``timeout_s`` bounds connecting and each wait for the next bytes of the answer (not the
+    whole answer, which may stream for long); ``max_retries`` retries a request that failed
+    before its answer began. ``max_connections`` bounds open connections (None: as many as
+    calls in flight, which the batch runner bounds).
+
+    ``return_tokens=True`` asks the server for the token ids and sampling log-probabilities of
+    each call (``logprobs`` and vLLM's ``return_token_ids``) and puts them on the final
+    event's ``tokens`` (a :class:`~tapekit.llm.TokenTrace` named by ``tokenizer``) when the
+    server sends both the prompt's and the output's ids (vLLM >= 0.10.2 does); otherwise
+    ``tokens`` stays None.
     """
 
     model_name: str
     base_url: str | None = None
     api_key: str | None = None
+    headers: dict[str, str] = {}
     parameters: dict[str, Any] = {}
     schema_style: Literal["json_schema", "json_object"] = "json_schema"
     timeout_s: float = 120.0
     max_retries: int = 3
-    _client: Any = PrivateAttr(None)
-    _client_loop: Any = PrivateAttr(None)
+    max_connections: int | None = None
+    return_tokens: bool = False
+    tokenizer: str = ""
+    _pool: SessionPool | None = PrivateAttr(None)
+    _url: Any = PrivateAttr(None)
 
     @property
     def endpoint(self) -> str:
         """Where requests go, for messages."""
-        return self.base_url or "https://api.openai.com/v1"
+        return (self.base_url or os.environ.get("OPENAI_BASE_URL") or OPENAI_URL).rstrip("/")
 
-    def _get_client(self) -> Any:
-        # an async HTTP client belongs to the event loop it was made in: each sync call runs
-        # its own loop, so keep one client per loop
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            self._client_loop = loop
-            try:
-                import openai
-            except ImportError as e:  # pragma: no cover - depends on the environment
-                raise LLMError(
-                    "OpenAICompatibleLLM needs the openai package: pip install 'tapekit[openai]'"
-                ) from e
-            self._client = openai.AsyncOpenAI(
-                base_url=self.base_url,
-                api_key=self.api_key or os.environ.get("OPENAI_API_KEY") or "none",
-                timeout=self.timeout_s,
-                max_retries=self.max_retries,
-            )
-        return self._client
+    def _key(self) -> str | None:
+        return self.api_key or os.environ.get("OPENAI_API_KEY") or None
+
+    def request_headers(self) -> dict[str, str]:
+        """The headers of every request: JSON in, an event stream out, the key, your ``headers``."""
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "User-Agent": "tapekit"}
+        key = self._key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return {**headers, **self.headers}
+
+    def _session_pool(self) -> SessionPool:
+        if self._pool is None:
+            from yarl import URL
+
+            self._pool = SessionPool(self.request_headers(), self.timeout_s, self.max_connections)
+            self._url = URL(self.endpoint + "/chat/completions")
+        return self._pool
 
     def request(self, prompt: Prompt) -> dict[str, Any]:
-        """The keyword arguments of the chat-completions request for ``prompt``."""
-        kwargs: dict[str, Any] = {"model": self.model_name, "messages": prompt.messages, **self.parameters}
+        """The JSON body of the chat-completions request for ``prompt`` (before streaming options)."""
+        body: dict[str, Any] = {"model": self.model_name, "messages": prompt.messages, **self.parameters}
         if prompt.tools:
-            kwargs["tools"] = prompt.tools
+            body["tools"] = prompt.tools
         if prompt.response_schema is not None and self.schema_style == "json_object":
-            kwargs["response_format"] = {"type": "json_object", "schema": prompt.response_schema}
+            body["response_format"] = {"type": "json_object", "schema": prompt.response_schema}
         elif prompt.response_schema is not None:
-            kwargs["response_format"] = {
+            body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "response", "schema": prompt.response_schema},
             }
-        return kwargs
+        if self.return_tokens:
+            body.setdefault("logprobs", True)
+            body.setdefault("return_token_ids", True)
+        return body
+
+    def _where(self) -> str:
+        return f"{self.endpoint} (model {self.model_name!r})"
 
     async def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
-        import openai
-        from openai.types.chat import ChatCompletion, ChatCompletionChunk
-
-        where = f"{self.endpoint} (model {self.model_name!r})"
-        client = self._get_client()
-        answer = StreamedOutput()
-        usage = None
+        body = {**self.request(prompt), "stream": True, "stream_options": {"include_usage": True}}
+        data = encode_json(body)
+        pool = self._session_pool()
         try:
-            # the prepared body goes straight to the endpoint: the SDK's per-request conversion
-            # of keyword arguments costs several ms of CPU, which caps a batch's calls per second
-            body = {**self.request(prompt), "stream": True, "stream_options": {"include_usage": True}}
-            stream = await client.post(
-                "/chat/completions",
-                body=body,
-                cast_to=ChatCompletion,
-                stream=True,
-                stream_cls=openai.AsyncStream[ChatCompletionChunk],
+            session = await pool.get()
+        except ImportError as e:
+            raise LLMError(f"{self._where()}: {e}") from e
+        try:
+            response = await open_stream(
+                session, self._url, data, max_retries=self.max_retries, timeout_s=self.timeout_s
             )
-            async for chunk in stream:
-                if chunk.usage is not None:
-                    usage = chunk.usage
-                for choice in chunk.choices:
-                    delta = choice.delta
-                    if delta.content:
-                        answer.add_text(delta.content)
-                        yield LLMEvent(chunk=delta.content)
-                    for tc in delta.tool_calls or []:
-                        function = tc.function
-                        answer.add_tool_call(
-                            tc.index, tc.id, function and function.name, function and function.arguments
-                        )
-        except openai.APIStatusError as e:
-            hint = _HINTS.get(e.status_code, "")
-            raise LLMError(f"{where} answered HTTP {e.status_code}: {_message(e)}{hint}") from e
-        except openai.APITimeoutError as e:
-            raise LLMError(f"{where} did not answer within {self.timeout_s} s") from e
-        except openai.APIConnectionError as e:
-            raise LLMError(f"{where} cannot be reached or dropped the connection: {e.__cause__ or e}") from e
-        except openai.OpenAIError as e:
-            raise LLMError(f"{where} failed: {type(e).__name__}: {e}") from e
+        except HTTPStatusFailure as e:
+            message = f"{self._where()} answered HTTP {e.status}: {e.message}{self._hint(e.status)}"
+            raise LLMError(message) from e
+        except TransportFailure as e:
+            raise self._transport_error(e) from e
+        folder = ChatChunkFolder(want_tokens=self.return_tokens)
+        decoder = SSEDecoder()
+        done = complete = False
+        try:
+            async for block in response.content.iter_any():
+                # one text event per network read: chunks that arrived together go on together
+                pieces = []
+                for payload in decoder.feed(block):
+                    if payload == b"[DONE]":
+                        done = True
+                        break
+                    text = folder.feed(payload)
+                    if text:
+                        pieces.append(text)
+                if pieces:
+                    yield LLMEvent(chunk="".join(pieces))
+                if done:
+                    break
+            else:
+                for payload in decoder.flush():
+                    if payload != b"[DONE]":
+                        folder.feed(payload)
+            complete = True
+        except StreamError as e:
+            raise LLMError(f"{self._where()}: {e}") from e
+        except (TimeoutError, OSError) as e:
+            raise self._transport_error(TransportFailure(isinstance(e, TimeoutError), str(e))) from e
         except Exception as e:
-            # errors while a stream is being read come straight from the HTTP library
-            # (httpx for openai 1.x/2.x, httpx2 for 3.x), not wrapped by the SDK
-            if type(e).__module__.split(".")[0] not in {"httpx", "httpx2", "httpcore"}:
+            if type(e).__module__.split(".")[0] != "aiohttp":
                 raise
-            if "Timeout" in type(e).__name__:
-                raise LLMError(f"{where} did not answer within {self.timeout_s} s") from e
+            timed_out = isinstance(e, TimeoutError)
+            raise self._transport_error(TransportFailure(timed_out, f"{type(e).__name__}: {e}")) from e
+        finally:
+            if complete:
+                response.release()
+            else:
+                response.close()
+        if not done and not folder.finished:
             raise LLMError(
-                f"{where} cannot be reached or dropped the connection: {type(e).__name__}: {e}"
-            ) from e
-        yield LLMEvent(
-            output=answer.output(),
-            prompt_tokens=getattr(usage, "prompt_tokens", None),
-            output_tokens=getattr(usage, "completion_tokens", None),
-        )
+                f"{self._where()} cannot be reached or dropped the connection: "
+                "the stream ended before the answer was complete"
+            )
+        yield folder.final_event(self.tokenizer)
+
+    def _transport_error(self, failure: TransportFailure) -> LLMError:
+        if failure.timed_out:
+            return LLMError(f"{self._where()} did not answer within {self.timeout_s} s")
+        return LLMError(f"{self._where()} cannot be reached or dropped the connection: {failure.detail}")
+
+    def _hint(self, status: int) -> str:
+        if status == 401 and self._key() is None:
+            return " (no API key was given: set api_key or OPENAI_API_KEY)"
+        if status == 400 and self.return_tokens:
+            return (
+                " (return_tokens adds logprobs and return_token_ids to the request: "
+                "it needs a server that accepts them, such as vLLM >= 0.10.2)"
+            )
+        return _HINTS.get(status, "")
+
+    async def aclose(self) -> None:
+        """Close the HTTP session of the running event loop (the next call opens a new one)."""
+        if self._pool is not None:
+            await self._pool.aclose()
+
+    def __getstate__(self) -> dict[Any, Any]:
+        """Pickle the settings only (a session belongs to one process and event loop)."""
+        state = super().__getstate__()
+        state["__pydantic_private__"] = {"_pool": None, "_url": None}
+        return state
 
 
 _HINTS = {
@@ -144,14 +202,3 @@ _HINTS = {
     404: " (check the base URL and the model name)",
     429: " (rate limited, retries exhausted: lower the concurrency or raise max_retries)",
 }
-
-
-def _message(error: Any) -> str:
-    body = getattr(error, "body", None)
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])
-        if isinstance(inner, str):
-            return inner
-    return str(getattr(error, "message", error))

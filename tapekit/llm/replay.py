@@ -9,12 +9,13 @@ from collections.abc import AsyncIterator
 from pydantic import PrivateAttr
 
 from tapekit.core import LLMOutput, Prompt
+from tapekit.errors import TapekitError
 from tapekit.llm.base import LLM, LLMCall, LLMEvent
 
 __all__ = ["ReplayLLM", "ReplayMissError"]
 
 
-class ReplayMissError(LookupError):
+class ReplayMissError(TapekitError, LookupError):
     """The prompt was never recorded; the message shows its diff to the closest recorded one."""
 
 

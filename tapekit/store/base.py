@@ -26,6 +26,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, Field
 
 from tapekit.core import Step, Tape, TapeMetadata
+from tapekit.errors import TapekitError
 from tapekit.llm.base import LLMCall
 from tapekit.store import _jsonl
 from tapekit.store._text import check_text, model_json
@@ -38,7 +39,7 @@ class Totals(dict[str, dict[str, float]]):
     "cost"}}``."""
 
 
-class TapeNotFoundError(KeyError):
+class TapeNotFoundError(TapekitError, KeyError):
     """No tape with that id is stored (a ``KeyError``, so ``except KeyError`` keeps working)."""
 
     def __init__(self, tape_id: str, where: str = "the store") -> None:
@@ -50,7 +51,7 @@ class TapeNotFoundError(KeyError):
         return f"no tape {self.tape_id!r} in {self.where}"
 
 
-class StoreWriteError(RuntimeError):
+class StoreWriteError(TapekitError, RuntimeError):
     """Queued writes the database refused (each named); the store's other writes were committed
     and the store keeps working. Raised once, by the next ``flush`` or read."""
 

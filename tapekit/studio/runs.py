@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from tapekit.agent import Agent
 from tapekit.core import Step, StepMetadata, Tape, TapeMetadata, new_id, step_kinds
 from tapekit.environment import Environment, ExternalObservationNeeded, unanswered_actions
+from tapekit.errors import TapekitError
 from tapekit.llm.base import LLMCall
 from tapekit.orchestrator import amain_loop
 from tapekit.recording import SessionRecorder
@@ -43,11 +44,11 @@ callable returning either."""
 STUDIO_AUTHOR = "studio"
 
 
-class StepInputError(ValueError):
+class StepInputError(TapekitError, ValueError):
     """A step typed into the Studio is not valid JSON or not a valid step (the message says why)."""
 
 
-class NothingToDoError(RuntimeError):
+class NothingToDoError(TapekitError, RuntimeError):
     """Advancing the tape would add nothing: it waits for the outside world, or has no agent."""
 
 

@@ -23,6 +23,8 @@ from urllib.parse import urlencode, urlsplit
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from tapekit.errors import TapekitError
+
 __all__ = ["AUTH_COOKIE", "CSRF_COOKIE", "CsrfError", "SecurityMiddleware", "check_csrf", "is_loopback"]
 
 AUTH_COOKIE = "tapekit_studio_auth"
@@ -33,7 +35,7 @@ CSP = (
 )
 
 
-class CsrfError(PermissionError):
+class CsrfError(TapekitError, PermissionError):
     """A form was posted without the page's CSRF token, or from another origin."""
 
 

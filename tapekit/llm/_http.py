@@ -1,0 +1,191 @@
+"""The HTTP side of :class:`~tapekit.llm.openai_compat.OpenAICompatibleLLM`, on aiohttp.
+
+One ``aiohttp.ClientSession`` per event loop (sessions belong to the loop that made them), closed
+when that loop shuts down its async generators (``asyncio.run`` does, and so do tapekit's sync
+wrappers) or by :meth:`SessionPool.aclose`. :func:`open_stream` posts a request and retries
+with backoff, before any byte of the answer is read, on the statuses and failures that may pass
+(408, 409, 429, 5xx, connection errors, timeouts), honouring ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["HTTPStatusFailure", "SessionPool", "TransportFailure", "open_stream", "status_message"]
+
+RETRY_STATUSES = frozenset({408, 409, 429})
+MAX_RETRY_AFTER_S = 60.0
+
+
+class HTTPStatusFailure(Exception):
+    """The server answered with an error status (after any retries)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class TransportFailure(Exception):
+    """No answer: the connection failed or timed out (after any retries)."""
+
+    def __init__(self, timed_out: bool, detail: str) -> None:
+        super().__init__(detail)
+        self.timed_out = timed_out
+        self.detail = detail
+
+
+def _import_aiohttp() -> Any:
+    try:
+        import aiohttp
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "OpenAICompatibleLLM needs the aiohttp package: pip install 'tapekit[openai]'"
+        ) from e
+    return aiohttp
+
+
+async def _close_with_loop(session: aiohttp.ClientSession) -> AsyncIterator[None]:
+    """Started once on the session's loop; the loop's shutdown of async generators closes it."""
+    try:
+        yield
+    finally:
+        await session.close()
+
+
+class SessionPool:
+    """The client session of the running event loop, made on first use."""
+
+    __slots__ = ("_keeper", "_loop", "_session", "headers", "limit", "timeout_s")
+
+    def __init__(self, headers: Mapping[str, str], timeout_s: float, limit: int | None) -> None:
+        self.headers = dict(headers)
+        self.timeout_s = timeout_s
+        self.limit = limit
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._keeper: AsyncIterator[None] | None = None
+
+    async def get(self) -> aiohttp.ClientSession:
+        """The session for the running loop."""
+        loop = asyncio.get_running_loop()
+        session = self._session
+        if session is not None and self._loop is loop and not session.closed:
+            return session
+        aiohttp = _import_aiohttp()
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=None, sock_connect=self.timeout_s, sock_read=self.timeout_s
+        )
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self.limit or 0),
+            headers=self.headers,
+            timeout=timeout,
+            raise_for_status=False,
+        )
+        keeper = _close_with_loop(session)
+        await keeper.__anext__()  # registers it with the loop's shutdown of async generators
+        self._loop, self._session, self._keeper = loop, session, keeper
+        return session
+
+    async def aclose(self) -> None:
+        """Close the running loop's session now (a later call makes a new one)."""
+        session, keeper = self._session, self._keeper
+        self._session = self._keeper = self._loop = None
+        if keeper is not None:
+            await keeper.aclose()  # type: ignore[attr-defined]
+        elif session is not None:
+            await session.close()
+
+
+async def open_stream(
+    session: aiohttp.ClientSession,
+    url: Any,
+    body: bytes,
+    *,
+    max_retries: int,
+    timeout_s: float,
+    backoff_s: float = 0.5,
+) -> aiohttp.ClientResponse:
+    """Post ``body`` to ``url`` and return the response once its status is a success.
+
+    Raises :class:`HTTPStatusFailure` or :class:`TransportFailure` when the retries are spent.
+    """
+    aiohttp = _import_aiohttp()
+    attempt = 0
+    while True:
+        wait: float | None = None
+        try:
+            response = await session.post(url, data=body)
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            failure = _transport_failure(e, timeout_s)
+            if attempt >= max_retries:
+                raise failure from e
+        else:
+            if response.status < 400:
+                return response
+            status = response.status
+            retry_after = _retry_after(response.headers)
+            try:
+                text = await response.text(errors="replace")
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                text = ""
+            finally:
+                response.release()
+            if attempt >= max_retries or not (status in RETRY_STATUSES or status >= 500):
+                raise HTTPStatusFailure(status, status_message(text, response.reason))
+            wait = retry_after
+        if wait is None:
+            wait = min(backoff_s * 2**attempt, 8.0) * (1 - 0.25 * random.random())
+        attempt += 1
+        await asyncio.sleep(wait)
+
+
+def _transport_failure(error: BaseException, timeout_s: float) -> TransportFailure:
+    if isinstance(error, TimeoutError):
+        return TransportFailure(True, f"did not answer within {timeout_s} s")
+    return TransportFailure(False, f"{type(error).__name__}: {error}")
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """The wait the server asks for (``retry-after-ms`` or ``retry-after`` in seconds), if sane."""
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) * scale
+        except ValueError:
+            continue  # an HTTP date: use the usual backoff
+        if 0 <= seconds <= MAX_RETRY_AFTER_S:
+            return seconds
+    return None
+
+
+def status_message(text: str, reason: str | None) -> str:
+    """The human part of an error response: OpenAI's ``error.message``, FastAPI's ``detail``,
+    or the start of the body."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        data = None
+    if isinstance(data, dict):
+        inner = data.get("error", data)
+        if isinstance(inner, dict):
+            for key in ("message", "detail"):
+                if inner.get(key):
+                    return str(inner[key])
+        elif isinstance(inner, str) and inner:
+            return inner
+        if data.get("detail"):
+            return str(data["detail"])
+    text = text.strip()
+    if not text:
+        return reason or "no message"
+    return text if len(text) <= 300 else text[:300] + "..."
