@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from tapekit.errors import TapekitError
+
 if TYPE_CHECKING:
     from tapekit.agent import Agent
     from tapekit.core import Tape
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["CliError", "fail", "load_target", "pick_tape", "read_tape_file"]
 
 
-class CliError(Exception):
+class CliError(TapekitError):
     """A mistake in the command's input: printed as ``error: ...`` with exit code 2."""
 
 

@@ -30,6 +30,7 @@ from typing import Any, Self, TextIO, TypeVar
 from tapekit.core import Action
 from tapekit.dialog import ToolCall, ToolResult
 from tapekit.environment import ActionHandler, Tool, ToolEnvironment
+from tapekit.errors import TapekitError
 
 __all__ = [
     "HTTPServer",
@@ -45,7 +46,7 @@ _T = TypeVar("_T")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-class MCPServerError(RuntimeError):
+class MCPServerError(TapekitError, RuntimeError):
     """An MCP server could not be started, or its tools could not be listed (named in the message)."""
 
 

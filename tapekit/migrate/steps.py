@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from tapekit.core import Action, Call, Observation, Respond, SetNextNode, Step, StepMetadata, Thought
 from tapekit.dialog import AssistantStep, AssistantThought, SystemStep, ToolCall, ToolResult, UserStep
+from tapekit.errors import TapekitError
 
 __all__ = [
     "GenericAction",
@@ -34,7 +35,7 @@ EXTRA = "tapeagents"  # the metadata.other key holding what tapekit's classes ha
 _META_KEYS = ("id", "prompt_id", "node", "agent", "llm", "other")
 
 
-class ReferenceFormatError(ValueError):
+class ReferenceFormatError(TapekitError, ValueError):
     """Reference data that cannot be read: the message names the file, the tape and the step."""
 
 

@@ -43,6 +43,7 @@ from starlette.staticfiles import StaticFiles
 
 from tapekit._diff import first_divergence, signatures
 from tapekit.core import Step, Tape
+from tapekit.errors import TapekitError
 from tapekit.store import TapeInfo, TapeNotFoundError, TapeStore, open_store
 from tapekit.studio.data import (
     TapeCache,
@@ -81,7 +82,7 @@ MAX_BATCH = 500
 MAX_FORM_BYTES = 1_000_000
 
 
-class PageError(Exception):
+class PageError(TapekitError):
     """Ends a request with an error page: ``status``, a short ``title`` and a ``message``."""
 
     def __init__(self, status: int, title: str, message: str) -> None:
