@@ -55,11 +55,15 @@ from tapekit.environment import (
     UnknownActionError,
     unanswered_actions,
 )
+from tapekit.errors import TapekitError
 from tapekit.evaluate import EvalReport, Score, Task, aevaluate, evaluate, rescore
 from tapekit.llm import LLM, FunctionLLM, LLMCall, LLMStream, ReplayLLM, ScriptedLLM, TrainingText
 from tapekit.orchestrator import (
+    AsyncMainLoopStream,
     MainLoopEvent,
+    MainLoopStream,
     ReplayResult,
+    amain_loop,
     areplay_tape,
     async_main_loop,
     main_loop,
@@ -84,6 +88,7 @@ __all__ = [
     "AssistantStep",
     "AssistantThought",
     "AsyncAgentStream",
+    "AsyncMainLoopStream",
     "Branch",
     "Call",
     "ControlStep",
@@ -97,6 +102,7 @@ __all__ = [
     "LLMOutputParsingFailure",
     "LLMStream",
     "MainLoopEvent",
+    "MainLoopStream",
     "Node",
     "NodeRun",
     "Observation",
@@ -122,6 +128,7 @@ __all__ = [
     "TapeStore",
     "TapeView",
     "TapeViewStack",
+    "TapekitError",
     "Task",
     "Thought",
     "Tool",
@@ -134,6 +141,7 @@ __all__ = [
     "UnknownStepKindError",
     "UserStep",
     "aevaluate",
+    "amain_loop",
     "areplay_tape",
     "async_main_loop",
     "cached_fold",

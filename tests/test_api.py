@@ -37,3 +37,148 @@ def test_import_pulls_no_heavy_dependencies() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# The public names of `tapekit`, pinned: adding or removing one is an API change. To export a new
+# name, add it here (one sorted list) as well as to tapekit/__init__.py.
+EXPORTED = sorted(
+    [
+        "Action",
+        "Agent",
+        "AgentError",
+        "AgentEvent",
+        "AgentStream",
+        "AssistantStep",
+        "AssistantThought",
+        "AsyncAgentStream",
+        "AsyncMainLoopStream",
+        "Branch",
+        "Call",
+        "ControlStep",
+        "Environment",
+        "EvalReport",
+        "ExternalObservationNeeded",
+        "Fork",
+        "FunctionLLM",
+        "LLM",
+        "LLMCall",
+        "LLMOutput",
+        "LLMOutputParsingFailure",
+        "LLMStream",
+        "MainLoopEvent",
+        "MainLoopStream",
+        "Node",
+        "NodeRun",
+        "Observation",
+        "PartialStep",
+        "Prompt",
+        "ReconstructionError",
+        "ReplayLLM",
+        "ReplayResult",
+        "Respond",
+        "Score",
+        "ScriptedLLM",
+        "SetNextNode",
+        "Step",
+        "StepMetadata",
+        "StepSequence",
+        "StopStep",
+        "StructuredNode",
+        "SystemStep",
+        "Tape",
+        "TapeInfo",
+        "TapeMetadata",
+        "TapeNotFoundError",
+        "TapeStore",
+        "TapeView",
+        "TapeViewStack",
+        "TapekitError",
+        "Task",
+        "Thought",
+        "Tool",
+        "ToolCall",
+        "ToolCallRequest",
+        "ToolEnvironment",
+        "ToolResult",
+        "TrainingText",
+        "UnknownActionError",
+        "UnknownStepKindError",
+        "UserStep",
+        "aevaluate",
+        "amain_loop",
+        "areplay_tape",
+        "async_main_loop",
+        "cached_fold",
+        "evaluate",
+        "main_loop",
+        "node_run_steps",
+        "open_store",
+        "parse_steps",
+        "reconstruct_llm_calls",
+        "replay_tape",
+        "rescore",
+        "steps_schema",
+        "tool_calls_from_output",
+        "unanswered_actions",
+        "view_to_messages",
+    ]
+)
+
+
+def test_exported_names_are_pinned() -> None:
+    exported = set(tapekit.__all__)
+    added, removed = sorted(exported - set(EXPORTED)), sorted(set(EXPORTED) - exported)
+    assert (added, removed) == ([], []), (
+        f"tapekit.__all__ changed: added {added}, removed {removed}; update EXPORTED in tests/test_api.py"
+    )
+    assert len(tapekit.__all__) == len(exported), "a name is listed twice in tapekit.__all__"
+
+
+def test_every_public_name_of_the_root_is_exported() -> None:
+    """Names defined in tapekit's own modules and bound at the root are in ``__all__`` (the
+    submodules themselves and the version aside)."""
+    import types
+
+    public = {
+        name
+        for name, value in vars(tapekit).items()
+        if not name.startswith("_")
+        and not isinstance(value, types.ModuleType)
+        and getattr(value, "__module__", "").startswith("tapekit")
+    }
+    assert sorted(public - set(tapekit.__all__)) == []
+
+
+def test_every_tapekit_exception_derives_from_tapekit_error() -> None:
+    """One root above every exception class defined in tapekit's modules (imported here, so
+    optional backends whose dependencies are missing are skipped), keeping builtin bases."""
+    import importlib
+    import pkgutil
+
+    import tapekit.errors
+
+    found: dict[str, type] = {}
+    for info in pkgutil.walk_packages(tapekit.__path__, "tapekit."):
+        try:
+            module = importlib.import_module(info.name)
+        except Exception:  # an optional extra that is not installed
+            continue
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseException)
+                and value.__module__ == module.__name__
+            ):
+                found[f"{value.__module__}.{value.__qualname__}"] = value
+    assert len(found) >= 13
+    assert sorted(name for name, cls in found.items() if not issubclass(cls, tapekit.TapekitError)) == []
+    assert issubclass(tapekit.TapeNotFoundError, KeyError)
+    assert issubclass(tapekit.AgentError, RuntimeError)
+    assert tapekit.errors.TapekitError is tapekit.TapekitError
+
+
+def test_amain_loop_sits_beside_the_other_async_entry_points() -> None:
+    assert tapekit.async_main_loop is tapekit.amain_loop
+    assert inspect.signature(tapekit.main_loop).parameters.keys() == (
+        inspect.signature(tapekit.amain_loop).parameters.keys()
+    )
