@@ -15,6 +15,8 @@ import random
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from tapekit.errors import TapekitError
+
 if TYPE_CHECKING:
     import aiohttp
 
@@ -24,7 +26,7 @@ RETRY_STATUSES = frozenset({408, 409, 429})
 MAX_RETRY_AFTER_S = 60.0
 
 
-class HTTPStatusFailure(Exception):
+class HTTPStatusFailure(TapekitError):
     """The server answered with an error status (after any retries)."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -33,7 +35,7 @@ class HTTPStatusFailure(Exception):
         self.message = message
 
 
-class TransportFailure(Exception):
+class TransportFailure(TapekitError):
     """No answer: the connection failed or timed out (after any retries)."""
 
     def __init__(self, timed_out: bool, detail: str) -> None:
