@@ -12,7 +12,8 @@ Each tape is one trace, its id the trace id and the ``gen_ai.conversation.id``:
 - ``execute_tool {tool}``: each tool call, from the ``ToolCall`` to its ``ToolResult``.
 
 :class:`OtelTracer` sends the spans while a session runs; :func:`export_tapes_otlp` sends
-stored tapes; :func:`tapes_to_otlp_json` and :func:`tapes_from_otlp_json` convert both ways
+stored tapes; :func:`write_otlp_json` writes them to a file; :func:`tapes_to_otlp_json` and
+:func:`tapes_from_otlp_json` convert both ways
 without loss. The attribute names follow the GenAI semantic conventions
 :data:`SEMCONV_VERSION` (status: development). The OpenTelemetry packages are imported only
 when a function needs them.
@@ -29,6 +30,7 @@ from tapekit.otel._otlp import (
     tape_spans,
     tapes_from_otlp_json,
     tapes_to_otlp_json,
+    write_otlp_json,
 )
 
 __all__ = [
@@ -44,4 +46,5 @@ __all__ = [
     "tape_spans",
     "tapes_from_otlp_json",
     "tapes_to_otlp_json",
+    "write_otlp_json",
 ]

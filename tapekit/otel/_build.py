@@ -105,7 +105,7 @@ class SpanBuilder:
         root_agent: str = "",
     ) -> None:
         self.conversation_id = conversation_id
-        self.emit = emit
+        self._sink = emit
         self.llm_calls: dict[str, LLMCall] = {}
         self.n_steps = 0
         self.root = SpanRecord(
@@ -117,6 +117,17 @@ class SpanBuilder:
         self._agent_runs: dict[str, list[SpanRecord]] = {}  # open subagent runs by full agent name
         self._tools: dict[str, SpanRecord] = {}  # open tool calls by call id
         self._chats_sent: set[str] = set()
+        self._open: dict[str, SpanRecord] = {"tape": self.root}  # spans that may still grow
+
+    def emit(self, record: SpanRecord) -> None:
+        """Send a closed span, first stretching the open spans above it over its time."""
+        self._open.pop(record.key, None)
+        parent = self._open.get(record.parent_key) if record.parent_key else None
+        while parent is not None:
+            parent.start_ns = min(parent.start_ns, record.start_ns)
+            parent.end_ns = max(parent.end_ns, record.end_ns)
+            parent = self._open.get(parent.parent_key) if parent.parent_key else None
+        self._sink(record)
 
     # ------------------------------------------------------------------ feeding
 
@@ -190,6 +201,7 @@ class SpanBuilder:
                 attributes=self._agent_attributes(callee, "agent_run"),
             )
             self._agent_runs.setdefault(callee, []).append(record)
+            self._open[record.key] = record
         elif isinstance(step, Respond):
             open_runs = self._agent_runs.get(meta.agent)
             if open_runs:

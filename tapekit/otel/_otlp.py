@@ -6,6 +6,7 @@ import base64
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tapekit.core import Tape, TapeMetadata
@@ -28,6 +29,7 @@ __all__ = [
     "tape_spans",
     "tapes_from_otlp_json",
     "tapes_to_otlp_json",
+    "write_otlp_json",
 ]
 
 SEMCONV_VERSION = "1.41.0"
@@ -280,6 +282,33 @@ def llm_calls_from_otlp_json(data: Mapping[str, Any] | str | bytes) -> list[LLMC
 
 
 # ---------------------------------------------------------------------------- exporting
+
+
+def write_otlp_json(
+    source: TapeStore | Iterable[Tape[Any, Any]],
+    path: str | Path,
+    tape_ids: Iterable[str] | None = None,
+    *,
+    llm_calls: Iterable[LLMCall] | Mapping[str, LLMCall] = (),
+    service_name: str = "tapekit",
+) -> int:
+    """Write tapes (a store's, all or ``tape_ids``; or the tapes given, with their
+    ``llm_calls``) to ``path`` as one OTLP JSON document; returns how many tapes.
+    :func:`tapes_from_otlp_json` reads it back."""
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+
+    resource = Resource.create({"service.name": service_name})
+    spans: list[ReadableSpan] = []
+    n = 0
+    for tape, calls, created in _tapes_of(source, tape_ids, llm_calls):
+        records = tape_span_records(tape, calls, base_time=created)
+        spans.extend(to_readable(records, tape.metadata.id, resource))
+        n += 1
+    document = _hex_ids(MessageToDict(encode_spans(spans)))
+    Path(path).write_text(json.dumps(document, ensure_ascii=False), encoding="utf-8")
+    return n
 
 
 def export_tapes_otlp(
