@@ -1,0 +1,28 @@
+"""Learning from tapes: token-exact samples, SFT and DPO trainers, a tiny local model.
+
+Importing this package is light: the trainers and their heavy dependencies (torch,
+transformers, peft, trl, datasets; the ``train`` extra) load on first use of a name below.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["DPOConfig", "SFTConfig", "TrainingError", "train_dpo", "train_sft"]
+
+_WHERE = {
+    "DPOConfig": "tapekit.training.config",
+    "SFTConfig": "tapekit.training.config",
+    "TrainingError": "tapekit.training._common",
+    "train_dpo": "tapekit.training.dpo",
+    "train_sft": "tapekit.training.sft",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name from its module on first use."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tapekit.training' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

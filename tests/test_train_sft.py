@@ -1,0 +1,172 @@
+"""SFT on token-exact samples: masked tokens give no loss and no gradient, packing without
+cross-sample attention (packed loss == unpacked loss), resuming from a checkpoint gives the
+weights of an unbroken run, and the result loads back (full model and LoRA adapter)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tapekit.training._common import TrainingError, split_packed
+from tapekit.training.config import SFTConfig, load_config, parse_overrides
+from tapekit.training.sft import build_sft_trainer, labelled, train_sft
+from tests.train_helpers import make_model, sum_rows
+
+
+def config(tmp: Path, **kw: Any) -> SFTConfig:
+    base: dict[str, Any] = {
+        "output_dir": str(tmp),
+        "max_steps": 4,
+        "logging_steps": 2,
+        "max_length": 96,
+        "batch_size": 2,
+        "learning_rate": 1e-3,
+        "lora": None,
+        "device": "cpu",
+    }
+    return SFTConfig(**{**base, **kw})
+
+
+def token_losses(model: Any, ids: list[int], labels: list[int]) -> torch.Tensor:
+    logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, :-1]
+    target = torch.tensor(labels[1:])
+    return torch.nn.functional.cross_entropy(logits, target, ignore_index=-100, reduction="none")
+
+
+def test_labels_follow_the_mask_and_masked_tokens_get_no_gradient(tmp_path: Path) -> None:
+    model, tok = make_model()
+    rows = sum_rows(tok, 4)
+    data = labelled(__import__("datasets").Dataset.from_list(rows))
+    for row, out in zip(rows, data, strict=True):
+        assert out["labels"] == [
+            t if m else -100 for t, m in zip(row["input_ids"], row["loss_mask"], strict=True)
+        ]
+    # the gradient of the loss reaches only the logits that predict trained tokens
+    ids, labels = data[0]["input_ids"], data[0]["labels"]
+    model.train()
+    out = model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels]), use_cache=False)
+    out.logits.retain_grad()
+    out.loss.backward()
+    grad_norm = out.logits.grad[0].abs().sum(-1)  # position t predicts token t+1
+    predicts_trained = torch.tensor([m == 1 for m in rows[0]["loss_mask"][1:]] + [False])
+    assert (grad_norm[~predicts_trained] == 0).all() and (grad_norm[predicts_trained] > 0).all()
+    # the loss is the mean over trained tokens only
+    assert out.loss.item() == pytest.approx(
+        token_losses(model, ids, labels).sum().item() / sum(rows[0]["loss_mask"][1:])
+    )
+
+
+def test_packed_batch_loss_equals_unpacked_loss(tmp_path: Path) -> None:
+    model, tok = make_model()
+    trainer = build_sft_trainer(sum_rows(tok, 24), model, tok, config(tmp_path))
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert "attention_mask" not in batch and batch["input_ids"].shape[0] == 1  # one padding-free row
+    samples = list(split_packed(batch["input_ids"], batch["position_ids"], None))
+    label_rows = list(split_packed(batch["labels"], batch["position_ids"], None))
+    assert len(samples) >= 4  # several samples really share the row
+    trainer.model.eval()
+    with torch.no_grad():
+        packed = trainer.compute_loss(trainer.model, dict(batch)).item()
+        total, count = 0.0, 0
+        for ids, labels in zip(samples, label_rows, strict=True):
+            losses = token_losses(trainer.model, ids, labels)
+            total += losses.sum().item()
+            count += sum(lbl != -100 for lbl in labels[1:])
+        # the same row with attention across samples (no position ids) gives another loss
+        crossed = trainer.model(
+            input_ids=batch["input_ids"], labels=batch["labels"], use_cache=False
+        ).loss.item()
+    assert packed == pytest.approx(total / count, rel=1e-5)
+    assert abs(crossed - packed) > 1e-3
+
+
+def test_resume_from_checkpoint_equals_unbroken_run(tmp_path: Path) -> None:
+    from transformers import TrainerCallback
+
+    class StopAt(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 2:
+                control.should_training_stop = True
+
+    model, tok = make_model()
+    rows = sum_rows(tok, 40)
+    unbroken = train_sft(
+        rows, model, tokenizer=tok, config=config(tmp_path / "a", save_steps=2, max_length=48)
+    )
+    model, tok = make_model()
+    train_sft(
+        rows,
+        model,
+        tokenizer=tok,
+        config=config(tmp_path / "b", save_steps=2, max_length=48),
+        callbacks=[StopAt()],
+    )
+    assert (tmp_path / "b" / "checkpoint-2").is_dir() and not (tmp_path / "b" / "checkpoint-4").exists()
+    model, tok = make_model()
+    resumed = train_sft(
+        rows, model, tokenizer=tok, config=config(tmp_path / "b", save_steps=2, max_length=48, resume=True)
+    )
+    from safetensors.torch import load_file
+
+    a, b = load_file(unbroken / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    info = json.loads((resumed / "tapekit_train.json").read_text())
+    assert info["global_step"] == 4 and info["lora"] is False
+    fresh, _ = make_model()
+    assert not torch.equal(fresh.state_dict()["model.embed_tokens.weight"], a["model.embed_tokens.weight"])
+
+
+def test_lora_result_loads_back_and_learned(tmp_path: Path) -> None:
+    from peft import PeftModel
+
+    base_dir = tmp_path / "base"
+    _model, tok = make_model(base_dir)
+    rows = sum_rows(tok, 40)
+    cfg = config(
+        tmp_path / "lora", lora={"r": 16, "alpha": 32}, max_steps=20, learning_rate=1e-2, logging_steps=10
+    )
+    adapter = train_sft(rows, str(base_dir), config=cfg)
+    assert (adapter / "adapter_config.json").is_file() and not (adapter / "model.safetensors").exists()
+    base, _ = make_model()
+    tuned = PeftModel.from_pretrained(base, str(adapter)).eval()
+    plain, _ = make_model()
+    data = labelled(__import__("datasets").Dataset.from_list(rows[:8]))
+    with torch.no_grad():
+        before = sum(token_losses(plain.eval(), r["input_ids"], r["labels"]).sum().item() for r in data)
+        after = sum(token_losses(tuned, r["input_ids"], r["labels"]).sum().item() for r in data)
+    assert after < 0.95 * before  # LoRA on a random tiny model learns slowly; it must learn
+
+
+def test_bad_samples_and_configs_are_named(tmp_path: Path) -> None:
+    model, tok = make_model()
+    rows = sum_rows(tok, 3)
+    bad = [dict(rows[0]), dict(rows[1], loss_mask=rows[1]["loss_mask"][:-1])]
+    with pytest.raises(
+        TrainingError, match=r"sample 1 \(tape t1\): input_ids has \d+ tokens but loss_mask has"
+    ):
+        train_sft(bad, model, tokenizer=tok, config=config(tmp_path))
+    with pytest.raises(TrainingError, match="all 0"):
+        train_sft(
+            [dict(rows[0], loss_mask=[0] * len(rows[0]["input_ids"]))],
+            model,
+            tokenizer=tok,
+            config=config(tmp_path),
+        )
+    with pytest.raises(TrainingError, match="more than max_length=5"):
+        train_sft(rows, model, tokenizer=tok, config=config(tmp_path, max_length=5))
+    with pytest.raises(TrainingError, match="not a local model directory"):
+        train_sft(rows, str(tmp_path / "nowhere"), config=config(tmp_path))
+    with pytest.raises(TrainingError, match="no checkpoint"):
+        train_sft(rows, model, tokenizer=tok, config=config(tmp_path / "fresh", resume=True))
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("max_steps: 3\nlora:\n  r: 4\nlerning_rate: 1\n")
+    with pytest.raises(ValueError, match="lerning_rate: Extra inputs"):
+        load_config(SFTConfig, cfg_file)
+    cfg_file.write_text("max_steps: 3\nlora:\n  r: 4\nmodel: m\n")
+    loaded = load_config(SFTConfig, cfg_file, parse_overrides(["lora.alpha=8", "max_length=64"]))
+    assert (loaded.max_steps, loaded.lora.r, loaded.lora.alpha, loaded.max_length) == (3, 4, 8, 64)
+    assert loaded.model == str(tmp_path / "m")
