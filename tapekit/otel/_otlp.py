@@ -116,7 +116,7 @@ def to_readable(
             parent = SpanContext(
                 tid, span_id(conversation_id, r.parent_key), is_remote=False, trace_flags=flags
             )
-        events = [sdk_trace.Event(name, attributes, t, limit=None) for name, t, attributes in r.events]
+        events = [sdk_trace.Event(name, attributes, t) for name, t, attributes in r.events]
         status = Status(StatusCode.ERROR, r.error) if r.error is not None else Status(StatusCode.UNSET)
         spans.append(
             sdk_trace.ReadableSpan(
