@@ -3,7 +3,6 @@
 import asyncio
 import datetime
 import threading
-import time
 from typing import Any, Literal
 
 import pydantic
@@ -431,26 +430,29 @@ def test_unknown_tool_lists_available_tools() -> None:
 
 def test_async_tools_run_concurrently_and_keep_order() -> None:
     finished: list[str] = []
+    started: list[str] = []
+    b_done = asyncio.Event()
 
-    async def slow(label: str, delay: float) -> str:
-        """Sleeps."""
-        await asyncio.sleep(delay)
+    async def slow(label: str) -> str:
+        """Waits: a and c until b is done, so they only finish if the three overlap."""
+        started.append(label)
+        if label == "b":
+            b_done.set()
+        else:
+            await asyncio.wait_for(b_done.wait(), timeout=30)
         finished.append(label)
         return label
 
     env = ToolEnvironment([slow])
     tape = tape_of(
         UserStep(content="go"),
-        ToolCall(name="slow", arguments={"label": "a", "delay": 0.4}, call_id="1"),
-        ToolCall(name="slow", arguments={"label": "b", "delay": 0.05}, call_id="2"),
-        ToolCall(name="slow", arguments={"label": "c", "delay": 0.4}, call_id="3"),
+        ToolCall(name="slow", arguments={"label": "a"}, call_id="1"),
+        ToolCall(name="slow", arguments={"label": "b"}, call_id="2"),
+        ToolCall(name="slow", arguments={"label": "c"}, call_id="3"),
     )
-    start = time.perf_counter()
     out = env.react(tape)
-    elapsed = time.perf_counter() - start
     results = new_results(tape, out)
-    assert elapsed < 0.75, f"tools ran one after another ({elapsed:.2f} s; sequential is 0.85 s)"
-    assert finished[0] == "b"  # b finished first...
+    assert started[:2] == ["a", "b"] and finished[0] == "b"  # a was still waiting when b ran...
     assert [r.content for r in results] == ["a", "b", "c"]  # ...but results follow the calls
     assert [r.call_id for r in results] == ["1", "2", "3"]
 
@@ -459,19 +461,18 @@ def test_sync_tools_run_concurrently_in_threads() -> None:
     threads: list[int] = []
     lock = threading.Lock()
 
+    together = threading.Barrier(3, timeout=30)  # passes only when all three run at once
+
     def blocking(label: str) -> str:
-        """Blocks its thread."""
-        time.sleep(0.4)
+        """Blocks its thread until the other two calls are running too."""
+        together.wait()
         with lock:
             threads.append(threading.get_ident())
         return label
 
     env = ToolEnvironment([blocking])
     tape = tape_of(*(ToolCall(name="blocking", arguments={"label": x}, call_id=x) for x in "xyz"))
-    start = time.perf_counter()
     out = env.react(tape)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 1.0, f"sync tools ran one after another ({elapsed:.2f} s; sequential is 1.2 s)"
     assert [r.content for r in new_results(tape, out)] == ["x", "y", "z"]
     assert threading.get_ident() not in threads
     assert len(set(threads)) == 3
