@@ -101,7 +101,7 @@ def sse_body(request: dict[str, Any]) -> bytes:
     prompt_tokens = sum(_tokens(json.dumps(m)) for m in request["messages"])
     if content is not None:
         pieces = [content[: len(content) // 2], content[len(content) // 2 :]]
-        deltas = [{"content": p} for p in pieces]
+        deltas: list[dict[str, Any]] = [{"content": p} for p in pieces]
         output_tokens, finish = _tokens(content), "stop"
     else:
         deltas = [{"tool_calls": calls}]
@@ -287,7 +287,7 @@ class AiohttpChatLLM(LLM):
         }
         if prompt.tools:
             body["tools"] = prompt.tools
-        answer, usage = StreamedOutput(), {}
+        answer, usage = StreamedOutput(), dict[str, Any]()
         async with self._session.post(f"{self.base_url}/chat/completions", json=body) as response:
             response.raise_for_status()
             async for line in response.content:

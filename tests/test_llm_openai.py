@@ -77,6 +77,15 @@ def test_tool_call(llama_server: Server) -> None:
     assert isinstance(json.loads(call.arguments)["city"], str)
 
 
+def test_return_tokens_on_a_server_without_ids(llama_server: Server) -> None:
+    # llama-cpp-python's server accepts the token fields but sends no token ids (its logprob
+    # entries carry token text only), so there is no trace rather than a guessed one
+    llm = client(llama_server, return_tokens=True, tokenizer="smollm2")
+    final = list(llm.stream(QUESTION))[-1]
+    assert final.output is not None and "Paris" in (final.output.content or "")
+    assert final.tokens is None
+
+
 def test_timeout_is_a_clear_error(llama_server: Server) -> None:
     llm = client(llama_server, timeout_s=0.01, parameters={"max_tokens": 200})
     with pytest.raises(LLMError, match=r"did not answer within 0\.01 s") as info:

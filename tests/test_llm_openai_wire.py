@@ -393,7 +393,7 @@ def vllm_stream(prompt_ids: list[int], pieces: list[tuple[str, list[int], list[f
     first = chunk({"role": "assistant", "content": ""}, prompt_token_ids=prompt_ids)
     blocks = [sse(first)]
     for i, (text, ids, logprobs) in enumerate(pieces):
-        entries = [
+        entries: list[dict[str, Any]] = [
             {"token": f"t{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
             for t, lp in zip(ids, logprobs, strict=True)
         ]

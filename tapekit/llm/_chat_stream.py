@@ -31,7 +31,7 @@ __all__ = ["ChatChunkFolder", "SSEDecoder", "decode_json", "encode_json"]
 try:  # optional: used when installed, never required (the fallbacks give the same values)
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment
-    _orjson = None
+    _orjson = None  # type: ignore[assignment]
 
 
 def encode_json(value: Any) -> bytes:
