@@ -88,10 +88,9 @@ def _run(
     final = start
     store = open_store(db) if db else None
     try:
-        record = store.recorder(start, tags=["run"]) if store is not None else None
-        for event in main_loop(agent, start, environment or _nobody(), max_loops=max_loops):
-            if record is not None:
-                record(event)
+        tags = ["run"] if store is not None else []
+        loop = main_loop(agent, start, environment or _nobody(), max_loops, store=store, tags=tags)
+        for event in loop:
             if event.agent_event is not None and event.agent_event.llm_call is not None:
                 calls[event.agent_event.llm_call.prompt.id] = event.agent_event.llm_call
             if event.tape is not None:

@@ -32,7 +32,7 @@ from tapekit.environment import (
     ToolEnvironment,
     unanswered_actions,
 )
-from tapekit.orchestrator import async_main_loop
+from tapekit.orchestrator import amain_loop
 from tapekit.store.base import TapeStore
 
 __all__ = [
@@ -326,11 +326,9 @@ async def arun_session(
     while it waits (the tag is removed once it runs on). ``on_event`` sees every main-loop
     event (to print steps as they come).
     """
-    record = store.recorder(tape, tags=tags) if store is not None else None
     final, external, last = tape, None, "agent"
-    async for event in async_main_loop(agent, tape, environment, max_loops=max_loops):
-        if record is not None:
-            record(event)
+    events = amain_loop(agent, tape, environment, max_loops, store=store, tags=tags if store else ())
+    async for event in events:
         if on_event is not None:
             on_event(event)
         if event.tape is not None:
