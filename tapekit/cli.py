@@ -35,6 +35,9 @@ app.command("replay")(replay_command)
 app.command("chat")(chat_command)
 app.command("export")(export_command)
 app.add_typer(import_app, name="import")
+from tapekit.training._cli import train_app  # noqa: E402  (typer only; trainers load when run)
+
+app.add_typer(train_app, name="train")
 
 
 @app.command("studio")

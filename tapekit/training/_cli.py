@@ -1,0 +1,114 @@
+"""``tapekit train sft|dpo CONFIG [flags]``: the trainers from the command line.
+
+A config file (YAML or JSON, the fields of :class:`~tapekit.training.config.SFTConfig` or
+:class:`~tapekit.training.config.DPOConfig`) with flags on top; ``--set key=value`` reaches any
+field (``--set lora.r=8``). Runs as well under ``accelerate launch`` (one process per device).
+Only typer is imported here; the trainers load when a command runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+__all__ = ["train_app"]
+
+train_app = typer.Typer(
+    name="train",
+    help="Fine-tune a model on samples made from tapes (SFT, DPO); needs the train extra.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _overrides(
+    model: str | None,
+    dataset: str | None,
+    output_dir: str | None,
+    max_steps: int | None,
+    lora: bool | None,
+    resume: bool,
+    sets: list[str],
+) -> dict[str, Any]:
+    from tapekit.training.config import parse_overrides
+
+    out = parse_overrides(sets)
+    flags = {"model": model, "dataset": dataset, "output_dir": output_dir, "max_steps": max_steps}
+    for key, value in flags.items():
+        if value is not None:
+            out[key] = value
+    if lora is False:
+        out["lora"] = None
+    elif lora is True and "lora" not in out:
+        out["lora"] = {}
+    if resume:
+        out["resume"] = True
+    return out
+
+
+def _run(kind: str, config_file: Path | None, overrides: dict[str, Any]) -> None:
+    try:
+        from tapekit.training._common import TrainingError
+        from tapekit.training.config import DPOConfig, SFTConfig, load_config
+
+        cls = SFTConfig if kind == "sft" else DPOConfig
+        config = load_config(cls, config_file, overrides)
+        if config.dataset is None:
+            raise TrainingError("no dataset: set `dataset` in the config or pass --dataset")
+        if kind == "sft":
+            from tapekit.training.sft import train_sft
+
+            result = train_sft(config.dataset, config.model, config=config)  # type: ignore[arg-type]
+        else:
+            from tapekit.training.dpo import train_dpo
+
+            result = train_dpo(config.dataset, config.model, config=config)  # type: ignore[arg-type]
+    except ImportError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    except (TrainingError, ValueError, FileNotFoundError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"saved {result}")
+
+
+_CONFIG = typer.Argument(None, help="YAML or JSON config file (optional if flags give model and dataset)")
+_MODEL = typer.Option(None, "--model", help="local model directory (the base model for LoRA)")
+_DATASET = typer.Option(None, "--dataset", help="samples: .parquet, .jsonl or a datasets directory")
+_OUTPUT = typer.Option(None, "--output-dir", help="checkpoints and the result (output_dir/final)")
+_STEPS = typer.Option(None, "--max-steps", help="stop after this many optimiser steps")
+_LORA = typer.Option(None, "--lora/--full", help="train a LoRA adapter (default) or every weight")
+_RESUME = typer.Option(False, "--resume", help="continue from the newest checkpoint in output_dir")
+_SET = typer.Option([], "--set", help="any config field: --set learning_rate=1e-4 --set lora.r=8")
+
+
+@train_app.command("sft")
+def sft_command(
+    config: Path | None = _CONFIG,
+    model: str | None = _MODEL,
+    dataset: str | None = _DATASET,
+    output_dir: str | None = _OUTPUT,
+    max_steps: int | None = _STEPS,
+    lora: bool | None = _LORA,
+    resume: bool = _RESUME,
+    set_: list[str] = _SET,
+) -> None:
+    """Supervised fine-tuning (loss only on the model's own tokens, packed without padding)."""
+    _run("sft", config, _overrides(model, dataset, output_dir, max_steps, lora, resume, set_))
+
+
+@train_app.command("dpo")
+def dpo_command(
+    config: Path | None = _CONFIG,
+    model: str | None = _MODEL,
+    dataset: str | None = _DATASET,
+    output_dir: str | None = _OUTPUT,
+    max_steps: int | None = _STEPS,
+    lora: bool | None = _LORA,
+    resume: bool = _RESUME,
+    set_: list[str] = _SET,
+) -> None:
+    """Direct preference optimisation on (prompt, chosen, rejected) pairs made from tapes."""
+    _run("dpo", config, _overrides(model, dataset, output_dir, max_steps, lora, resume, set_))
