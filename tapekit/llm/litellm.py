@@ -9,6 +9,7 @@ use its bundled price table instead of fetching one from the web.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -82,6 +83,12 @@ class LiteLLM(LLM):
                             tc.index or 0, tc.id, function and function.name, function and function.arguments
                         )
         except Exception as e:  # LiteLLM's errors share no base class beyond Exception
+            missing = _import_failure(e)
+            if missing is not None:  # raised on this machine, whatever status LiteLLM gave it
+                raise LLMError(
+                    f"LiteLLM failed on this machine, before reaching {where}: it could not import "
+                    f"{missing} (install it, or reinstall the extra: pip install 'tapekit[litellm]')"
+                ) from None
             status = getattr(e, "status_code", None)
             if status is not None:
                 raise LLMError(f"{where} answered HTTP {status}: {getattr(e, 'message', e)}") from e
@@ -91,3 +98,18 @@ class LiteLLM(LLM):
             prompt_tokens=getattr(usage, "prompt_tokens", None),
             output_tokens=getattr(usage, "completion_tokens", None),
         )
+
+
+def _import_failure(error: BaseException) -> str | None:
+    """The module a local import failure inside ``error`` (or what it wraps) names, quoted; None
+    if the error did not come from a failed import. LiteLLM wraps such failures as connection
+    errors with status 500, which would otherwise read as the provider's answer."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ImportError):
+            return repr(current.name) if current.name else f"a module ({current})"
+        current = current.__cause__ or current.__context__
+    found = re.search(r"No module named '([\w.]+)'", str(error))
+    return repr(found.group(1)) if found else None
