@@ -78,6 +78,25 @@ import tapekit.migrate.steps  # noqa: E402, F401  (registers the generic step ki
 
 __version__ = "0.1.0"
 
+# the LLM backends, loaded from tapekit.llm on first access: `import tapekit` stays light
+_LAZY_BACKENDS = ("LiteLLM", "LlamaCppLLM", "OpenAICompatibleLLM", "TransformersLLM")
+
+
+def __getattr__(name: str) -> object:
+    """``tapekit.OpenAICompatibleLLM`` and the other backends, imported when first asked for."""
+    if name in _LAZY_BACKENDS:
+        import tapekit.llm
+
+        value = getattr(tapekit.llm, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tapekit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY_BACKENDS})
+
+
 __all__ = [
     "LLM",
     "Action",
@@ -101,11 +120,14 @@ __all__ = [
     "LLMOutput",
     "LLMOutputParsingFailure",
     "LLMStream",
+    "LiteLLM",
+    "LlamaCppLLM",
     "MainLoopEvent",
     "MainLoopStream",
     "Node",
     "NodeRun",
     "Observation",
+    "OpenAICompatibleLLM",
     "PartialStep",
     "Prompt",
     "ReconstructionError",
@@ -137,6 +159,7 @@ __all__ = [
     "ToolEnvironment",
     "ToolResult",
     "TrainingText",
+    "TransformersLLM",
     "UnknownActionError",
     "UnknownStepKindError",
     "UserStep",

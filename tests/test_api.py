@@ -44,6 +44,10 @@ def test_import_pulls_no_heavy_dependencies() -> None:
 EXPORTED = sorted(
     [
         "Action",
+        "LiteLLM",  # lazy: loaded from tapekit.llm on first access
+        "LlamaCppLLM",  # lazy: loaded from tapekit.llm on first access
+        "OpenAICompatibleLLM",  # lazy: loaded from tapekit.llm on first access
+        "TransformersLLM",  # lazy: loaded from tapekit.llm on first access
         "Agent",
         "AgentError",
         "AgentEvent",

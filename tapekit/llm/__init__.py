@@ -1,10 +1,40 @@
-"""LLM clients: the interface agents call, deterministic test LLMs, and replay."""
+"""LLM clients: the interface agents call, deterministic test LLMs, replay, and the backends.
+
+The backends (``OpenAICompatibleLLM``, ``LlamaCppLLM``, ``TransformersLLM``, ``LiteLLM``) are
+loaded on first access (module ``__getattr__``), so importing this package stays light.
+"""
+
+import importlib
+from typing import Any
 
 from tapekit.core import LLMOutput, Prompt, ToolCallRequest
 from tapekit.llm.base import LLM, LLMCall, LLMError, LLMEvent, LLMStream, TokenTrace, TrainingText
 from tapekit.llm.cached import CachedLLM
 from tapekit.llm.replay import ReplayLLM, ReplayMissError
 from tapekit.llm.scripted import FunctionLLM, ScriptedLLM
+
+# backend name -> the module that defines it, imported on first access
+_BACKENDS = {
+    "LiteLLM": "tapekit.llm.litellm",
+    "LlamaCppLLM": "tapekit.llm.llamacpp",
+    "OpenAICompatibleLLM": "tapekit.llm.openai_compat",
+    "TransformersLLM": "tapekit.llm.transformers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The backend classes, imported when first asked for."""
+    module = _BACKENDS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tapekit.llm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_BACKENDS})
+
 
 __all__ = [
     "LLM",
@@ -15,11 +45,15 @@ __all__ = [
     "LLMEvent",
     "LLMOutput",
     "LLMStream",
-    "TokenTrace",
+    "LiteLLM",
+    "LlamaCppLLM",
+    "OpenAICompatibleLLM",
     "Prompt",
     "ReplayLLM",
     "ReplayMissError",
     "ScriptedLLM",
+    "TokenTrace",
     "ToolCallRequest",
     "TrainingText",
+    "TransformersLLM",
 ]
