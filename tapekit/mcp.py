@@ -196,7 +196,8 @@ def _description(text: str | None) -> str:
 def _result_content(result: Any, output_schema: dict[str, Any] | None) -> Any:
     """A ``CallToolResult`` as observation content: its structured content when it has some
     (a value the SDK wrapped as ``{"result": value}`` is unwrapped), else its text (one block:
-    the string; several: joined by newlines), else its content blocks as JSON."""
+    the string, parsed when it is a JSON object or array; several: joined by newlines), else
+    its content blocks as JSON."""
     structured = result.structured_content
     if structured is not None:
         declared = set((output_schema or {}).get("properties", {}))
@@ -205,7 +206,11 @@ def _result_content(result: Any, output_schema: dict[str, Any] | None) -> Any:
         return structured
     blocks = list(result.content or [])
     if all(getattr(b, "type", None) == "text" for b in blocks):
-        return "\n".join(b.text for b in blocks)
+        text = "\n".join(b.text for b in blocks)
+        if len(blocks) == 1 and text.lstrip()[:1] in ("{", "["):
+            with contextlib.suppress(ValueError):
+                return json.loads(text)
+        return text
     return [b.model_dump(mode="json", exclude_none=True, by_alias=True) for b in blocks]
 
 
