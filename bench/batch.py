@@ -14,7 +14,10 @@ The **endpoint ceiling** is measured separately at the same concurrency, without
 the requests of one tape's run are recorded, then sent by the same HTTP client from N workers,
 one request at a time each, worker w starting at position w of the sequence so that the mix of
 small (early) and large (late) requests is the batch's. It is measured before and after the
-batch and averaged, since a shared VM drifts. Then a sample of the tapes is run one at a time
+batch and averaged, since a shared VM drifts. Both also print this process's CPU time per LLM
+call (``client_cpu_ms_per_call`` for the batch, ``ceiling_cpu_ms_per_call`` for the ceiling),
+which other load on the machine moves much less than the wall-clock figures, and the 1-minute
+load average at the end of the row. Then a sample of the tapes is run one at a time
 (concurrency 1) and compared with the batch's results.
 
 Python's garbage collector costs the batch more than the ceiling run, because the batch holds
@@ -359,10 +362,12 @@ def content(tape: Tape[Any, Any]) -> list[Any]:
 
 async def run_batch(
     client: str, base_url: str, tapes: list[Tape[Any, Any]], concurrency: int, store: Any = None
-) -> tuple[float, BatchStats, list[BatchResult]]:
-    """One batch of ``tapes`` at ``concurrency``: (wall seconds, stats, results)."""
+) -> tuple[float, float, BatchStats, list[BatchResult]]:
+    """One batch of ``tapes`` at ``concurrency``: (wall seconds, this process's CPU seconds,
+    stats, results)."""
     llm = make_llm(client, base_url)
     stats = BatchStats()
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     name = f"bench-{client}-{len(tapes)}-{time.time():.0f}"
     results = [
@@ -372,8 +377,9 @@ async def run_batch(
         )
     ]
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
     await close_llm(llm)
-    return wall, stats, results
+    return wall, cpu, stats, results
 
 
 async def recorded_prompts(base_url: str, loops: int) -> list[Prompt]:
@@ -390,23 +396,26 @@ async def recorded_prompts(base_url: str, loops: int) -> list[Prompt]:
 
 async def _workers(
     concurrency: int, per_worker: int, n_requests: int, send: Callable[[int], Awaitable[None]]
-) -> float:
-    """Calls/s when ``concurrency`` workers each send ``per_worker`` of the recorded requests,
-    one at a time, worker w starting at position w: every position of a tape's sequence is
-    sent equally often, so the mix of small and large requests is the batch's."""
+) -> tuple[float, float]:
+    """(calls/s, this process's CPU ms per call) when ``concurrency`` workers each send
+    ``per_worker`` of the recorded requests, one at a time, worker w starting at position w:
+    every position of a tape's sequence is sent equally often, so the mix of small and large
+    requests is the batch's."""
 
     async def worker(w: int) -> None:
         for k in range(per_worker):
             await send((w + k) % n_requests)
 
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    return concurrency * per_worker / (time.perf_counter() - t0)
+    calls = concurrency * per_worker
+    return calls / (time.perf_counter() - t0), (time.process_time() - cpu0) * 1000 / calls
 
 
 async def ceiling(
     client: str, base_url: str, prompts: list[Prompt], concurrency: int, per_worker: int
-) -> float:
+) -> tuple[float, float]:
     """The endpoint's calls/s through ``client`` alone, without the agent (streaming, usage
     included): ``tapekit`` sends each prompt through ``OpenAICompatibleLLM.astream`` and reads
     every event, ``aiohttp`` posts the same bodies with bare aiohttp and reads the raw bytes."""
@@ -455,13 +464,13 @@ async def main(args: argparse.Namespace) -> None:
             for n in args.ns:
                 tapes = make_tapes(n, args.loops)
                 per_worker = max(2, round(args.ceiling_calls / n))
-                before = await ceiling(client, base_url, requests, n, per_worker)
+                before, cpu_before = await ceiling(client, base_url, requests, n, per_worker)
                 store = None
                 if args.db:
                     from tapekit.store import open_store
 
                     store = open_store(args.db)
-                wall, stats, results = await run_batch(client, base_url, tapes, n, store)
+                wall, cpu, stats, results = await run_batch(client, base_url, tapes, n, store)
                 if store is not None:
                     store.close()
                 failed = [r for r in results if not r.ok]
@@ -469,12 +478,14 @@ async def main(args: argparse.Namespace) -> None:
                     raise SystemExit(f"{len(failed)} tapes failed, e.g. {failed[0].error}")
                 sample = sorted(results, key=lambda r: r.index)[:: max(1, n // args.sample)][: args.sample]
                 del results  # measure the second ceiling without the batch's tapes in memory
-                after = await ceiling(client, base_url, requests, n, per_worker)  # a shared VM drifts
+                after, cpu_after = await ceiling(client, base_url, requests, n, per_worker)  # a VM drifts
                 top = (before + after) / 2
+                ceiling_cpu_ms = (cpu_before + cpu_after) / 2
+                batch_cpu_ms = cpu * 1000 / stats.llm_calls
                 calls_s = stats.llm_calls / wall
                 tokens_s = (stats.prompt_tokens + stats.output_tokens) / wall
                 ideal = min(n / latency_s, top)
-                _, _, alone = await run_batch(client, base_url, [tapes[r.index] for r in sample], 1)
+                *_, alone = await run_batch(client, base_url, [tapes[r.index] for r in sample], 1)
                 alone.sort(key=lambda r: r.index)
                 same = all(content(r.tape) == content(a.tape) for r, a in zip(sample, alone, strict=True))
                 print(
@@ -482,6 +493,8 @@ async def main(args: argparse.Namespace) -> None:
                     f"llm_calls_per_s={calls_s:.0f} tokens_per_s={tokens_s:.0f} "
                     f"endpoint_ceiling_per_s={top:.0f} ideal_per_s={ideal:.0f} "
                     f"ratio_to_ideal={calls_s / ideal:.2f} "
+                    f"client_cpu_ms_per_call={batch_cpu_ms:.3f} ceiling_cpu_ms_per_call={ceiling_cpu_ms:.3f} "
+                    f"load_avg_1min={os.getloadavg()[0]:.1f} "
                     f"identical_to_one_at_a_time={same} ({len(sample)} tapes)",
                     flush=True,
                 )

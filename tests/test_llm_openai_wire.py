@@ -384,6 +384,17 @@ def test_concurrent_calls_share_one_session_and_pickle_drops_it(wire: WireServer
     assert copy.generate(QUESTION).content == "ok"
 
 
+def test_a_copy_with_other_settings_uses_them(wire: WireServer) -> None:
+    client = llm(wire)
+    assert client.generate(QUESTION).content == "ok"
+    other = client.model_copy(update={"api_key": "second", "headers": {"X-Copy": "1"}})
+    assert other.generate(QUESTION).content == "ok"
+    client.api_key = "third"
+    assert client.generate(QUESTION).content == "ok"
+    keys = [(r.headers["Authorization"], r.headers.get("X-Copy")) for r in wire.requests]
+    assert keys == [("Bearer k", None), ("Bearer second", "1"), ("Bearer third", None)]
+
+
 # ----------------------------------------------------------------------------- token ids
 
 

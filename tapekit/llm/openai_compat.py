@@ -62,6 +62,7 @@ class OpenAICompatibleLLM(LLM):
     return_tokens: bool = False
     tokenizer: str = ""
     _pool: SessionPool | None = PrivateAttr(None)
+    _pool_key: Any = PrivateAttr(None)
     _url: Any = PrivateAttr(None)
 
     @property
@@ -81,10 +82,14 @@ class OpenAICompatibleLLM(LLM):
         return {**headers, **self.headers}
 
     def _session_pool(self) -> SessionPool:
-        if self._pool is None:
+        # settings can change after the first call (or in a model_copy, which shares private
+        # attributes): a new pool then, never a session with stale headers or URL
+        key = (self.base_url, self.api_key, tuple(self.headers.items()), self.timeout_s, self.max_connections)
+        if self._pool is None or self._pool_key != key:
             from yarl import URL
 
             self._pool = SessionPool(self.request_headers(), self.timeout_s, self.max_connections)
+            self._pool_key = key
             self._url = URL(self.endpoint + "/chat/completions")
         return self._pool
 
@@ -192,7 +197,7 @@ class OpenAICompatibleLLM(LLM):
     def __getstate__(self) -> dict[Any, Any]:
         """Pickle the settings only (a session belongs to one process and event loop)."""
         state = super().__getstate__()
-        state["__pydantic_private__"] = {"_pool": None, "_url": None}
+        state["__pydantic_private__"] = {"_pool": None, "_pool_key": None, "_url": None}
         return state
 
 
