@@ -124,7 +124,7 @@ def to_readable(
                 context=context,
                 parent=parent,
                 resource=resource,
-                attributes=r.attributes,
+                attributes={k: tuple(v) if isinstance(v, list) else v for k, v in r.attributes.items()},
                 events=events,
                 kind=SpanKind.CLIENT if r.kind == "client" else SpanKind.INTERNAL,
                 status=status,
