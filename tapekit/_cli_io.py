@@ -68,10 +68,11 @@ def _export(db: str, out: Path, tapes: list[str], fmt: str, llm_calls: bool) -> 
 
 def _export_otlp(store: object, out: Path, ids: list[str] | None) -> int:
     try:
-        from tapekit.otel import export_tapes_otlp  # type: ignore[attr-defined]
+        from tapekit.otel import write_otlp_json
+
+        return write_otlp_json(store, out, ids)  # type: ignore[arg-type]
     except ImportError as e:
         raise CliError(f"--format otlp needs tapekit's OpenTelemetry support (the otel extra): {e}") from None
-    return int(export_tapes_otlp(store, out, ids))
 
 
 @import_app.command("jsonl")

@@ -151,7 +151,7 @@ def test_tape_to_otlp_json_to_tape_is_lossless() -> None:
     typed = tapes_from_otlp_json(data, tape_class=Tape[Weather, Any])  # type: ignore[misc]
     assert typed[0].context == Weather(city="Paris")
     got = {c.prompt.id: c for c in llm_calls_from_otlp_json(data)}
-    assert len(got) == len(calls) - 0 and all(got[c.prompt.id] == c for c in calls)
+    assert len(got) == len(calls) and all(got[c.prompt.id] == c for c in calls)
 
 
 def test_partial_or_foreign_data_is_refused_with_the_reason() -> None:
@@ -363,3 +363,25 @@ def test_a_refusing_collector_is_named() -> None:
         export_tapes_otlp(tapes[:1], receiver.url, llm_calls=calls, timeout_s=2)
     with pytest.raises(TypeError, match="tape_ids selects tapes of a store"):
         export_tapes_otlp(tapes, "http://127.0.0.1:9/v1/traces", tape_ids=["x"])
+
+
+def test_cli_export_writes_otlp_json(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tapekit.cli import app
+
+    tapes, calls = sessions()
+    with SQLiteStore(tmp_path / "cli.db") as store:
+        for tape in tapes:
+            store.save_tape(tape)
+        for call in calls:
+            store.save_llm_call(call)
+    out = tmp_path / "spans.json"
+    result = CliRunner().invoke(
+        app, ["export", "--db", str(tmp_path / "cli.db"), "--format", "otlp", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    back = {t.metadata.id: t for t in tapes_from_otlp_json(json.loads(out.read_text()))}
+    assert set(back) == {t.metadata.id for t in tapes}
+    assert [s.llm_dict() for s in back[tapes[1].metadata.id].steps] == [s.llm_dict() for s in tapes[1].steps]
+    assert len(llm_calls_from_otlp_json(out.read_text())) == len(calls)

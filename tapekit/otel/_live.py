@@ -54,6 +54,9 @@ class OtelTracer:
         service_name: str = "tapekit",
         schedule_delay_s: float = 1.0,
     ) -> None:
+        from tapekit.otel._otlp import _otel
+
+        _otel()
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 

@@ -38,7 +38,10 @@ _NS = 1_000_000_000
 
 
 def _otel() -> Any:
+    """The SDK's trace module, or an ImportError that says which extra to install."""
     try:
+        import google.protobuf  # noqa: F401  (used by the OTLP encoder and JSON conversion)
+        import opentelemetry.exporter.otlp.proto.http  # noqa: F401
         import opentelemetry.sdk.trace as sdk_trace
     except ImportError as e:
         raise ImportError(
@@ -168,6 +171,7 @@ def _hex_ids(message: dict[str, Any]) -> dict[str, Any]:
 
 def otlp_json_from_protobuf(data: bytes) -> dict[str, Any]:
     """An OTLP/HTTP protobuf body (``ExportTraceServiceRequest``) as OTLP JSON."""
+    _otel()
     from google.protobuf.json_format import MessageToDict
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -184,6 +188,7 @@ def tapes_to_otlp_json(
 ) -> dict[str, Any]:
     """The tapes as one OTLP JSON ``ExportTraceServiceRequest`` (one trace per tape), encoded by
     OpenTelemetry's own OTLP encoder."""
+    _otel()
     from google.protobuf.json_format import MessageToDict
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
@@ -272,13 +277,15 @@ def tapes_from_otlp_json(
 
 
 def llm_calls_from_otlp_json(data: Mapping[str, Any] | str | bytes) -> list[LLMCall]:
-    """The LLM calls recorded in the ``chat`` spans of OTLP JSON written by tapekit."""
-    calls = []
+    """The LLM calls recorded in the ``chat`` spans of OTLP JSON written by tapekit, once each
+    (tapes that share a history share its calls)."""
+    calls: dict[str, LLMCall] = {}
     for span in _spans(data):
         attributes = _attributes(span.get("attributes", []))
         if attributes.get("tapekit.span.type") == "llm_call":
-            calls.append(LLMCall.model_validate_json(attributes["tapekit.llm_call"]))
-    return calls
+            call = LLMCall.model_validate_json(attributes["tapekit.llm_call"])
+            calls.setdefault(call.prompt.id, call)
+    return list(calls.values())
 
 
 # ---------------------------------------------------------------------------- exporting
@@ -295,6 +302,7 @@ def write_otlp_json(
     """Write tapes (a store's, all or ``tape_ids``; or the tapes given, with their
     ``llm_calls``) to ``path`` as one OTLP JSON document; returns how many tapes.
     :func:`tapes_from_otlp_json` reads it back."""
+    _otel()
     from google.protobuf.json_format import MessageToDict
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.resources import Resource
@@ -332,6 +340,7 @@ def export_tapes_otlp(
     the OTLP exporter (any OpenTelemetry ``SpanExporter``). Raises ``RuntimeError`` naming the
     endpoint if the collector refuses a batch.
     """
+    _otel()
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace.export import SpanExportResult
 
