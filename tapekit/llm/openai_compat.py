@@ -61,9 +61,7 @@ class OpenAICompatibleLLM(LLM):
     max_connections: int | None = None
     return_tokens: bool = False
     tokenizer: str = ""
-    _pool: SessionPool | None = PrivateAttr(None)
-    _pool_key: Any = PrivateAttr(None)
-    _url: Any = PrivateAttr(None)
+    _conn: _Connection | None = PrivateAttr(None)
 
     @property
     def endpoint(self) -> str:
@@ -81,17 +79,14 @@ class OpenAICompatibleLLM(LLM):
             headers["Authorization"] = f"Bearer {key}"
         return {**headers, **self.headers}
 
-    def _session_pool(self) -> SessionPool:
+    def _connection(self) -> _Connection:
         # settings can change after the first call (or in a model_copy, which shares private
-        # attributes): a new pool then, never a session with stale headers or URL
+        # attributes): a new connection then, never a session with stale headers or URL
         key = (self.base_url, self.api_key, tuple(self.headers.items()), self.timeout_s, self.max_connections)
-        if self._pool is None or self._pool_key != key:
-            from yarl import URL
-
-            self._pool = SessionPool(self.request_headers(), self.timeout_s, self.max_connections)
-            self._pool_key = key
-            self._url = URL(self.endpoint + "/chat/completions")
-        return self._pool
+        connection = self._conn
+        if connection is None or connection.key != key:
+            connection = self._conn = _Connection(key, self)
+        return connection
 
     def request(self, prompt: Prompt) -> dict[str, Any]:
         """The JSON body of the chat-completions request for ``prompt`` (before streaming options)."""
@@ -116,14 +111,14 @@ class OpenAICompatibleLLM(LLM):
     async def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
         body = {**self.request(prompt), "stream": True, "stream_options": {"include_usage": True}}
         data = encode_json(body)
-        pool = self._session_pool()
+        connection = self._connection()
         try:
-            session = await pool.get()
+            session = await connection.pool.get()
         except ImportError as e:
             raise LLMError(f"{self._where()}: {e}") from e
         try:
             response = await open_stream(
-                session, self._url, data, max_retries=self.max_retries, timeout_s=self.timeout_s
+                session, connection.url, data, max_retries=self.max_retries, timeout_s=self.timeout_s
             )
         except HTTPStatusFailure as e:
             message = f"{self._where()} answered HTTP {e.status}: {e.message}{self._hint(e.status)}"
@@ -191,14 +186,27 @@ class OpenAICompatibleLLM(LLM):
 
     async def aclose(self) -> None:
         """Close the HTTP session of the running event loop (the next call opens a new one)."""
-        if self._pool is not None:
-            await self._pool.aclose()
+        if self._conn is not None:
+            await self._conn.pool.aclose()
 
     def __getstate__(self) -> dict[Any, Any]:
         """Pickle the settings only (a session belongs to one process and event loop)."""
         state = super().__getstate__()
-        state["__pydantic_private__"] = {"_pool": None, "_pool_key": None, "_url": None}
+        state["__pydantic_private__"] = {"_conn": None}
         return state
+
+
+class _Connection:
+    """The HTTP session pool and URL made from one set of an LLM's settings (``key``)."""
+
+    __slots__ = ("key", "pool", "url")
+
+    def __init__(self, key: tuple[Any, ...], llm: OpenAICompatibleLLM) -> None:
+        from yarl import URL
+
+        self.key = key
+        self.pool = SessionPool(llm.request_headers(), llm.timeout_s, llm.max_connections)
+        self.url = URL(llm.endpoint + "/chat/completions")
 
 
 _HINTS = {
