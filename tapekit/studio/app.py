@@ -583,6 +583,9 @@ def create_app(
             raise PageError(400, "Too many tapes", f"Compare at most {MAX_BATCH} tapes per batch.")
         return [studio.info(i) for i in ids]
 
+    from tapekit.studio.chat import add_chat_routes
+
+    add_chat_routes(app, studio)
     return app
 
 

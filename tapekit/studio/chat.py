@@ -1,0 +1,211 @@
+"""The Studio's chat pages: a person answers sessions that wait for them.
+
+- ``/chat``: the sessions waiting for a person (tagged ``waiting``), and a form to start one
+  with a registered agent;
+- ``/chat/{id}``: the conversation, and what the session waits for: a message box, or for each
+  tool call that needs approval a form to approve it, reject it (with a reason) or edit its
+  arguments.
+
+Answers continue the stored session under its own id (the same tape grows, as with
+``tapekit chat``): the person's step is appended, the agent runs until it waits again, and
+every step and LLM call is stored as it happens. Each form carries the tape's length; an
+answer to a session that has moved on since the page was loaded is refused (409).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from tapekit.core import Step, Tape
+from tapekit.dialog import AssistantStep, ToolCall, ToolResult, UserStep
+from tapekit.human import (
+    WAITING_TAG,
+    ApprovalDecision,
+    Waiting,
+    approve,
+    arun_session,
+    reject,
+    reply,
+    waiting_on,
+)
+from tapekit.studio.data import root_agent_name
+
+if TYPE_CHECKING:
+    from tapekit.studio.runs import RegisteredAgent
+
+__all__ = ["ChatLine", "add_chat_routes", "chat_lines"]
+
+CHAT_TAG = "chat"
+AGENT_TAG = "chat-agent:"  # + the registered agent's name
+
+
+@dataclass(frozen=True, slots=True)
+class ChatLine:
+    """One line of the conversation: ``who`` (user, assistant, tool, result, decision), the
+    step's index and text, and for tool calls their pretty arguments."""
+
+    who: str
+    index: int
+    text: str
+    detail: str = ""
+    error: bool = False
+
+
+def _pretty(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def chat_lines(steps: list[Step]) -> list[ChatLine]:
+    """The conversation in ``steps``: messages, tool calls, results and decisions (the agent's
+    inner steps are left out; the tape page shows them)."""
+    lines = []
+    for i, step in enumerate(steps):
+        if isinstance(step, UserStep):
+            lines.append(ChatLine("user", i, step.content))
+        elif isinstance(step, AssistantStep):
+            lines.append(ChatLine("assistant", i, step.content, step.metadata.agent or "assistant"))
+        elif isinstance(step, ToolCall):
+            lines.append(ChatLine("tool", i, step.name, _pretty(step.arguments)))
+        elif isinstance(step, ToolResult):
+            text = step.error if step.error else _pretty(step.content)
+            lines.append(ChatLine("result", i, text or "", step.name, error=bool(step.error)))
+        elif isinstance(step, ApprovalDecision):
+            edited = _pretty(step.arguments) if step.arguments is not None else ""
+            text = f"{step.decision} {step.name}" + (f": {step.reason}" if step.reason else "")
+            lines.append(ChatLine("decision", i, text, edited, error=step.decision == "rejected"))
+    return lines
+
+
+def add_chat_routes(app: FastAPI, studio: Any) -> None:
+    """Add the chat pages to the Studio ``app`` (``studio`` is its state: store, agents, render)."""
+    from tapekit.studio.app import PageError, _form
+
+    store = studio.store
+    locks: dict[str, asyncio.Lock] = {}
+
+    def registered_for(tape_id: str, tags: list[str], tape: Tape[Any, Any]) -> RegisteredAgent:
+        named = next((t[len(AGENT_TAG) :] for t in tags if t.startswith(AGENT_TAG)), None)
+        found = studio.agents.get(named) if named else studio.agent_for_root(root_agent_name(tape.steps))
+        if found is None and len(studio.agents) == 1:
+            found = next(iter(studio.agents.values()))
+        if found is None:
+            raise PageError(
+                409,
+                "No agent for this session",
+                f"Session {tape_id!r} was made by an agent that is not registered; start the Studio with "
+                "--agent module:attr for it.",
+            )
+        if found.environment is None:
+            raise PageError(
+                409, "No environment", f"Agent {found.name!r} was registered without an environment."
+            )
+        return found
+
+    def waiting_for(tape: Tape[Any, Any], tags: list[str], reg: RegisteredAgent | None) -> Waiting | None:
+        waiting = waiting_on(tape, reg.environment if reg else None)
+        if waiting is None and WAITING_TAG in tags:
+            return Waiting("external", message="the session waits for a message")
+        return waiting
+
+    @app.get("/chat", response_class=HTMLResponse)
+    def chat_list(request: Request) -> Response:
+        waiting = store.list_tape_infos(tag=WAITING_TAG, limit=100)
+        recent = store.list_tape_infos(tag=CHAT_TAG, limit=20)
+        return studio.render(request, "chat_list.html", waiting=waiting, recent=recent)
+
+    @app.get("/chat/{tape_id}", response_class=HTMLResponse)
+    def chat_page(request: Request, tape_id: str) -> Response:
+        info = studio.info(tape_id)
+        tape = studio.tape(info)
+        try:
+            reg: RegisteredAgent | None = registered_for(tape_id, info.tags, tape)
+        except PageError:
+            reg = None
+        waiting = waiting_for(tape, info.tags, reg)
+        return studio.render(
+            request,
+            "chat.html",
+            info=info,
+            lines=chat_lines(list(tape.steps)),
+            waiting=waiting,
+            registered=reg,
+            pretty=_pretty,
+        )
+
+    async def continue_session(tape_id: str, form: dict[str, str], answer: Any) -> Response:
+        lock = locks.setdefault(tape_id, asyncio.Lock())
+        async with lock:
+            info = await run_in_threadpool(studio.info, tape_id)
+            if form.get("n_steps") != str(info.n_steps):
+                raise PageError(
+                    409,
+                    "The session has moved on",
+                    f"Session {tape_id!r} has {info.n_steps} steps now, not the {form.get('n_steps')} "
+                    "this page showed. Reload the page and answer again.",
+                )
+            tape = await run_in_threadpool(store.get_tape, tape_id)
+            reg = registered_for(tape_id, info.tags, tape)
+            try:
+                answered = answer(tape, reg)
+            except (ValueError, TypeError) as e:
+                raise PageError(400, "Invalid answer", str(e)) from None
+            await arun_session(
+                reg.agent, reg.environment, answered, store=store, max_loops=studio.max_run_loops
+            )
+        return RedirectResponse(f"/chat/{tape_id}#end", status_code=303)
+
+    @app.post("/chat/{tape_id}/message")
+    async def chat_message(request: Request, tape_id: str) -> Response:
+        form = await _form(request)
+        text = form.get("message", "")
+        return await continue_session(tape_id, form, lambda tape, reg: reply(tape, text))
+
+    @app.post("/chat/{tape_id}/decision")
+    async def chat_decision(request: Request, tape_id: str) -> Response:
+        form = await _form(request)
+        choice, step_id, reason = form.get("decision", ""), form.get("step_id", ""), form.get("reason", "")
+
+        def decide(tape: Tape[Any, Any], reg: RegisteredAgent) -> Tape[Any, Any]:
+            env = reg.environment
+            if choice == "approve":
+                return approve(tape, step_id, reason=reason, environment=env)
+            if choice == "reject":
+                return reject(tape, step_id, reason=reason, environment=env)
+            if choice == "edit":
+                try:
+                    arguments = json.loads(form.get("arguments", ""))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"the edited arguments are not JSON: {e}") from None
+                if not isinstance(arguments, dict):
+                    raise ValueError("the edited arguments must be a JSON object")
+                return approve(tape, step_id, arguments=arguments, reason=reason, environment=env)
+            raise ValueError(f"decision must be approve, reject or edit, not {choice!r}")
+
+        return await continue_session(tape_id, form, decide)
+
+    @app.post("/chat")
+    async def chat_new(request: Request) -> Response:
+        form = await _form(request)
+        name, text = form.get("agent", ""), form.get("message", "")
+        if name not in studio.agents:
+            known = ", ".join(sorted(studio.agents)) or "none: start the Studio with --agent"
+            raise PageError(400, "Unknown agent", f"No agent {name!r} is registered (registered: {known}).")
+        reg = studio.agents[name]
+        if reg.environment is None:
+            raise PageError(409, "No environment", f"Agent {name!r} was registered without an environment.")
+        try:
+            start = reply(Tape(), text)
+        except ValueError as e:
+            raise PageError(400, "Invalid answer", str(e)) from None
+        tags = [CHAT_TAG, AGENT_TAG + name]
+        await arun_session(
+            reg.agent, reg.environment, start, store=store, tags=tags, max_loops=studio.max_run_loops
+        )
+        return RedirectResponse(f"/chat/{start.metadata.id}#end", status_code=303)
