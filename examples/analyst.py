@@ -325,45 +325,77 @@ def _tool_results(messages: list[dict[str, Any]]) -> dict[str, Any]:
     return results
 
 
+def _json(text: Any, default: Any) -> Any:
+    """A tool result parsed as JSON, or ``default`` (a tool error, or text that is not JSON)."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return default
+
+
+def _company(request: str) -> str | None:
+    """The company the user asks about: the words after "about" when they start with a known
+    company, else a known company named anywhere, else the words after "about", else None."""
+    about = re.search(r"about (\w+(?: \w+)?)", request)
+    name = re.sub(r"\s+in$", "", about.group(1).split(" in ")[0]) if about else None
+    if name is not None and name.split()[0].lower() in TICKERS:
+        return name
+    lowered = request.lower()
+    known = next((k for k in TICKERS if re.search(rf"\b{re.escape(k)}\b", lowered)), None)
+    return known.title() if known else name
+
+
 def scripted_brain(prompt: Prompt) -> LLMOutput:
-    """A deterministic stand-in for the model: what a good LLM would answer to each prompt."""
+    """A deterministic stand-in for the model: what a good LLM would answer to each prompt.
+
+    Any question gets an answer: a known company (Vulcan, Acme) gets its ticker, prices and an
+    overview from the search agent; a question about anything else gets what the search agent
+    finds, and says plainly what the tools could not find."""
     msgs = prompt.messages
     text = " ".join(str(m.get("content") or "") for m in msgs)
-    request = next((m["content"] for m in msgs if m["role"] == "user"), "")
+    request = str(next((m["content"] for m in msgs if m["role"] == "user"), "") or "")
     tools = {t["function"]["name"] for t in prompt.tools or []}
     results = _tool_results(msgs)
     if "search" in tools:  # the search helper
         if "search" not in results:
             return _call("search", query=request)
         if "get_page" not in results:
-            hits = json.loads(results["search"])
-            if hits:
+            hits = _json(results["search"], [])
+            if hits and isinstance(hits, list) and isinstance(hits[0], dict) and "url" in hits[0]:
                 return _call("get_page", url=hits[0]["url"])
             return LLMOutput(content="I found nothing about this.")
-        sentences = re.split(r"(?<=\.)\s+", results["get_page"])
+        sentences = re.split(r"(?<=\.)\s+", str(results["get_page"]))
         return LLMOutput(content=" ".join(sentences[:2]))
-    company = re.search(r"about (\w+(?: \w+)?)", request) or re.search(r"(\w+)", request or "it")
-    name = company.group(1).split(" in ")[0] if company else "the company"
-    name = re.sub(r"\s+in$", "", name)
+    name = _company(request)
     if msgs[-1]["content"].startswith("Write a numbered plan"):
+        if name is None:
+            return LLMOutput(content="1. Ask the search agent about the question. 2. Answer briefly.")
         return LLMOutput(
             content=f"1. Find the ticker of {name}. 2. Get its prices over the last year. "
             f"3. Ask the search agent for an overview of {name}. 4. Answer in 3 sentences."
         )
-    if "get_stock_ticker" not in results:
+    if name is not None and "get_stock_ticker" not in results:
         return _call("get_stock_ticker", company_name=name.split()[0])
-    if "get_stock_data" not in results:
-        return _call(
-            "get_stock_data", symbol=results["get_stock_ticker"], start_date="2023-09-17", end_date=TODAY
-        )
+    ticker = results.get("get_stock_ticker")
+    known_ticker = ticker in PRICES
+    if known_ticker and "ticker" in request.lower():
+        return LLMOutput(content=f"The stock ticker of {name} is {ticker}.")
+    if known_ticker and "get_stock_data" not in results:
+        return _call("get_stock_data", symbol=ticker, start_date="2023-09-17", end_date=TODAY)
     if "answers)" not in text:
-        return _call("call_search_agent", query=f"{name} company overview")
-    prices = json.loads(results["get_stock_data"])
-    change = (prices[-1][1] / prices[0][1] - 1) * 100 if prices else 0.0
+        query = f"{name} company overview" if name is not None else request
+        return _call("call_search_agent", query=query)
     overview = next(m["content"] for m in reversed(msgs) if "answers)" in str(m.get("content")))
     overview = overview.split(") ", 1)[-1]
+    if not known_ticker:
+        missing = f" I could not find a stock ticker for {name}." if name is not None else ""
+        return LLMOutput(content=f"{overview}{missing}".strip() or "I could not find an answer.")
+    prices = _json(results.get("get_stock_data"), [])
+    if not prices:
+        return LLMOutput(content=f"{overview} Its stock ({ticker}) has no prices for the last year.")
+    change = (prices[-1][1] / prices[0][1] - 1) * 100
     return LLMOutput(
-        content=f"{overview} Over the last year its stock ({results['get_stock_ticker']}) moved "
+        content=f"{overview} Over the last year its stock ({ticker}) moved "
         f"{change:+.1f}%, from {prices[0][1]} to {prices[-1][1]}."
     )
 
@@ -433,8 +465,8 @@ def run(question: str = "Tell me about Vulcan in 3 sentences") -> Tape[Any, Any]
 
 def choose_llm(model: str, model_name: str) -> tuple[Any, bool]:
     """The LLM for ``--model``, and whether it needs the JSON tool mode."""
-    if model == "scripted":
-        return FunctionLLM(fn=scripted_brain, model_name="scripted-brain"), False
+    if model == "scripted":  # words count as tokens, so the printed tape shows usage
+        return MeteredBrain(), False
     if model == "embedded":
         from tapekit.llm.llamacpp import LlamaCppLLM
 

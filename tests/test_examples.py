@@ -96,3 +96,70 @@ def test_an_unknown_model_choice_is_explained() -> None:
         timeout=60,
     )
     assert result.returncode != 0 and "OpenAI-compatible URL" in result.stderr
+
+
+def test_readme_sample_is_what_the_scripted_demo_prints(tmp_path: Path) -> None:
+    """The README's sample is a real run's output (regenerate it when the demo changes)."""
+    readme = (ROOT / "README.md").read_text()
+    sample = re.search(r"```\n(\[  0\] .*?)```", readme, re.S)
+    assert sample is not None, "the README's demo sample is missing"
+    printed = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "analyst.py"), "--model", "scripted"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,  # stores in ./tapekit.db, as the README's command does
+        timeout=60,
+    ).stdout
+
+    def without_ids(text: str) -> str:
+        return re.sub(r"stored as tape [0-9a-f]{32}", "stored as tape ID", text).rstrip("\n")
+
+    assert without_ids(printed) == without_ids(sample.group(1))
+
+
+def test_one_llama_cpp_build_time_is_quoted() -> None:
+    """The README, the install script and LlamaCppLLM's error quote the same measured figure."""
+    sources = [ROOT / "README.md", ROOT / "scripts" / "install-local.sh", ROOT / "tapekit/llm/llamacpp.py"]
+    figures = set()
+    for path in sources:
+        text = " ".join(path.read_text().split())
+        found = re.findall(r"(?:about|~) ?([\d.]+) ?min(?:utes)? on 2 cores", text)
+        assert found, f"{path.name} quotes no build time"
+        figures.update(found)
+    assert figures == {"5.5"}
+
+
+QUESTIONS = [
+    "What is Vulcan's ticker?",
+    "Tell me about Vulcan in 3 sentences",
+    "Compare Vulcan and Acme",
+    "What's the weather in Paris?",
+    "hello",
+    "Tell me about Unknownco in 2 sentences",
+    "",
+]
+
+
+def test_the_scripted_team_answers_any_question_in_a_batch(tmp_path: Path) -> None:
+    """`tapekit batch examples.analyst:team` on questions it was not written for: every tape ends
+    with an answer to the user, none with an error."""
+    from typer.testing import CliRunner
+
+    from examples.analyst import run, start_tape
+    from tapekit.cli import app
+
+    tapes = tmp_path / "questions.jsonl"
+    tapes.write_text("".join(start_tape(q).model_dump_json() + "\n" for q in QUESTIONS))
+    db = tmp_path / "answers.db"
+    out = CliRunner().invoke(
+        app, ["batch", "examples.analyst:team", "--tapes", str(tapes), "--db", str(db), "--name", "any"]
+    )
+    assert out.exit_code == 0, out.output
+    assert f"{len(QUESTIONS)} of {len(QUESTIONS)} finished (0 failed" in " ".join(out.output.split())
+    with SQLiteStore(db) as store:
+        for tape_id in store.list_tapes(tag="batch:any:done"):
+            tape = store.get_tape(tape_id)
+            assert tape.metadata.error is None and tape.steps[-1].kind == "assistant", tape_id
+            assert tape.steps[-1].content  # type: ignore[attr-defined]
+    assert run("What is Vulcan's ticker?").steps[-1].content == "The stock ticker of Vulcan is VMC."  # type: ignore[attr-defined]

@@ -96,7 +96,7 @@ class LlamaCppLLM(LLM):
                 except ImportError as e:
                     raise LLMError(
                         "LlamaCppLLM needs llama-cpp-python: run scripts/install-local.sh "
-                        "(it builds llama-cpp-python, ~10 min on 2 cores, cached afterwards)"
+                        "(it builds llama-cpp-python, about 5.5 minutes on 2 cores, cached afterwards)"
                     ) from e
                 path = self.model_path or str(smollm2_path())
                 self._llama = llama_cpp.Llama(
