@@ -38,7 +38,9 @@ __all__ = [
     "MCPEnvironment",
     "MCPServerError",
     "MCPToolInfo",
+    "ServerSpec",
     "StdioServer",
+    "listed_names",
 ]
 
 logger = logging.getLogger(__name__)

@@ -43,6 +43,7 @@ from tapekit.mcp import (
     InProcessServer,
     MCPEnvironment,
     MCPServerError,
+    ServerSpec,
     StdioServer,
     listed_names,
 )
@@ -160,9 +161,9 @@ def check_session(final: Tape[Any, Any]) -> None:
 
 def test_agent_calls_stdio_and_http_tools_through_the_main_loop(http_url: str) -> None:
     async def session() -> Tape[Any, Any]:
-        servers = [stdio("alpha", "add", "whoami"), HTTPServer("beta", http_url)]
+        servers: list[ServerSpec] = [stdio("alpha", "add", "whoami"), HTTPServer("beta", http_url)]
         async with MCPEnvironment(servers, tools=[shout_locally], timeout_s=20) as env:
-            start = Tape(steps=[UserStep(content="use the tools")])
+            start: Tape[Any, Any] = Tape(steps=[UserStep(content="use the tools")])
             return await async_main_loop(make_agent(env), start, env).get_final_tape()
 
     check_session(asyncio.run(session()))
@@ -177,7 +178,8 @@ shout_locally.__name__ = "shout"
 
 
 def test_sync_environment_serves_the_sync_main_loop(http_url: str) -> None:
-    servers = [stdio("alpha", "add", "whoami"), HTTPServer("beta", http_url, headers={"X-Test": "1"})]
+    beta = HTTPServer("beta", http_url, headers={"X-Test": "1"})
+    servers: list[ServerSpec] = [stdio("alpha", "add", "whoami"), beta]
     with MCPEnvironment(servers, tools=[shout_locally], timeout_s=20) as env:
         final = main_loop(make_agent(env), Tape(steps=[UserStep(content="go")]), env).get_final_tape()
     check_session(final)
@@ -185,7 +187,7 @@ def test_sync_environment_serves_the_sync_main_loop(http_url: str) -> None:
 
 
 def test_tools_are_listed_like_python_tools_with_clashes_prefixed(http_url: str) -> None:
-    servers = [stdio("alpha", "add", "whoami", "shout"), HTTPServer("beta", http_url)]
+    servers: list[ServerSpec] = [stdio("alpha", "add", "whoami", "shout"), HTTPServer("beta", http_url)]
     with MCPEnvironment(servers, timeout_s=20) as env:
         schemas = {s["function"]["name"]: s for s in env.tool_schemas()}
         infos = dict(env.mcp_tools)
@@ -217,7 +219,10 @@ def calls(*names_args: tuple[str, dict[str, Any]]) -> Tape[Any, Any]:
 
 def test_errors_hangs_and_deaths_become_error_observations(http_url: str) -> None:
     async def session() -> list[ToolResult]:
-        servers = [stdio("alpha", "add", "fail", "die", "pid", "hang"), HTTPServer("beta", http_url)]
+        servers: list[ServerSpec] = [
+            stdio("alpha", "add", "fail", "die", "pid", "hang"),
+            HTTPServer("beta", http_url),
+        ]
         async with MCPEnvironment(servers, timeout_s=1.5) as env:
             tape = calls(
                 ("fail", {"message": "the disk is full"}),

@@ -282,7 +282,7 @@ class Receiver:
         self.server.server_close()
 
     def spans(self) -> list[Any]:
-        out = []
+        out: list[Any] = []
         for body in self.bodies:
             request = ExportTraceServiceRequest()
             request.ParseFromString(body)
@@ -343,7 +343,7 @@ def test_live_tracing_of_a_running_session(tmp_path: Path) -> None:
 
 def test_live_tracing_with_the_sync_loop_and_a_team() -> None:
     with Receiver() as receiver:
-        start = Tape(steps=[UserStep(content="go")])
+        start: Tape[Any, Any] = Tape(steps=[UserStep(content="go")])
         with OtelTracer(start, receiver.url) as trace:
             for event in main_loop(nested_team(), start, ENV):
                 trace(event)

@@ -40,7 +40,7 @@ _NS = 1_000_000_000
 def _otel() -> Any:
     """The SDK's trace module, or an ImportError that says which extra to install."""
     try:
-        import google.protobuf  # noqa: F401  (used by the OTLP encoder and JSON conversion)
+        import google.protobuf  # type: ignore[import-untyped]  # noqa: F401  (OTLP encoding, JSON)
         import opentelemetry.exporter.otlp.proto.http  # noqa: F401
         import opentelemetry.sdk.trace as sdk_trace
     except ImportError as e:
