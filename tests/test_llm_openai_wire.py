@@ -395,6 +395,19 @@ def test_a_copy_with_other_settings_uses_them(wire: WireServer) -> None:
     assert keys == [("Bearer k", None), ("Bearer second", "1"), ("Bearer third", None)]
 
 
+def test_proxy_from_the_environment(wire: WireServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", wire.base_url.removesuffix("/v1"))  # the wire server proxies
+    remote = llm(wire, base_url="http://models.example.invalid/v1")
+    assert remote.generate(QUESTION).content == "ok"
+    assert wire.requests[-1].headers["Host"] == "models.example.invalid"
+    monkeypatch.setenv("NO_PROXY", "models.example.invalid")
+    bypassed = llm(wire, base_url="http://models.example.invalid/v1", timeout_s=5)
+    with pytest.raises(LLMError, match="cannot be reached"):
+        bypassed.generate(QUESTION)
+
+
 # ----------------------------------------------------------------------------- token ids
 
 

@@ -10,8 +10,11 @@ with backoff, before any byte of the answer is read, on the statuses and failure
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
+import ssl
+import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +23,14 @@ from tapekit.errors import TapekitError
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["HTTPStatusFailure", "SessionPool", "TransportFailure", "open_stream", "status_message"]
+__all__ = [
+    "HTTPStatusFailure",
+    "SessionPool",
+    "TransportFailure",
+    "env_proxy",
+    "open_stream",
+    "status_message",
+]
 
 RETRY_STATUSES = frozenset({408, 409, 429})
 MAX_RETRY_AFTER_S = 60.0
@@ -62,15 +72,38 @@ async def _close_with_loop(session: aiohttp.ClientSession) -> AsyncIterator[None
         await session.close()
 
 
+@functools.cache
+def _ssl_context() -> ssl.SSLContext | bool:
+    """Certificates as the openai SDK (httpx) verifies them: certifi's bundle when installed,
+    else the system's (True: aiohttp's default context)."""
+    try:
+        import certifi
+    except ImportError:
+        return True
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+def env_proxy(scheme: str, host: str) -> str | None:
+    """The proxy that ``HTTP(S)_PROXY`` / ``NO_PROXY`` give for a host, decided once per
+    client (aiohttp's own ``trust_env`` would read the environment on every request)."""
+    proxy = urllib.request.getproxies().get(scheme)
+    if not proxy or urllib.request.proxy_bypass(host):
+        return None
+    return proxy
+
+
 class SessionPool:
     """The client session of the running event loop, made on first use."""
 
-    __slots__ = ("_keeper", "_loop", "_session", "headers", "limit", "timeout_s")
+    __slots__ = ("_keeper", "_loop", "_session", "headers", "https", "limit", "timeout_s")
 
-    def __init__(self, headers: Mapping[str, str], timeout_s: float, limit: int | None) -> None:
+    def __init__(
+        self, headers: Mapping[str, str], timeout_s: float, limit: int | None, https: bool = False
+    ) -> None:
         self.headers = dict(headers)
         self.timeout_s = timeout_s
         self.limit = limit
+        self.https = https
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: aiohttp.ClientSession | None = None
         self._keeper: AsyncIterator[None] | None = None
@@ -86,7 +119,7 @@ class SessionPool:
             total=None, connect=None, sock_connect=self.timeout_s, sock_read=self.timeout_s
         )
         session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self.limit or 0),
+            connector=aiohttp.TCPConnector(limit=self.limit or 0, ssl=_ssl_context() if self.https else True),
             headers=self.headers,
             timeout=timeout,
             raise_for_status=False,
@@ -114,6 +147,7 @@ async def open_stream(
     max_retries: int,
     timeout_s: float,
     backoff_s: float = 0.5,
+    proxy: str | None = None,
 ) -> aiohttp.ClientResponse:
     """Post ``body`` to ``url`` and return the response once its status is a success.
 
@@ -124,7 +158,7 @@ async def open_stream(
     while True:
         wait: float | None = None
         try:
-            response = await session.post(url, data=body)
+            response = await session.post(url, data=body, proxy=proxy)
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             failure = _transport_failure(e, timeout_s)
             if attempt >= max_retries:

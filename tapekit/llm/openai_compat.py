@@ -18,7 +18,7 @@ from pydantic import PrivateAttr
 
 from tapekit.core import Prompt
 from tapekit.llm._chat_stream import ChatChunkFolder, SSEDecoder, StreamError, encode_json
-from tapekit.llm._http import HTTPStatusFailure, SessionPool, TransportFailure, open_stream
+from tapekit.llm._http import HTTPStatusFailure, SessionPool, TransportFailure, env_proxy, open_stream
 from tapekit.llm.base import LLM, LLMError, LLMEvent
 
 __all__ = ["OpenAICompatibleLLM"]
@@ -118,7 +118,12 @@ class OpenAICompatibleLLM(LLM):
             raise LLMError(f"{self._where()}: {e}") from e
         try:
             response = await open_stream(
-                session, connection.url, data, max_retries=self.max_retries, timeout_s=self.timeout_s
+                session,
+                connection.url,
+                data,
+                max_retries=self.max_retries,
+                timeout_s=self.timeout_s,
+                proxy=connection.proxy,
             )
         except HTTPStatusFailure as e:
             message = f"{self._where()} answered HTTP {e.status}: {e.message}{self._hint(e.status)}"
@@ -199,14 +204,16 @@ class OpenAICompatibleLLM(LLM):
 class _Connection:
     """The HTTP session pool and URL made from one set of an LLM's settings (``key``)."""
 
-    __slots__ = ("key", "pool", "url")
+    __slots__ = ("key", "pool", "proxy", "url")
 
     def __init__(self, key: tuple[Any, ...], llm: OpenAICompatibleLLM) -> None:
         from yarl import URL
 
         self.key = key
-        self.pool = SessionPool(llm.request_headers(), llm.timeout_s, llm.max_connections)
         self.url = URL(llm.endpoint + "/chat/completions")
+        https = self.url.scheme == "https"
+        self.pool = SessionPool(llm.request_headers(), llm.timeout_s, llm.max_connections, https)
+        self.proxy = env_proxy(self.url.scheme, self.url.host or "")
 
 
 _HINTS = {
