@@ -127,7 +127,7 @@ def test_lora_result_loads_back_and_learned(tmp_path: Path) -> None:
     _model, tok = make_model(base_dir)
     rows = sum_rows(tok, 40)
     cfg = config(
-        tmp_path / "lora", lora={"r": 16, "alpha": 32}, max_steps=20, learning_rate=1e-2, logging_steps=10
+        tmp_path / "lora", lora={"r": 16, "alpha": 32}, max_steps=12, learning_rate=1e-2, logging_steps=10
     )
     adapter = train_sft(rows, str(base_dir), config=cfg)
     assert (adapter / "adapter_config.json").is_file() and not (adapter / "model.safetensors").exists()

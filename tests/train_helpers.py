@@ -30,7 +30,7 @@ def sum_rows(tokenizer: Any, n: int = 40, start: int = 0) -> list[dict[str, Any]
     """``n`` samples of the training schema: the prompt masked out, the answer trained."""
     rows = []
     for i in range(start, start + n):
-        a, b = i % 12, (i * 7) % 12
+        a, b = i % 12, (i // 12 + i) % 12  # distinct pairs for up to 144 rows
         prompt, answer = chat(a, b)
         p, c = tokenizer(prompt)["input_ids"], tokenizer(answer)["input_ids"]
         rows.append(

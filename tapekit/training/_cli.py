@@ -71,7 +71,10 @@ def _run(kind: str, config_file: Path | None, overrides: dict[str, Any]) -> None
     except (TrainingError, ValueError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(f"saved {result}")
+    import os
+
+    if os.environ.get("RANK", "0") == "0":  # one line under accelerate/torchrun, not one per process
+        typer.echo(f"saved {result}")
 
 
 _CONFIG = typer.Argument(None, help="YAML or JSON config file (optional if flags give model and dataset)")
