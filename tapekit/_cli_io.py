@@ -20,23 +20,28 @@ import_app = typer.Typer(
 
 def export_command(
     db: Annotated[str, typer.Option("--db", help="the tape store: an SQLite file or a postgresql:// URL")],
-    out: Annotated[Path, typer.Option("--out", help="the file to write")],
+    out: Annotated[Path | None, typer.Option("--out", help="the file to write")] = None,
     tape: Annotated[
         list[str] | None,
         typer.Option("--tape", help="a tape id, prefix or 'latest' (repeatable; default: all)"),
     ] = None,
     fmt: Annotated[
-        str, typer.Option("--format", help="jsonl (tapes and LLM calls) or otlp (OTLP JSON spans)")
+        str, typer.Option("--format", help="jsonl (tapes and LLM calls) or otlp (GenAI spans)")
     ] = "jsonl",
     llm_calls: Annotated[
-        bool, typer.Option("--llm-calls/--no-llm-calls", help="include the LLM calls")
+        bool, typer.Option("--llm-calls/--no-llm-calls", help="jsonl: include the LLM calls")
     ] = True,
+    endpoint: Annotated[
+        str | None,
+        typer.Option("--endpoint", help="otlp: send the spans to this OTLP/HTTP traces URL, not to a file"),
+    ] = None,
 ) -> None:
-    """Export tapes (all, or --tape ones) with their LLM calls to a file.
+    """Export tapes (all, or --tape ones) with their LLM calls.
 
     jsonl writes one JSON object per line (tapes with metadata and tags, then LLM calls): read
     it back with 'tapekit import jsonl'. otlp writes the tapes as OpenTelemetry GenAI spans in
-    OTLP JSON (needs the otel extra).
+    OTLP JSON to --out, or sends them to a collector at --endpoint with the OTLP/HTTP exporter
+    (needs the otel extra).
 
     Examples:
 
@@ -45,34 +50,46 @@ def export_command(
     $ tapekit export --db demo.db --out tapes.jsonl
 
     $ tapekit export --db demo.db --out latest.jsonl --tape latest --no-llm-calls
+
+    $ tapekit export --db demo.db --format otlp --out spans.json
     """
     try:
-        _export(db, out, tape or [], fmt, llm_calls)
+        _export(db, out, tape or [], fmt, llm_calls, endpoint)
     except CliError as e:
         raise fail(str(e)) from None
 
 
-def _export(db: str, out: Path, tapes: list[str], fmt: str, llm_calls: bool) -> None:
+def _export(
+    db: str, out: Path | None, tapes: list[str], fmt: str, llm_calls: bool, endpoint: str | None
+) -> None:
     from tapekit.store import open_store
 
     if fmt not in ("jsonl", "otlp"):
         raise CliError(f"--format {fmt!r}: choose jsonl or otlp")
+    if fmt == "jsonl" and (out is None or endpoint):
+        raise CliError("--format jsonl writes a file: give --out FILE (--endpoint is for otlp)")
+    if fmt == "otlp" and (out is None) == (endpoint is None):
+        raise CliError("--format otlp: give either --out FILE (OTLP JSON) or --endpoint URL (send the spans)")
     with open_store(db) as store:
         ids = [pick_tape(store, t) for t in tapes] or None
         if fmt == "jsonl":
+            assert out is not None
             n = store.export_jsonl(out, ids, llm_calls=llm_calls)
-        else:
-            n = _export_otlp(store, out, ids)
-    typer.echo(f"wrote {n} tapes to {out}")
-
-
-def _export_otlp(store: object, out: Path, ids: list[str] | None) -> int:
-    try:
-        from tapekit.otel import write_otlp_json
-
-        return write_otlp_json(store, out, ids)  # type: ignore[arg-type]
-    except ImportError as e:
-        raise CliError(f"--format otlp needs tapekit's OpenTelemetry support (the otel extra): {e}") from None
+            typer.echo(f"wrote {n} tapes to {out}")
+            return
+        try:
+            from tapekit import otel
+        except ImportError as e:
+            raise CliError(f"--format otlp needs the otel extra (pip install 'tapekit[otel]'): {e}") from None
+        try:
+            if out is not None:
+                n = otel.write_otlp_json(store, out, ids)
+                typer.echo(f"wrote {n} tapes as OTLP JSON spans to {out}")
+            else:
+                n = otel.export_tapes_otlp(store, endpoint, tape_ids=ids)
+                typer.echo(f"sent {n} spans to {endpoint}")
+        except (ImportError, RuntimeError) as e:
+            raise CliError(str(e)) from None
 
 
 @import_app.command("jsonl")

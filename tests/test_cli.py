@@ -176,3 +176,47 @@ def test_import_reference_from_the_command_line(tmp_path: Path) -> None:
     (tmp_path / "broken.json").write_text('{"metadata": {"id": "x"}, "steps": [{"metadata": {}}]}')
     bad = tapekit("import", "reference", "broken.json", "--db", "m.db", cwd=tmp_path)
     assert bad.returncode == 2 and "broken.json (tape x), step 0: the step has no 'kind'" in bad.stderr
+
+
+def test_export_otlp_to_a_file_and_to_a_collector(tmp_path: Path) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from tapekit.otel import tapes_from_otlp_json
+
+    assert (
+        tapekit("run", "examples.analyst:team", "Tell me about Acme", "--db", "a.db", cwd=tmp_path).returncode
+        == 0
+    )
+    out = tapekit("export", "--db", "a.db", "--format", "otlp", "--out", "spans.json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    (tape,) = tapes_from_otlp_json(json.loads((tmp_path / "spans.json").read_text()))
+    with SQLiteStore(tmp_path / "a.db") as store:
+        stored = store.get_tape(store.list_tapes()[0])
+    assert [s.llm_dict() for s in tape.steps] == [s.llm_dict() for s in stored.steps]
+
+    received: list[tuple[str, int]] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((self.path, len(body)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+        sent = tapekit("export", "--db", "a.db", "--format", "otlp", "--endpoint", url, cwd=tmp_path)
+    finally:
+        server.shutdown()
+    assert sent.returncode == 0, sent.stderr
+    assert "spans to" in sent.stdout and received and received[0][0] == "/v1/traces" and received[0][1] > 100
