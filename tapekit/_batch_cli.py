@@ -155,7 +155,7 @@ def batch_command(
                         name=batch_name,
                         max_loops=max_loops,
                         retry_failed=retry_failed,
-                        backend=backend,
+                        backend=backend,  # type: ignore[typeddict-item]  # checked above
                         ray_workers=ray_workers,
                         ray_factory=target if backend == "ray" else None,
                     ),
@@ -205,7 +205,8 @@ async def _run(
         def render(self, task: Any) -> Text:
             return Text.from_markup(_progress_text(stats))
 
-    results = abatch(agent, environment, start_tapes, store=store, stats=stats, **options)
+    everything: BatchOptions = {**options, "store": store, "stats": stats}
+    results = abatch(agent, environment, start_tapes, **everything)
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),

@@ -415,7 +415,7 @@ class StepSequence(Sequence[S]):
         if isinstance(item, TypeVar):
             item = item.__bound__ or Step
         if isinstance(item, type) and issubclass(item, Step):
-            list_schema = core_schema.list_schema(
+            list_schema: core_schema.CoreSchema = core_schema.list_schema(
                 core_schema.no_info_plain_validator_function(_step_validator(item))
             )
         else:

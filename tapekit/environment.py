@@ -117,7 +117,7 @@ class Tool:
         if not callable(fn):
             raise TypeError(f"a tool must be callable, got {fn!r}")
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        self.name: str = name or str(getattr(fn, "__name__", type(fn).__name__))
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             type(fn).__call__ if not inspect.isroutine(fn) else None
         )

@@ -96,7 +96,7 @@ class MainLoopEvent:
         return self.agent_event.partial_step if self.agent_event is not None else None
 
 
-E = TypeVar("E", AgentEvent, MainLoopEvent)
+E = TypeVar("E", bound=AgentEvent | MainLoopEvent)
 
 
 class _Stream(Generic[E]):

@@ -12,7 +12,7 @@ import contextlib
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,7 +217,7 @@ class _ReplayEnvironment(Environment):
         return tape.with_new_steps(answers.popleft(), author=self.name)
 
 
-def _actions_key(actions: list[Step]) -> str:
+def _actions_key(actions: Sequence[Step]) -> str:
     return json.dumps([a.llm_dict() for a in actions], sort_keys=True, default=str)
 
 

@@ -39,7 +39,7 @@ class NodeRun(NamedTuple):
     """A node run found on a tape: the node and the index of the run's first step."""
 
     node: Node
-    index: int
+    index: int  # type: ignore[assignment]  # the field shadows tuple.index, on purpose
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ def test_readme_starts_with_the_two_commands() -> None:
     )
     test_command = (
         'pip install -e ".[dev]" && bash scripts/install-system.sh && bash scripts/install-local.sh && pytest'
+        " && mypy tapekit"
     )
     assert block[1].startswith(test_command)
     assert (ROOT / ".ci" / "run").read_text().strip().endswith(test_command)

@@ -110,7 +110,8 @@ _CHUNK = 500  # ids per IN (...) list
 
 
 def _where(f: TapeFilter) -> tuple[str, list[Any]]:
-    clauses, args = ["1=1"], []
+    clauses: list[str] = ["1=1"]
+    args: list[Any] = []
     if f.author is not None:
         clauses.append("t.author = ?")
         args.append(f.author)

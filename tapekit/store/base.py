@@ -13,15 +13,13 @@ implements the ``_select_*`` queries and ``_commit`` (see ``tapekit/store/_sql.p
 from __future__ import annotations
 
 import json
-import queue
-import threading
 import time
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -29,7 +27,16 @@ from tapekit.core import Step, Tape, TapeMetadata
 from tapekit.errors import TapekitError
 from tapekit.llm.base import LLMCall
 from tapekit.store import _jsonl
-from tapekit.store._text import check_text, model_json
+from tapekit.store._writer import QueuedWriter, StoreWriteError
+from tapekit.store._writes import (
+    TagWrite,
+    TapeWrite,
+    Write,
+    call_write,
+    serialised,
+)
+from tapekit.store._writes import check_id as _check_id
+from tapekit.store._writes import check_tags as _check_tags
 
 __all__ = ["StoreWriteError", "TapeFilter", "TapeInfo", "TapeNotFoundError", "TapeStore", "Totals"]
 
@@ -49,11 +56,6 @@ class TapeNotFoundError(TapekitError, KeyError):
 
     def __str__(self) -> str:
         return f"no tape {self.tape_id!r} in {self.where}"
-
-
-class StoreWriteError(TapekitError, RuntimeError):
-    """Queued writes the database refused (each named); the store's other writes were committed
-    and the store keeps working. Raised once, by the next ``flush`` or read."""
 
 
 class TapeInfo(BaseModel):
@@ -106,145 +108,12 @@ class TapeFilter:
                 raise TypeError(f"{name} must be unix seconds (a number) or None, not {value!r}")
 
 
-# ---------------------------------------------------------------- what the writer thread commits
-
-
-@dataclass(slots=True)
-class TapeWrite:
-    """A tape's new steps ``steps`` (from index ``start``) and its metadata, to upsert."""
-
-    tape_id: str
-    meta: TapeMetadata
-    context: Any
-    steps: list[Step]
-    start: int
-    n_steps: int
-    tags: tuple[str, ...]
-    created: float
-    updated: float
-    exact_created: bool = False  # imports keep their creation time even if the tape exists
-    # serialised on the caller's thread (see _text.py): the writer only writes
-    data: list[str] = field(default_factory=list)  # the JSON of each of ``steps``
-    context_text: str = "null"
-    result_text: str = "null"
-
-
-@dataclass(slots=True)
-class CallWrite:
-    """A completed LLM call to upsert by prompt id (``prompt_text``/``output_text``: their JSON)."""
-
-    call: LLMCall
-    prompt_text: str = ""
-    output_text: str = ""
-
-
-@dataclass(slots=True)
-class TagWrite:
-    """Tags to add to (or remove from) a tape."""
-
-    tape_id: str
-    tags: tuple[str, ...]
-    remove: bool
-
-
-Write = TapeWrite | CallWrite | TagWrite
-
-
-@dataclass(slots=True)
-class _Flush:
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-_STOP = object()
-
-
-def _check_id(tape_id: object, what: str = "tape_id") -> str:
-    if not isinstance(tape_id, str) or not tape_id:
-        raise TypeError(f"{what} must be a non-empty string, not {tape_id!r}")
-    check_text(tape_id, f"the {what.replace('_', ' ')} {tape_id!r}")
-    return tape_id
-
-
-def _check_tags(tags: object) -> tuple[str, ...]:
-    if isinstance(tags, str):
-        raise TypeError(f"tags must be a list of strings, not the string {tags!r} (write [{tags!r}])")
-    try:
-        out = tuple(tags)  # type: ignore[call-overload]
-    except TypeError:
-        raise TypeError(f"tags must be a list of strings, not {type(tags).__name__}") from None
-    for tag in out:
-        if not isinstance(tag, str) or not tag:
-            raise TypeError(f"every tag must be a non-empty string, not {tag!r}")
-    return tuple(dict.fromkeys(out))
-
-
-@dataclass(slots=True)
-class WriteGroup:
-    """Writes committed together or not at all (an import)."""
-
-    writes: list[Write]
-
-
-def _flat(items: list[Write | WriteGroup]) -> list[Write]:
-    return [w for item in items for w in (item.writes if isinstance(item, WriteGroup) else [item])]
-
-
-def call_write(call: LLMCall) -> CallWrite:
-    """The write of ``call``, serialised and checked here (a ``ValueError`` names what the
-    database could not store)."""
-    what = f"the LLM call {call.prompt.id!r}"
-    check_text(call.prompt.id, f"{what}: its prompt id")
-    check_text(call.model, f"{what}: its model name")
-    prompt = model_json(call.prompt, f"{what}: its prompt")
-    return CallWrite(call, prompt, model_json(call.output, f"{what}: its output"))
-
-
-def _describe(w: Write | WriteGroup) -> str:
-    """A queued write, for error messages."""
-    if isinstance(w, TapeWrite):
-        return f"tape {w.tape_id!r} (steps {w.start} to {w.n_steps - 1} and metadata)"
-    if isinstance(w, CallWrite):
-        return f"LLM call {w.call.prompt.id!r}"
-    if isinstance(w, WriteGroup):
-        return f"an import of {len(w.writes)} rows (none of them stored)"
-    return f"tags of tape {w.tape_id!r}"
-
-
-def serialised(w: TapeWrite) -> TapeWrite:
-    """``w`` with its steps, context and result serialised, every text column checked: a value the
-    database cannot store is refused here, on the caller's thread, naming the tape, step and field."""
-    where = f"tape {w.tape_id!r}"
-    _check_id(w.tape_id)
-    for name in ("parent_id", "author", "author_tape_id", "error"):
-        check_text(getattr(w.meta, name), f"{where}: its metadata.{name}")
-    for tag in w.tags:
-        check_text(tag, f"{where}: its tag {tag!r}")
-    data = []
-    for i, step in enumerate(w.steps, w.start):
-        m = step.metadata
-        for name in ("id", "agent", "node", "prompt_id"):
-            check_text(getattr(m, name), f"{where}: step {i} ({step.kind}): its metadata.{name}")
-        data.append(model_json(step, f"{where}: step {i} ({step.kind}, id {m.id})"))
-    try:
-        w.context_text = context_json(w.context)
-        w.result_text = json.dumps(w.meta.result, default=str)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{where}: its context or result cannot be stored as JSON: {e}") from e
-    w.data = data
-    return w
-
-
 def _load_steps(texts: list[str]) -> list[Any]:
     # one parse of a JSON array is ~3x faster than one parse per step
     return json.loads(f"[{','.join(texts)}]") if texts else []
 
 
-def context_json(context: Any) -> str:
-    """How a tape's context is stored: JSON of its ``model_dump(mode="json")`` or of itself."""
-    return json.dumps(context.model_dump(mode="json") if hasattr(context, "model_dump") else context)
-
-
-class TapeStore(ABC):
+class TapeStore(QueuedWriter, ABC):
     """Tapes, their steps and tags, and the LLM calls behind the steps, in a database.
 
     Use :func:`tapekit.store.open_store` to pick the backend from a path or URL. Every write
@@ -253,28 +122,9 @@ class TapeStore(ABC):
     block) commits what is queued and stops the thread.
     """
 
-    #: where the data lives, for messages (a path or a DSN without password)
-    location: str = "the store"
-
     def __init__(self, batch_size: int = 512, flush_interval_s: float = 0.05) -> None:
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
-        if not isinstance(flush_interval_s, int | float) or flush_interval_s < 0:
-            raise ValueError(f"flush_interval_s must be a number >= 0, not {flush_interval_s!r}")
-        self.batch_size = batch_size
-        self.flush_interval_s = float(flush_interval_s)
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._error: BaseException | None = None
-        self._failed_writes: list[str] = []  # rows the writer could not commit, not yet reported
+        super().__init__(batch_size, flush_interval_s)
         self._known_lengths: dict[str, int] = {}
-        self._closed = False
-        self._writer: threading.Thread | None = None
-
-    def _start_writer(self) -> None:
-        """Start the writer thread; backends call this at the end of ``__init__``."""
-        name = f"tapekit-{type(self).__name__}-writer"
-        self._writer = threading.Thread(target=self._write_loop, name=name, daemon=True)
-        self._writer.start()
 
     # ------------------------------------------------------------------ backend primitives
 
@@ -402,103 +252,6 @@ class TapeStore(ABC):
             raise TapeNotFoundError(tape_id, self.location)
         if checked:
             self._put(TagWrite(tape_id, checked, remove))
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError(f"{type(self).__name__} on {self.location} is closed")
-
-    def _put(self, item: Any) -> None:
-        self._check_open()
-        self._raise_writer_error()
-        self._queue.put(item)
-
-    def _raise_writer_error(self) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"the store's writer failed: {self._error!r}") from self._error
-        if self._failed_writes:  # reported once; the writer goes on
-            failed, self._failed_writes = self._failed_writes, []
-            raise StoreWriteError(
-                f"{len(failed)} queued write(s) to {self.location} failed and were not stored "
-                "(the other writes were): " + "; ".join(failed)
-            )
-
-    def flush(self) -> None:
-        """Wait until everything queued so far is committed."""
-        self._check_open()
-        if self._queue.unfinished_tasks == 0:
-            self._raise_writer_error()
-            return
-        marker = _Flush()
-        self._put(marker)
-        while not marker.done.wait(0.1):
-            if self._writer is None or not self._writer.is_alive():
-                break
-        self._raise_writer_error()
-
-    def close(self) -> None:
-        """Commit what is queued and stop the writer (closing twice is harmless)."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._writer is not None and self._writer.is_alive():
-            self._queue.put(_STOP)
-            self._writer.join()
-        self._close_readers()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _write_loop(self) -> None:
-        try:
-            conn = self._writer_connect()
-        except BaseException as e:  # surfaced on the next write or flush
-            self._error = e
-            return
-        try:
-            while True:
-                item = self._queue.get()
-                batch = [item]
-                deadline = time.monotonic() + self.flush_interval_s
-                # a flush or stop ends the batch at once: whoever waits should not wait longer
-                while not (item is _STOP or isinstance(item, _Flush)) and len(batch) < self.batch_size:
-                    try:
-                        item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                    except queue.Empty:
-                        break
-                    batch.append(item)
-                writes = [b for b in batch if b is not _STOP and not isinstance(b, _Flush)]
-                if writes:
-                    self._commit_or_isolate(conn, writes)
-                for b in batch:
-                    if isinstance(b, _Flush):
-                        b.done.set()
-                    self._queue.task_done()
-                if any(b is _STOP for b in batch):
-                    return
-        except BaseException as e:  # surfaced on the next write or flush
-            self._error = e
-        finally:
-            self._writer_close(conn)
-
-    def _commit_or_isolate(self, conn: Any, items: list[Write | WriteGroup]) -> None:
-        """Commit ``items`` in one transaction; if that fails, commit them one by one (a group
-        as a whole), so that one bad row never loses the others nor stops the writer: only the
-        items that fail on their own are lost, and the next ``flush`` (or read) reports them."""
-        try:
-            self._commit(conn, _flat(items))
-            return
-        except Exception as e:
-            if len(items) == 1:
-                self._failed_writes.append(f"{_describe(items[0])}: {type(e).__name__}: {e}")
-                return
-        for item in items:
-            try:
-                self._commit(conn, _flat([item]))
-            except Exception as e:
-                self._failed_writes.append(f"{_describe(item)}: {type(e).__name__}: {e}")
 
     # ------------------------------------------------------------------ reading tapes
 
@@ -697,11 +450,6 @@ class TapeStore(ABC):
                 self.flush()
 
         return record
-
-    def pending_writes(self) -> int:
-        """How many queued writes the background writer has not committed yet (what a recorded
-        session bounds, waiting for the writer when there are too many)."""
-        return self._queue.unfinished_tasks
 
     # ------------------------------------------------------------------ JSONL
 
