@@ -1,16 +1,18 @@
 """Spans while the agent runs: :class:`OtelTracer`, a callback for main-loop events.
 
-The callback only stamps the event with the time and puts it on a queue, so the loop does not
-wait on it; a worker thread turns events into spans (the same :class:`SpanBuilder` as the
-export of stored tapes) and hands them to a ``BatchSpanProcessor``, which sends them in batches
-from its own thread. A node run's span is sent when the run ends, a tool call's when its result
+The callback only stamps the event with the time and appends it to a deque (no lock, no
+wake-up), so the loop does not wait on it; a worker thread wakes every ``schedule_delay_s``,
+turns the events gathered since into spans (the same :class:`SpanBuilder` as the export of
+stored tapes) and hands them to a ``BatchSpanProcessor``, which sends them in batches from its
+own thread. Waking per batch rather than per event keeps the two threads from trading the GIL
+on every step. A node run's span is sent when the run ends, a tool call's when its result
 arrives, a subagent run's at its ``Respond``, and the tape's own span when the tracer closes.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
-import queue
 import threading
 import time
 from collections.abc import Mapping
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
 __all__ = ["OtelTracer"]
 
 logger = logging.getLogger(__name__)
-_CLOSE = object()
 
 
 class OtelTracer:
@@ -40,7 +41,8 @@ class OtelTracer:
 
     ``endpoint``/``headers`` configure the standard OTLP/HTTP exporter (default: the
     ``OTEL_EXPORTER_OTLP_*`` environment variables); ``exporter`` replaces it with any
-    OpenTelemetry ``SpanExporter``.
+    OpenTelemetry ``SpanExporter``. ``schedule_delay_s`` is how often the worker turns the
+    events gathered so far into spans, and how long the batch processor waits to send them.
     """
 
     def __init__(
@@ -70,7 +72,9 @@ class OtelTracer:
         self._processor = BatchSpanProcessor(exporter, schedule_delay_millis=schedule_delay_s * 1000)
         self._builder = SpanBuilder(self.conversation_id, self._send, time.time_ns())
         self._tape = start
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pending: collections.deque[tuple[int, Any]] = collections.deque()
+        self._interval_s = schedule_delay_s
+        self._stop = threading.Event()
         self._closed = False
         self._error: BaseException | None = None
         now = time.time_ns()
@@ -83,14 +87,14 @@ class OtelTracer:
         """Take one main-loop event (cheap: the work happens in a worker thread)."""
         if self._closed:
             raise RuntimeError("this OtelTracer is closed")
-        self._queue.put((time.time_ns(), event))
+        self._pending.append((time.time_ns(), event))
 
     def close(self) -> None:
         """Send the remaining spans (the tape's own span last) and stop; safe to call twice."""
         if self._closed:
             return
         self._closed = True
-        self._queue.put((time.time_ns(), _CLOSE))
+        self._stop.set()
         self._thread.join()
         self._processor.shutdown()
         if self._error is not None:
@@ -106,17 +110,25 @@ class OtelTracer:
 
     def _work(self) -> None:
         while True:
-            t, event = self._queue.get()
-            try:
-                if event is _CLOSE:
-                    self._builder.finish(self._stored_metadata(), self._tape.context, t)
-                    return
-                self._handle(event, t)
-            except BaseException as e:  # reported by close(); the loop is never disturbed
-                logger.warning("OpenTelemetry tracer failed on %r: %s", event, e)
-                self._error = self._error or e
-                if event is _CLOSE:
-                    return
+            closing = self._stop.wait(self._interval_s)
+            while self._pending:
+                t, event = self._pending.popleft()
+                self._guarded(self._handle, event, t)
+            if closing:
+                self._guarded(self._finish, None, time.time_ns())
+                return
+
+    def _guarded(self, work: Any, event: Any, t: int) -> None:
+        """Run ``work(event, t)``; a failure is logged and reported by :meth:`close`, never
+        raised into the loop."""
+        try:
+            work(event, t)
+        except Exception as e:
+            logger.warning("OpenTelemetry tracer failed on %r: %s", event, e)
+            self._error = self._error or e
+
+    def _finish(self, _event: Any, t: int) -> None:
+        self._builder.finish(self._stored_metadata(), self._tape.context, t)
 
     def _handle(self, event: Any, t: int) -> None:
         agent_event = getattr(event, "agent_event", None)
