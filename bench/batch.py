@@ -34,7 +34,11 @@ Two clients (``--clients``):
   retries, no error mapping), with its ceiling measured by bare aiohttp posts that read the
   whole body without parsing it: the floor of what any Python client costs.
 
-    python bench/batch.py [--latency-ms 20] [--ns 64,256,1024] [--clients tapekit,aiohttp]
+``python bench/batch.py clients`` measures only the bare ceilings (no agent) of four clients on the
+same requests: the openai SDK (``client.post`` with its chunk models, tapekit's path before),
+httpx with an unbounded pool, bare aiohttp, and ``OpenAICompatibleLLM``.
+
+    python bench/batch.py [clients] [--latency-ms 20] [--ns 64,256,1024] [--clients tapekit,aiohttp]
                           [--gc-threshold 10000,50,100] [--db PATH]
 """
 
@@ -430,12 +434,13 @@ async def ceiling(
             return await _workers(concurrency, per_worker, len(prompts), send_tapekit)
         finally:
             await close_llm(llm)
-    import aiohttp
-
     # the bodies OpenAICompatibleLLM sends (the batch's aiohttp client sends the same fields)
     shape = OpenAICompatibleLLM(model_name="bench", base_url=base_url)
     options = {"stream": True, "stream_options": {"include_usage": True}}
     bodies = [{**shape.request(p), **options} for p in prompts]
+    if client in ("httpx", "openai-sdk"):
+        return await _bare_sdk_or_httpx(client, base_url, bodies, concurrency, per_worker)
+    import aiohttp
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def send_aiohttp(i: int) -> None:
@@ -444,6 +449,68 @@ async def ceiling(
                 await response.read()
 
         return await _workers(concurrency, per_worker, len(prompts), send_aiohttp)
+
+
+async def _bare_sdk_or_httpx(
+    client: str, base_url: str, bodies: list[dict[str, Any]], concurrency: int, per_worker: int
+) -> tuple[float, float]:
+    """Bare streaming requests, each chunk parsed, through httpx (pool unbounded) or the openai
+    SDK (``client.post`` with its chunk models, as tapekit's client did before aiohttp)."""
+    import httpx
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    if client == "httpx":
+        async with httpx.AsyncClient(limits=limits, timeout=120.0) as http:
+
+            async def send_httpx(i: int) -> None:
+                async with http.stream("POST", f"{base_url}/chat/completions", json=bodies[i]) as response:
+                    response.raise_for_status()
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: ") and line != "data: [DONE]":
+                            json.loads(line[6:])
+
+            return await _workers(concurrency, per_worker, len(bodies), send_httpx)
+    import openai
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    sdk = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=120.0)
+
+    async def send_sdk(i: int) -> None:
+        stream = await sdk.post(
+            "/chat/completions",
+            body=bodies[i],
+            cast_to=ChatCompletion,
+            stream=True,
+            stream_cls=openai.AsyncStream[ChatCompletionChunk],
+        )
+        async for _chunk in stream:
+            pass
+
+    try:
+        return await _workers(concurrency, per_worker, len(bodies), send_sdk)
+    finally:
+        await sdk.close()
+
+
+async def compare_clients(args: argparse.Namespace) -> None:
+    """``clients`` mode: the bare ceiling of each HTTP client at each N (no agent), the data
+    behind the choice of aiohttp for ``OpenAICompatibleLLM``."""
+    process, base_url = start_server(args.latency_ms)
+    try:
+        print(f"# machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+        prompts = await recorded_prompts(base_url, args.loops)
+        for n in args.ns:
+            per_worker = max(2, round(args.ceiling_calls / n))
+            for client in ("openai-sdk", "httpx", "aiohttp", "tapekit"):
+                calls_s, cpu_ms = await ceiling(client, base_url, prompts, n, per_worker)
+                print(
+                    f"client={client} N={n} calls_per_s={calls_s:.0f} client_cpu_ms_per_call={cpu_ms:.3f} "
+                    f"load_avg_1min={os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
+    finally:
+        process.terminate()
+        process.wait(10)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -509,7 +576,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("mode", nargs="?", default="bench", choices=["bench", "serve"])
+    parser.add_argument("mode", nargs="?", default="bench", choices=["bench", "serve", "clients"])
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--ns", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256, 1024])
     parser.add_argument("--loops", type=int, default=10)
@@ -530,6 +597,8 @@ if __name__ == "__main__":
     arguments = _parse(sys.argv[1:])
     if arguments.mode == "serve":
         serve(arguments.port, arguments.latency_ms)
+    elif arguments.mode == "clients":
+        asyncio.run(compare_clients(arguments))
     else:
         if arguments.gc_threshold:
             gc.set_threshold(*arguments.gc_threshold)
