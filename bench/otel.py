@@ -14,6 +14,7 @@ read back.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -84,7 +85,8 @@ def make_agent(rounds: int) -> Agent:
 
 
 def run(rounds: int, traced: bool) -> dict[str, float]:
-    start = Tape(steps=[UserStep(content="go")])
+    gc.collect()  # the previous run's garbage is not this run's cost
+    start: Tape[Any, Any] = Tape(steps=[UserStep(content="go")])
     agent = make_agent(rounds)
     tracer = OtelTracer(start, exporter=InMemorySpanExporter()) if traced else None
     callback_s, events = 0.0, 0
@@ -130,7 +132,7 @@ def main() -> None:
     )
     print(f"tracer close (drain):     {statistics.median(r['close_s'] for r in traced):.3f} s")
 
-    start = Tape(steps=[UserStep(content="go")])
+    start: Tape[Any, Any] = Tape(steps=[UserStep(content="go")])
     calls, final = [], start
     for event in main_loop(make_agent(args.rounds), start, ENV):
         if event.agent_event is not None and event.agent_event.llm_call is not None:
