@@ -99,11 +99,10 @@ def reference_tape(data: Any, where: str = "tape") -> Tape[Any, Any]:
 def to_reference_tape(tape: Tape[Any, Any]) -> dict[str, Any]:
     """The reference's JSON data for a tape made by :func:`reference_tape` (the inverse)."""
     meta = tape.metadata.model_dump(mode="json")
+    context: Any = tape.context
     return {
         "metadata": {k: meta[k] for k in _TAPE_META},
-        "context": tape.context.model_dump(mode="json")
-        if hasattr(tape.context, "model_dump")
-        else tape.context,
+        "context": context.model_dump(mode="json") if hasattr(context, "model_dump") else context,
         "steps": to_reference_steps(tape.steps),
     }
 
@@ -285,7 +284,7 @@ def read_reference_file(path: str | Path) -> _FileContents:
 
 
 def _files(paths: Iterable[str | Path]) -> list[Path]:
-    out = []
+    out: list[Path] = []
     for p in paths:
         path = Path(p)
         if path.is_dir():

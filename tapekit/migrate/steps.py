@@ -146,6 +146,8 @@ def _one(data: Any, where: str, names: dict[str, str]) -> list[Step]:
     if not isinstance(kind, str) or not kind:
         raise ReferenceFormatError(f"{where}: the step has no 'kind'")
     raw_meta = data.get("metadata")
+    if not isinstance(raw_meta, dict) or not isinstance(raw_meta.get("id"), str):
+        raise ReferenceFormatError(f"{where}: step metadata must be an object with a string 'id'")
     fields = {k: v for k, v in data.items() if k not in ("metadata", "kind")}
     keys = set(fields)
     text = isinstance(fields.get("content"), str)

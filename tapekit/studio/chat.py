@@ -156,6 +156,7 @@ def add_chat_routes(app: FastAPI, studio: Any) -> None:
                 answered = answer(tape, reg)
             except (ValueError, TypeError) as e:
                 raise PageError(400, "Invalid answer", str(e)) from None
+            assert reg.environment is not None  # registered_for refuses agents without one
             await arun_session(
                 reg.agent, reg.environment, answered, store=store, max_loops=studio.max_run_loops
             )
