@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from tapekit.core import Tape, TapeMetadata
+from tapekit.core import Step, Tape, TapeMetadata
 from tapekit.llm.base import LLMCall
 
 if TYPE_CHECKING:
-    from tapekit.store.base import TapeStore, TapeWrite, Write
+    from tapekit.store._writes import TapeWrite, Write
+    from tapekit.store.base import TapeStore
 
 __all__ = ["JSONL_FORMAT", "JSONL_VERSION", "export_jsonl", "import_jsonl", "read_jsonl_lines"]
 
@@ -52,7 +53,8 @@ def read_jsonl_lines(path: str | Path) -> Iterator[tuple[int, str, Any]]:
 def export_jsonl(store: TapeStore, path: str | Path, tape_ids: Iterable[str] | None, llm_calls: bool) -> int:
     """Write ``store``'s tapes (all, or ``tape_ids``) and the LLM calls behind them to ``path``
     (see :meth:`TapeStore.export_jsonl`); returns how many tapes were written."""
-    from tapekit.store.base import TapeFilter, TapeNotFoundError, _check_id
+    from tapekit.store._writes import check_id
+    from tapekit.store.base import TapeFilter, TapeNotFoundError
 
     store.flush()
     if tape_ids is None:
@@ -61,7 +63,7 @@ def export_jsonl(store: TapeStore, path: str | Path, tape_ids: Iterable[str] | N
     else:
         if isinstance(tape_ids, str):
             raise TypeError("tape_ids must be a list of ids, not a string")
-        ids = [_check_id(t) for t in tape_ids]
+        ids = [check_id(t) for t in tape_ids]
     prompt_ids: dict[str, None] = {}
     with open(path, "w", encoding="utf-8") as out:
         out.write(json.dumps({"format": JSONL_FORMAT, "version": JSONL_VERSION}) + "\n")
@@ -87,7 +89,7 @@ def export_jsonl(store: TapeStore, path: str | Path, tape_ids: Iterable[str] | N
 def import_jsonl(store: TapeStore, path: str | Path) -> list[str]:
     """Store the tapes and LLM calls of ``path`` in ``store`` in one transaction (see
     :meth:`TapeStore.import_jsonl`); returns the ids of the tapes in the file."""
-    from tapekit.store.base import WriteGroup, call_write
+    from tapekit.store._writes import WriteGroup, call_write
 
     store._check_open()
     writes: list[Write] = []
@@ -130,11 +132,12 @@ def _check_header(item: dict[str, Any]) -> None:
 
 def _tape_write(store: TapeStore, item: dict[str, Any], lengths: dict[str, int]) -> TapeWrite:
     """The write that imports one tape line: its steps beyond those stored, its metadata."""
-    from tapekit.store.base import TapeInfo, TapeWrite, _check_id, _check_tags, serialised
+    from tapekit.store._writes import TapeWrite, check_id, check_tags, serialised
+    from tapekit.store.base import TapeInfo
 
     info = TapeInfo.model_validate(item["info"])
-    _check_id(info.id)
-    steps = list(Tape.model_validate({"steps": item["steps"]}).steps)
+    check_id(info.id)
+    steps: list[Step] = list(Tape.model_validate({"steps": item["steps"]}).steps)
     if len(steps) != info.n_steps:
         raise ValueError(f"tape {info.id} says n_steps={info.n_steps} but has {len(steps)} steps")
     start = lengths.get(info.id, store._known_lengths.get(info.id))
@@ -158,7 +161,7 @@ def _tape_write(store: TapeStore, item: dict[str, Any], lengths: dict[str, int])
         steps[start:],
         start,
         len(steps),
-        _check_tags(info.tags),
+        check_tags(info.tags),
         info.created,
         info.updated,
         exact_created=True,

@@ -13,16 +13,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tapekit.llm.base import LLMCall
-from tapekit.store.base import (
-    CallWrite,
-    TagWrite,
-    TapeFilter,
-    TapeInfo,
-    TapeStore,
-    TapeWrite,
-    Totals,
-    Write,
-)
+from tapekit.store._writes import CallWrite, TagWrite, TapeWrite, Write
+from tapekit.store.base import TapeFilter, TapeInfo, TapeStore, Totals
 
 # DOUBLE PRECISION is REAL in SQLite; the first three tables are the original SQLite schema
 SCHEMA = [

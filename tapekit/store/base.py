@@ -6,8 +6,10 @@ never wait on the database and a batch of thousands of tapes does not turn into 
 commits. Reads first wait for this store's own queued writes, so a reader always sees them.
 
 :class:`TapeStore` holds everything that does not depend on the database (argument checking,
-the writer thread, the session recorder, ancestry walks, JSONL import and export); a backend
-implements the ``_select_*`` queries and ``_commit`` (see ``tapekit/store/_sql.py``).
+ancestry walks, the deprecated session recorder); the writer thread is ``_writer.py``, the
+records it commits (built and checked on the caller's thread) ``_writes.py``, JSONL import and
+export ``_jsonl.py``. A backend implements the ``_select_*`` queries and ``_commit`` (see
+``tapekit/store/_sql.py``).
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ class UnknownStep(Step):
 
 def lenient_step(data: Any) -> Step:
     """``data`` (a stored step's JSON object) as its step class, or as an :class:`UnknownStep`."""
-    cls = step_kinds().get(data.get("kind")) if isinstance(data, dict) else None
+    cls = step_kinds().get(str(data.get("kind"))) if isinstance(data, dict) else None
     if cls is not None:
         try:
             return cls.model_validate(data)

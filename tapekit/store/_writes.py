@@ -1,0 +1,155 @@
+"""What the store's writer thread commits: one record per queued write, built and checked on
+the caller's thread (steps, context and result serialised; every text column checked, see
+``_text.py``), so that the writer only writes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from tapekit.core import Step, TapeMetadata
+from tapekit.llm.base import LLMCall
+from tapekit.store._text import check_text, model_json
+
+__all__ = [
+    "CallWrite",
+    "TagWrite",
+    "TapeWrite",
+    "Write",
+    "WriteGroup",
+    "call_write",
+    "check_id",
+    "check_tags",
+    "context_json",
+    "describe",
+    "flat",
+    "serialised",
+]
+
+
+@dataclass(slots=True)
+class TapeWrite:
+    """A tape's new steps ``steps`` (from index ``start``) and its metadata, to upsert."""
+
+    tape_id: str
+    meta: TapeMetadata
+    context: Any
+    steps: list[Step]
+    start: int
+    n_steps: int
+    tags: tuple[str, ...]
+    created: float
+    updated: float
+    exact_created: bool = False  # imports keep their creation time even if the tape exists
+    # serialised on the caller's thread (see _text.py): the writer only writes
+    data: list[str] = field(default_factory=list)  # the JSON of each of ``steps``
+    context_text: str = "null"
+    result_text: str = "null"
+
+
+@dataclass(slots=True)
+class CallWrite:
+    """A completed LLM call to upsert by prompt id (``prompt_text``/``output_text``: their JSON)."""
+
+    call: LLMCall
+    prompt_text: str = ""
+    output_text: str = ""
+
+
+@dataclass(slots=True)
+class TagWrite:
+    """Tags to add to (or remove from) a tape."""
+
+    tape_id: str
+    tags: tuple[str, ...]
+    remove: bool
+
+
+Write = TapeWrite | CallWrite | TagWrite
+
+
+def check_id(tape_id: object, what: str = "tape_id") -> str:
+    """``tape_id`` if it is a non-empty string the store can hold, else a clear error."""
+    if not isinstance(tape_id, str) or not tape_id:
+        raise TypeError(f"{what} must be a non-empty string, not {tape_id!r}")
+    check_text(tape_id, f"the {what.replace('_', ' ')} {tape_id!r}")
+    return tape_id
+
+
+def check_tags(tags: object) -> tuple[str, ...]:
+    """``tags`` as a tuple of distinct non-empty strings, else a clear ``TypeError``."""
+    if isinstance(tags, str):
+        raise TypeError(f"tags must be a list of strings, not the string {tags!r} (write [{tags!r}])")
+    try:
+        out: tuple[object, ...] = tuple(tags)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"tags must be a list of strings, not {type(tags).__name__}") from None
+    checked: list[str] = []
+    for tag in out:
+        if not isinstance(tag, str) or not tag:
+            raise TypeError(f"every tag must be a non-empty string, not {tag!r}")
+        checked.append(tag)
+    return tuple(dict.fromkeys(checked))
+
+
+@dataclass(slots=True)
+class WriteGroup:
+    """Writes committed together or not at all (an import)."""
+
+    writes: list[Write]
+
+
+def flat(items: list[Write | WriteGroup]) -> list[Write]:
+    """The writes of ``items``, groups expanded."""
+    return [w for item in items for w in (item.writes if isinstance(item, WriteGroup) else [item])]
+
+
+def call_write(call: LLMCall) -> CallWrite:
+    """The write of ``call``, serialised and checked here (a ``ValueError`` names what the
+    database could not store)."""
+    what = f"the LLM call {call.prompt.id!r}"
+    check_text(call.prompt.id, f"{what}: its prompt id")
+    check_text(call.model, f"{what}: its model name")
+    prompt = model_json(call.prompt, f"{what}: its prompt")
+    return CallWrite(call, prompt, model_json(call.output, f"{what}: its output"))
+
+
+def describe(w: Write | WriteGroup) -> str:
+    """A queued write, for error messages."""
+    if isinstance(w, TapeWrite):
+        return f"tape {w.tape_id!r} (steps {w.start} to {w.n_steps - 1} and metadata)"
+    if isinstance(w, CallWrite):
+        return f"LLM call {w.call.prompt.id!r}"
+    if isinstance(w, WriteGroup):
+        return f"an import of {len(w.writes)} rows (none of them stored)"
+    return f"tags of tape {w.tape_id!r}"
+
+
+def serialised(w: TapeWrite) -> TapeWrite:
+    """``w`` with its steps, context and result serialised, every text column checked: a value the
+    database cannot store is refused here, on the caller's thread, naming the tape, step and field."""
+    where = f"tape {w.tape_id!r}"
+    check_id(w.tape_id)
+    for name in ("parent_id", "author", "author_tape_id", "error"):
+        check_text(getattr(w.meta, name), f"{where}: its metadata.{name}")
+    for tag in w.tags:
+        check_text(tag, f"{where}: its tag {tag!r}")
+    data = []
+    for i, step in enumerate(w.steps, w.start):
+        m = step.metadata
+        for name in ("id", "agent", "node", "prompt_id"):
+            check_text(getattr(m, name), f"{where}: step {i} ({step.kind}): its metadata.{name}")
+        data.append(model_json(step, f"{where}: step {i} ({step.kind}, id {m.id})"))
+    try:
+        w.context_text = context_json(w.context)
+        w.result_text = json.dumps(w.meta.result, default=str)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: its context or result cannot be stored as JSON: {e}") from e
+    w.data = data
+    return w
+
+
+def context_json(context: Any) -> str:
+    """How a tape's context is stored: JSON of its ``model_dump(mode="json")`` or of itself."""
+    return json.dumps(context.model_dump(mode="json") if hasattr(context, "model_dump") else context)
