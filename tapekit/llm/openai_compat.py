@@ -153,15 +153,11 @@ class OpenAICompatibleLLM(LLM):
                     if payload != b"[DONE]":
                         folder.feed(payload)
             complete = True
-        except StreamError as e:
-            raise LLMError(f"{self._where()}: {e}") from e
-        except (TimeoutError, OSError) as e:
-            raise self._transport_error(TransportFailure(isinstance(e, TimeoutError), str(e))) from e
         except Exception as e:
-            if type(e).__module__.split(".")[0] != "aiohttp":
+            error = self._stream_failure(e)
+            if error is None:
                 raise
-            timed_out = isinstance(e, TimeoutError)
-            raise self._transport_error(TransportFailure(timed_out, f"{type(e).__name__}: {e}")) from e
+            raise error from e
         finally:
             if complete:
                 response.release()
@@ -173,6 +169,15 @@ class OpenAICompatibleLLM(LLM):
                 "the stream ended before the answer was complete"
             )
         yield folder.final_event(self.tokenizer)
+
+    def _stream_failure(self, error: Exception) -> LLMError | None:
+        """The LLMError for a failure while the answer streams (None: not a stream failure)."""
+        if isinstance(error, StreamError):
+            return LLMError(f"{self._where()}: {error}")
+        if isinstance(error, TimeoutError | OSError) or type(error).__module__.split(".")[0] == "aiohttp":
+            timed_out = isinstance(error, TimeoutError)
+            return self._transport_error(TransportFailure(timed_out, f"{type(error).__name__}: {error}"))
+        return None
 
     def _transport_error(self, failure: TransportFailure) -> LLMError:
         if failure.timed_out:
