@@ -52,9 +52,12 @@ def tapekit(*args: str, cwd: Path = ROOT, stdin: str = "") -> subprocess.Complet
 
 
 def help_text(path: str) -> str:
-    out = tapekit(*path.split(), "--help")
-    assert out.returncode == 0, out.stderr
-    return out.stdout
+    """``tapekit PATH --help``, in this process (the examples themselves run as subprocesses)."""
+    from typer.testing import CliRunner
+
+    out = CliRunner().invoke(app, [*path.split(), "--help"], env={"COLUMNS": "250"})
+    assert out.exit_code == 0, out.output
+    return out.output
 
 
 def examples(text: str) -> list[str]:
