@@ -85,7 +85,8 @@ def chat_lines(steps: list[Step]) -> list[ChatLine]:
 
 def add_chat_routes(app: FastAPI, studio: Any) -> None:
     """Add the chat pages to the Studio ``app`` (``studio`` is its state: store, agents, render)."""
-    from tapekit.studio.app import PageError, _form
+    from tapekit.studio.pages import PageError
+    from tapekit.studio.pages import read_form as _form
 
     store = studio.store
     locks: dict[str, asyncio.Lock] = {}
