@@ -1,0 +1,33 @@
+"""Low-code mini-frameworks built on nodes and agents (the paper's section 3.1).
+
+- :class:`MonoAgent` / :class:`MonoNode`: one prompt made of the tape and the step schemas;
+- :class:`TeamAgent`: an AutoGen-style team (initiator, manager, workers) on one tape;
+- :class:`LLMFunction` / :class:`LLMFunctionNode`: function-style prompt templates with demos.
+
+Nodes with ``instruction`` and ``demos`` fields (:class:`Demo`) are what optimisers tune.
+"""
+
+from tapekit.frameworks.demo import Demo
+from tapekit.frameworks.function import (
+    InputField,
+    LLMFunction,
+    LLMFunctionError,
+    LLMFunctionNode,
+    OutputField,
+    StepSource,
+)
+from tapekit.frameworks.mono import MonoAgent, MonoNode, estimate_tokens, token_counter
+
+__all__ = [
+    "Demo",
+    "InputField",
+    "LLMFunction",
+    "LLMFunctionError",
+    "LLMFunctionNode",
+    "MonoAgent",
+    "MonoNode",
+    "OutputField",
+    "StepSource",
+    "estimate_tokens",
+    "token_counter",
+]
