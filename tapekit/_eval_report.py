@@ -121,8 +121,8 @@ class EvalReport(BaseModel):
     ``scorers`` lists the scorer names in order; the first is the primary one (the default of
     every metric). ``k`` is the number of attempts per task the evaluation made. Metrics are
     means over tasks with seeded bootstrap intervals (``n_bootstrap`` resamples of the tasks,
-    ``confidence`` level, ``seed``). ``tapes`` (not saved) holds the final tapes by tape id when
-    the report was made in this process.
+    ``confidence`` level, ``seed``). ``tapes`` and ``llm_calls`` (not saved) hold the final tapes
+    by tape id and their LLM calls by prompt id when the report was made in this process.
     """
 
     name: str = "eval"
@@ -133,6 +133,7 @@ class EvalReport(BaseModel):
     n_bootstrap: int = 1000
     confidence: float = 0.95
     _tapes: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _calls: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     # ------------------------------------------------------------------ grouping
 
@@ -140,6 +141,12 @@ class EvalReport(BaseModel):
     def tapes(self) -> dict[str, Any]:
         """The final tapes by tape id (empty for a report loaded from JSON)."""
         return self._tapes
+
+    @property
+    def llm_calls(self) -> dict[str, Any]:
+        """The attempts' LLM calls by prompt id, token ids included when the backend gave them
+        (empty for a report loaded from JSON; the store keeps them too)."""
+        return self._calls
 
     @property
     def task_ids(self) -> list[str]:
@@ -164,6 +171,7 @@ class EvalReport(BaseModel):
             raise KeyError(f"no tasks of category {category!r}; categories: {self.categories}")
         sub = self.model_copy(update={"samples": [s for s in self.samples if s.category == category]})
         sub._tapes = self._tapes
+        sub._calls = self._calls
         return sub
 
     def by_category(self) -> dict[str, EvalReport]:

@@ -283,6 +283,7 @@ async def aevaluate_iter(
         if report is not None:
             report.samples.append(record)
             report.tapes[result.tape_id] = result.tape
+            report.llm_calls.update((c.prompt.id, c) for c in calls)
         yield record
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from tapekit.errors import TapekitError
-from tapekit.errors import TapekitError
 from tapekit.training.config import TrainConfig
 
 __all__ = [
@@ -156,8 +155,8 @@ def training_arguments(config: TrainConfig, n_rows: int) -> dict[str, Any]:
         "dataloader_num_workers": 0,
         "ddp_backend": "gloo" if device == "cpu" and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
     }
-    if config.gradient_checkpointing:  # renamed activation_checkpointing in newer transformers
-        args["gradient_checkpointing"] = True
+    # TRL's configs default to gradient checkpointing on: slower, and only worth it for memory
+    args["gradient_checkpointing"] = config.gradient_checkpointing
     return args
 
 

@@ -183,7 +183,7 @@ def train_sft(
     progress = trainer.callback_handler.callbacks
     result = trainer.train(resume_from_checkpoint=resume_argument(config))
     final = Path(config.output_dir) / "final"
-    figures = next((c.last for c in progress if hasattr(c, "last") and c.last), {})
+    figures: dict[str, float] = next((c.last for c in progress if hasattr(c, "last") and c.last), {})
     extra = {
         "base_model": str(config.model or getattr(trainer.model.config, "_name_or_path", "")),
         "lora": config.lora is not None,
