@@ -7,10 +7,12 @@ Workloads:
 
 Each (workload, K) runs in a fresh subprocess (after a small warm-up run) so that peak RSS is
 its own; short runs are repeated and the median time is reported. The plain lines use the
-async core; the ``-sync`` lines drive the same loop through the sync API. Per-step cost should
-not grow with K: compare us_per_step across K.
+async core; the ``-sync`` lines drive the same loop through the sync API; the ``-store`` lines
+run the async loop with ``store=`` (every step and LLM call written to SQLite as it is made,
+the time including the final flush). Per-step cost should not grow with K: compare
+us_per_step across K.
 
-    python bench/overhead.py [--ks 100,1000,10000] [--workloads long,nested]
+    python bench/overhead.py [--ks 100,1000,10000] [--workloads long,nested] [--apis async,sync,store]
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 from tapekit import (
@@ -45,7 +49,7 @@ from tapekit import (
     StopStep,
     Tape,
     Thought,
-    async_main_loop,
+    amain_loop,
     main_loop,
 )
 
@@ -147,7 +151,13 @@ def run_once(workload: str, k: int, api: str) -> tuple[float, Tape[Any, Any]]:
     env = WorkEnvironment()
     t0 = time.perf_counter()
     if api == "async":
-        tape = asyncio.run(async_main_loop(agent, start, env).get_final_tape())
+        tape = asyncio.run(amain_loop(agent, start, env).get_final_tape())
+    elif api == "store":  # the async loop persisting every step and LLM call to SQLite as it runs
+        from tapekit.store import SQLiteStore
+
+        with tempfile.TemporaryDirectory() as tmp, SQLiteStore(Path(tmp) / "bench.db") as store:
+            tape = asyncio.run(amain_loop(agent, start, env, store=store).get_final_tape())
+            store.flush()
     else:
         tape = main_loop(agent, start, env).get_final_tape()
     seconds = time.perf_counter() - t0
@@ -175,7 +185,7 @@ def main() -> None:
     )
     parser.add_argument("--ks", default="100,1000,10000")
     parser.add_argument("--workloads", default="long,nested")
-    parser.add_argument("--apis", default="async,sync")
+    parser.add_argument("--apis", default="async,sync,store")
     parser.add_argument("--child", nargs=3, metavar=("WORKLOAD", "K", "API"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -197,7 +207,7 @@ def main() -> None:
                 r = json.loads(out.strip().splitlines()[-1])
                 us = r["seconds"] / r["steps"] * 1e6
                 results.setdefault((workload, api), {})[k] = us
-                name = workload if api == "async" else f"{workload}-sync"
+                name = workload if api == "async" else f"{workload}-{api}"
                 print(
                     f"workload={name} k={k} seconds={r['seconds']:.2f} steps={r['steps']} "
                     f"us_per_step={us:.0f} peak_rss_mb={r['peak_rss_mb']:.0f}",
