@@ -144,15 +144,15 @@ def test_server_killed_mid_stream(tmp_path: Path) -> None:
         )
         agent = Agent.create(name="writer", llms=llm, nodes=[_TextNode()])
 
-        start = Tape(steps=[UserStep(content="go")])
+        start: Tape[Any, Any] = Tape(steps=[UserStep(content="go")])
         record = store.recorder(start)
 
         async def run() -> tuple[list[Any], Tape[Any, Any]]:
             seen: list[Any] = []
             final = None
-            async for event in async_main_loop(agent, start, Environment()):
-                record(event)
-                event = event.agent_event
+            async for loop_event in async_main_loop(agent, start, Environment()):
+                record(loop_event)
+                event = loop_event.agent_event
                 if event is None:
                     continue
                 seen.append(event)
