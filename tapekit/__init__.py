@@ -58,6 +58,7 @@ from tapekit.environment import (
 from tapekit.errors import TapekitError
 from tapekit.evaluate import EvalReport, Score, Task, aevaluate, evaluate, rescore
 from tapekit.llm import LLM, FunctionLLM, LLMCall, LLMStream, ReplayLLM, ScriptedLLM, TrainingText
+from tapekit.optimize import AddDemos, BootstrapFewShot, InstructionSearch, Reflective, optimize
 from tapekit.orchestrator import (
     AsyncMainLoopStream,
     MainLoopEvent,
@@ -100,6 +101,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "LLM",
     "Action",
+    "AddDemos",
     "Agent",
     "AgentError",
     "AgentEvent",
@@ -108,6 +110,7 @@ __all__ = [
     "AssistantThought",
     "AsyncAgentStream",
     "AsyncMainLoopStream",
+    "BootstrapFewShot",
     "Branch",
     "Call",
     "ControlStep",
@@ -116,6 +119,7 @@ __all__ = [
     "ExternalObservationNeeded",
     "Fork",
     "FunctionLLM",
+    "InstructionSearch",
     "LLMCall",
     "LLMOutput",
     "LLMOutputParsingFailure",
@@ -131,6 +135,7 @@ __all__ = [
     "PartialStep",
     "Prompt",
     "ReconstructionError",
+    "Reflective",
     "ReplayLLM",
     "ReplayResult",
     "Respond",
@@ -172,6 +177,7 @@ __all__ = [
     "main_loop",
     "node_run_steps",
     "open_store",
+    "optimize",
     "parse_steps",
     "reconstruct_llm_calls",
     "replay_tape",

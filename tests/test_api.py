@@ -44,6 +44,11 @@ def test_import_pulls_no_heavy_dependencies() -> None:
 EXPORTED = sorted(
     [
         "Action",
+        "AddDemos",
+        "BootstrapFewShot",
+        "InstructionSearch",
+        "Reflective",
+        "optimize",
         "LiteLLM",  # lazy: loaded from tapekit.llm on first access
         "LlamaCppLLM",  # lazy: loaded from tapekit.llm on first access
         "OpenAICompatibleLLM",  # lazy: loaded from tapekit.llm on first access

@@ -1,0 +1,86 @@
+"""Demo optimisers: demos taken from the node runs of good training tapes.
+
+- :class:`AddDemos` is the paper's Listing 1: run the agent on the training tasks, take a demo
+  from every run of each target node on the tapes that passed, and keep a seeded random
+  ``max_demos`` of them per node.
+- :class:`BootstrapFewShot` makes the same pool, then runs a seeded random search over demo
+  sets (sizes 1..``max_demos``) and keeps the set with the best validation score.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from tapekit.optimize._run import Search
+from tapekit.optimize._targets import NodeParams, Params
+from tapekit.optimize.base import Optimizer, demos_from_report
+
+__all__ = ["AddDemos", "BootstrapFewShot", "bootstrap_pool"]
+
+
+def bootstrap_pool(search: Search, params: Params | None = None) -> dict[str, list[Any]]:
+    """Run the training tasks (as many as the budget allows after one validation) with
+    ``params`` (the base agent's own by default) and collect demos from the passed tapes."""
+    params = params if params is not None else search.baseline.params
+    n = min(len(search.trainset), search.left - len(search.valset))
+    if n <= 0:
+        return {t: [] for t in search.targets}
+    report = search.run(params, search.trainset[:n], f"{search.name}-bootstrap", "train")
+    return demos_from_report(search.agent_with(params), report, search.targets)
+
+
+def _with_demos(base: Params, chosen: dict[str, list[Any]]) -> Params:
+    out = {t: p.model_copy() for t, p in base.items()}
+    for target, demos in chosen.items():
+        if demos:
+            out[target] = out.get(target, NodeParams()).model_copy(update={"demos": demos})
+    return out
+
+
+def _sample(pool: dict[str, list[Any]], k: int, rng: random.Random) -> dict[str, list[Any]]:
+    return {t: rng.sample(demos, min(k, len(demos))) for t, demos in pool.items()}
+
+
+class AddDemos(Optimizer):
+    """Demos from the runs of successful training tapes (the paper's ``add_demos``): at most
+    ``max_demos`` per target node, picked at random (seeded) when there are more."""
+
+    max_demos: int = 4
+
+    def search(self, search: Search) -> None:
+        """Bootstrap the demo pool, then validate one demo set."""
+        pool = bootstrap_pool(search)
+        if not any(pool.values()):
+            return
+        chosen = _sample(pool, self.max_demos, search.rng)
+        search.validate(_with_demos(search.baseline.params, chosen), note=_count(chosen))
+
+
+class BootstrapFewShot(Optimizer):
+    """Random search over demo sets from the bootstrapped pool: up to ``n_candidates`` sets of
+    1..``max_demos`` demos per target (seeded), each scored on the validation tasks."""
+
+    max_demos: int = 4
+    n_candidates: int = 6
+
+    def search(self, search: Search) -> None:
+        """Bootstrap the pool, then validate random demo sets while the budget lasts."""
+        pool = bootstrap_pool(search)
+        if not any(pool.values()):
+            return
+        tried: set[str] = set()
+        for _ in range(self.n_candidates * 3):
+            if len(tried) >= self.n_candidates or not search.can(len(search.valset)):
+                break
+            k = search.rng.randint(1, self.max_demos)
+            chosen = _sample(pool, k, search.rng)
+            key = repr(sorted((t, [repr(d) for d in ds]) for t, ds in chosen.items()))
+            if key in tried:
+                continue
+            tried.add(key)
+            search.validate(_with_demos(search.baseline.params, chosen), note=_count(chosen))
+
+
+def _count(chosen: dict[str, list[Any]]) -> str:
+    return ", ".join(f"{t}: {len(d)} demos" for t, d in chosen.items() if d)
