@@ -57,3 +57,100 @@ def test_training_text_matches_the_runtime_models_chat_template(llm: object) -> 
     assert mine.text == runtime.text and mine.n_predicted == runtime.n_predicted
     assert mine.output_text == "Paris is the capital.<|im_end|>"
     assert llm.count_tokens(mine.prompt_text) == LlamaCppLLM().count_tokens(runtime.prompt_text)
+
+
+def test_greedy_calls_record_the_exact_prompt_and_output_ids(llm: object) -> None:
+    from tapekit.llm.transformers import TransformersLLM
+
+    assert isinstance(llm, TransformersLLM)
+    final = list(llm.stream(QUESTION))[-1]
+    trace = final.tokens
+    assert trace is not None and final.output is not None
+    assert trace.prompt_ids == llm.prompt_ids(QUESTION)
+    assert llm.tokenizer.decode(trace.prompt_ids) == llm.render_prompt(QUESTION)
+    assert llm.tokenizer.decode(trace.output_ids, skip_special_tokens=True) == final.output.content
+    assert trace.output_logprobs is not None and len(trace.output_logprobs) == len(trace.output_ids)
+    assert trace.finish_reason in ("stop", "length") and trace.tokenizer.startswith("tk1-49152-")
+    # the same tokenizer seen through llama.cpp has the same fingerprint
+    assert trace.tokenizer == LlamaCppLLM().tokenizer_fingerprint()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory, llm: object) -> object:
+    """A tiny random Llama saved with the SmolLM2 tokenizer: a model directory like training makes."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = llm.load()[1]  # type: ignore[attr-defined]
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    path = tmp_path_factory.mktemp("tiny")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _reference_logprobs(model: object, trace: object, temperature: float = 1.0) -> list[float]:
+    import torch
+
+    ids = torch.tensor([trace.prompt_ids + trace.output_ids])  # type: ignore[attr-defined]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float() / temperature  # type: ignore[operator]
+    n = len(trace.prompt_ids)  # type: ignore[attr-defined]
+    table = torch.log_softmax(logits[n - 1 : -1], dim=-1)
+    return [float(table[i, t]) for i, t in enumerate(trace.output_ids)]  # type: ignore[attr-defined]
+
+
+def test_model_directory_greedy_logprobs_are_the_models(tiny_dir: object) -> None:
+    from tapekit.llm.transformers import TransformersLLM
+
+    llm = TransformersLLM(model_path=str(tiny_dir), device="cpu", max_tokens=6, policy_version="v7")
+    trace = list(llm.stream(QUESTION))[-1].tokens
+    assert trace is not None and len(trace.output_ids) == 6 and trace.finish_reason == "length"
+    assert trace.policy_version == "v7" and trace.output_logprobs is not None
+    expected = _reference_logprobs(llm.load()[0], trace)
+    assert trace.output_logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_sampling_logprobs_follow_the_sampler_and_the_seed_repeats(tiny_dir: object) -> None:
+    from tapekit.llm.transformers import TransformersLLM
+
+    base = TransformersLLM(model_path=str(tiny_dir), device="cpu")
+    model, tokenizer = base.load()
+    llm = TransformersLLM.from_model(model, tokenizer, temperature=1.7, seed=11, max_tokens=8)
+    first, again = (list(llm.stream(QUESTION))[-1].tokens for _ in range(2))
+    assert first is not None and first == again  # the seed makes the sample reproducible
+    assert first.output_logprobs == pytest.approx(_reference_logprobs(model, first, 1.7), abs=1e-4)
+    other = TransformersLLM.from_model(model, tokenizer, temperature=1.7, seed=12, max_tokens=8)
+    assert list(other.stream(QUESTION))[-1].tokens != first  # (a random tiny model: 49k choices each)
+
+
+def test_peft_adapter_directory_loads_on_top_of_the_base(tiny_dir: object, tmp_path: object) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    from tapekit.llm.transformers import TransformersLLM
+
+    base = TransformersLLM(model_path=str(tiny_dir), device="cpu", max_tokens=6)
+    model, tokenizer = base.load()
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    tuned = get_peft_model(model, lora)
+    tuned.save_pretrained(tmp_path)
+    in_memory = list(TransformersLLM.from_model(tuned, tokenizer, max_tokens=6).stream(QUESTION))[-1].tokens
+    loaded = TransformersLLM(model_path=str(tiny_dir), adapter_path=str(tmp_path), device="cpu", max_tokens=6)
+    from_disk = list(loaded.stream(QUESTION))[-1].tokens
+    assert type(loaded.load()[0]).__name__.startswith("PeftModel")
+    assert from_disk is not None and in_memory is not None
+    assert from_disk.output_ids == in_memory.output_ids
+    assert from_disk.output_logprobs == pytest.approx(in_memory.output_logprobs, abs=1e-4)
+
+
+def test_missing_model_or_adapter_directory_is_named(tmp_path: object) -> None:
+    from tapekit.llm.base import LLMError
+    from tapekit.llm.transformers import TransformersLLM
+
+    with pytest.raises(LLMError, match="model_path '/nonexistent/model' is not a directory"):
+        TransformersLLM(model_path="/nonexistent/model").load()

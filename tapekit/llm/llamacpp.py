@@ -8,6 +8,7 @@ free; a lock serialises calls, because one llama.cpp context decodes one sequenc
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -86,6 +87,7 @@ class LlamaCppLLM(LLM):
     _llama: Any = PrivateAttr(None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _formatter: Any = PrivateAttr(None)  # the compiled chat template; False if the file has none
+    _fingerprint: str | None = PrivateAttr(None)
 
     def load(self) -> Any:
         """The ``llama_cpp.Llama`` object, loaded on first use."""
@@ -107,6 +109,39 @@ class LlamaCppLLM(LLM):
                     verbose=False,
                 )
             return self._llama
+
+    def piece(self, token: int, special: bool = True) -> bytes:
+        """The bytes of one token id (special tokens written out when ``special``).
+
+        llama-cpp-python's own ``detokenize`` cuts pieces at 32 bytes (SmolLM2 has 47 longer
+        tokens: runs of spaces and dashes); this reads each piece whole.
+        """
+        import llama_cpp
+
+        llama = self.load()
+        size = 64
+        while True:
+            buffer = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_token_to_piece(llama._model.vocab, token, buffer, size, 0, special)
+            if n >= 0:
+                return buffer.raw[:n]
+            size = -n
+
+    def detokenize(self, ids: list[int], special: bool = False) -> str:
+        """The text of token ids (special tokens dropped unless ``special``; invalid UTF-8
+        replaced by U+FFFD)."""
+        return b"".join(self.piece(i, special) for i in ids).decode("utf-8", errors="replace")
+
+    def tokenizer_fingerprint(self) -> str:
+        """The fingerprint of the GGUF's vocabulary and chat template (see
+        :mod:`tapekit.llm.fingerprint`); equal to ``TransformersLLM``'s for the same file."""
+        if self._fingerprint is None:
+            from tapekit.llm.fingerprint import tokenizer_fingerprint
+
+            llama = self.load()
+            pieces = [self.piece(i).decode("utf-8", errors="replace") for i in range(llama.n_vocab())]
+            self._fingerprint = tokenizer_fingerprint(pieces, llama.metadata.get("tokenizer.chat_template"))
+        return self._fingerprint
 
     def count_tokens(self, text: str) -> int:
         """How many tokens the model's tokenizer makes of ``text``."""

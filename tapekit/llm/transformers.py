@@ -2,12 +2,16 @@
 
 By default it loads the embedded SmolLM2-135M-Instruct from the same GGUF file that
 ``LlamaCppLLM`` runs (transformers dequantizes it to full precision), so the embedded model is
-also the trainable one. Any local model directory, or one saved after fine-tuning, loads the
-same way. torch and transformers are imported on first use only.
+also the trainable one. Any local model directory, a directory saved after fine-tuning, a peft
+(LoRA) adapter directory on top of a base model, or a (model, tokenizer) pair already in memory
+load the same way. Every call records its :class:`~tapekit.llm.base.TokenTrace`: the prompt ids
+exactly as fed to ``generate``, the sampled ids and their sampling log-probabilities.
+torch and transformers are imported on first use only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import AsyncIterator
@@ -17,7 +21,7 @@ from pydantic import PrivateAttr
 
 from tapekit._sync import iterate_in_thread
 from tapekit.core import LLMOutput, Prompt
-from tapekit.llm.base import LLM, LLMError, LLMEvent, TrainingText, answer_text
+from tapekit.llm.base import LLM, LLMError, LLMEvent, TokenTrace, TrainingText, answer_text
 from tapekit.llm.llamacpp import plain_messages, smollm2_path
 
 __all__ = ["TransformersLLM"]
@@ -26,48 +30,107 @@ __all__ = ["TransformersLLM"]
 class TransformersLLM(LLM):
     """A causal LM run with ``transformers`` in this process.
 
-    ``model_path`` is a local model directory (or a directory holding ``gguf_file``); both
-    default to the embedded SmolLM2 GGUF. ``device`` is ``"cpu"``, ``"cuda"`` or ``"auto"``.
-    ``parameters`` go to ``generate`` (default: greedy, 256 new tokens). There is no
-    constrained decoding here: structured nodes fall back to parsing and validating.
+    Where the weights come from (first match wins):
+
+    - :meth:`from_model`: a ``(model, tokenizer)`` pair already in memory (e.g. right after
+      training), used as it is (its device is kept);
+    - ``model_path``: a local model directory (``save_pretrained`` output), or a directory
+      holding ``gguf_file``;
+    - neither: the embedded SmolLM2 GGUF.
+
+    ``adapter_path`` puts a peft adapter directory (LoRA) on top of the base model.
+    ``device`` is ``"cpu"``, ``"cuda"`` or ``"auto"``; ``dtype`` ``"float32"``, ``"bfloat16"``,
+    ``"float16"`` or ``"auto"`` (the checkpoint's).
+
+    Generation: ``temperature`` 0 is greedy decoding, above 0 samples (with ``top_p`` and
+    ``top_k``); ``seed`` reseeds torch before every sampled call, so a prompt always gets the
+    same sample (leave it None to draw different samples, e.g. k attempts per task);
+    ``max_tokens`` bounds the answer. ``parameters`` go to ``generate`` last and override all
+    of these (``{"max_new_tokens": 20, "do_sample": False}`` works as before).
+
+    Every final event carries a :class:`TokenTrace`: prompt ids as fed to ``generate`` (chat
+    template applied), the sampled ids (the end-of-turn token included when the model wrote
+    it), and their log-probabilities: under the sampling distribution (after temperature,
+    top-p and top-k) when sampling, under the model when greedy. ``policy_version`` is copied
+    into the trace. There is no constrained decoding here: structured nodes fall back to
+    parsing and validating.
     """
 
     model_name: str = "smollm2-135m-instruct"
     model_path: str | None = None
     gguf_file: str | None = None
+    adapter_path: str | None = None
     device: str = "auto"
-    parameters: dict[str, Any] = {"max_new_tokens": 256, "do_sample": False}
+    dtype: str = "float32"
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    policy_version: str | None = None
+    parameters: dict[str, Any] = {}
     _model: Any = PrivateAttr(None)
     _tokenizer: Any = PrivateAttr(None)
+    _fingerprint: str | None = PrivateAttr(None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @classmethod
+    def from_model(cls, model: Any, tokenizer: Any, **settings: Any) -> TransformersLLM:
+        """An LLM over a model and tokenizer already in memory (e.g. a trainer's, or a
+        ``peft`` model). ``settings`` are this class's fields (``temperature``, ``max_tokens``,
+        ``policy_version``, ``model_name``, ...); path fields are ignored."""
+        llm = cls(**settings)
+        llm._model, llm._tokenizer = model, tokenizer
+        return llm
 
     def load(self) -> tuple[Any, Any]:
         """The (model, tokenizer) pair, loaded on first use."""
         with self._lock:
             if self._model is None:
-                try:
-                    import torch
-                    from transformers import AutoModelForCausalLM, AutoTokenizer
-                except ImportError as e:
-                    raise LLMError(
-                        "TransformersLLM needs torch, transformers, accelerate and gguf "
-                        "(scripts/install-local.sh installs them)"
-                    ) from e
-                path, gguf = self.model_path, self.gguf_file
-                if path is None:
-                    embedded = smollm2_path()
-                    path, gguf = str(embedded.parent), gguf or embedded.name
-                local = os.path.isdir(path)
-                extra: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
-                self._tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local, **extra)
-                model = AutoModelForCausalLM.from_pretrained(
-                    path, local_files_only=local, dtype=torch.float32, **extra
-                )
-                device = self.device
-                if device == "auto":
-                    device = "cuda" if torch.cuda.is_available() else "cpu"
-                self._model = model.to(device).eval()
+                self._model, self._tokenizer = self._load()
             return self._model, self._tokenizer
+
+    def _load(self) -> tuple[Any, Any]:
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as e:
+            raise LLMError(
+                "TransformersLLM needs torch, transformers, accelerate and gguf "
+                "(scripts/install-local.sh installs them)"
+            ) from e
+        path, gguf = self.model_path, self.gguf_file
+        if path is None:
+            embedded = smollm2_path()
+            path, gguf = str(embedded.parent), gguf or embedded.name
+        if not os.path.isdir(path):
+            raise LLMError(f"TransformersLLM: model_path {path!r} is not a directory (nothing is downloaded)")
+        extra: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
+        dtype = self.dtype if self.dtype == "auto" else getattr(torch, self.dtype, None)
+        if not isinstance(dtype, str | torch.dtype):  # "auto" or a torch dtype
+            raise LLMError(f"TransformersLLM: dtype {self.dtype!r} is not float32, bfloat16, float16 or auto")
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, **extra)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype, **extra)
+        if self.adapter_path is not None:
+            model = _with_adapter(model, self.adapter_path)
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return model.to(device).eval(), tokenizer
+
+    @property
+    def tokenizer(self) -> Any:
+        """The Hugging Face tokenizer (loads the model on first use)."""
+        return self.load()[1]
+
+    def tokenizer_fingerprint(self) -> str:
+        """The fingerprint of the tokenizer and chat template (see :mod:`tapekit.llm.fingerprint`);
+        equal to :meth:`LlamaCppLLM.tokenizer_fingerprint` for the same GGUF file."""
+        if self._fingerprint is None:
+            from tapekit.llm.fingerprint import hf_tokenizer_fingerprint
+
+            self._fingerprint = hf_tokenizer_fingerprint(self.tokenizer)
+        return self._fingerprint
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` under the model's tokenizer."""
@@ -79,6 +142,11 @@ class TransformersLLM(LLM):
         messages = plain_messages(prompt.messages)
         return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
 
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """The token ids ``generate`` is fed for ``prompt`` (the rendered chat template,
+        tokenised with special tokens parsed and none added)."""
+        return list(self.load()[1](self.render_prompt(prompt), add_special_tokens=False)["input_ids"])
+
     def make_training_text(self, prompt: Prompt, output: LLMOutput) -> TrainingText:
         """Chat-template text; the predicted span is the answer plus the end-of-turn token."""
         tokenizer = self.load()[1]
@@ -86,38 +154,112 @@ class TransformersLLM(LLM):
         text = self.render_prompt(prompt) + completion
         return TrainingText(text=text, n_predicted=len(completion), prompt_id=prompt.id)
 
+    def generate_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments every ``generate`` call gets (fields, then ``parameters``)."""
+        kwargs: dict[str, Any] = {"max_new_tokens": self.max_tokens, "do_sample": self.temperature > 0}
+        if self.temperature > 0:
+            kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k or 0)
+        kwargs.update(self.parameters)
+        return kwargs
+
     async def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
+        import torch
         from transformers import TextIteratorStreamer
 
         model, tokenizer = self.load()
-        text = self.render_prompt(prompt)
-        inputs = tokenizer(text, return_tensors="pt", add_special_tokens=False).to(model.device)
+        ids = self.prompt_ids(prompt)
+        input_ids = torch.tensor([ids], dtype=torch.long, device=model.device)
         streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-        n_new: list[int] = []
+        kwargs = self.generate_kwargs()
+        sampling = bool(kwargs.get("do_sample"))
+        result: list[tuple[list[int], list[float]]] = []
         failure: list[BaseException] = []
 
         def generate() -> None:  # feeds the streamer; the streamer is read on the event loop
             try:
                 with self._lock:
-                    out = model.generate(
-                        **inputs, streamer=streamer, pad_token_id=tokenizer.eos_token_id, **self.parameters
-                    )
-                n_new.append(int(out.shape[1] - inputs["input_ids"].shape[1]))
+                    if sampling and self.seed is not None:
+                        torch.manual_seed(self.seed)
+                    with torch.no_grad():
+                        out = model.generate(
+                            input_ids=input_ids,
+                            attention_mask=torch.ones_like(input_ids),
+                            streamer=streamer,
+                            pad_token_id=_pad_id(tokenizer),
+                            return_dict_in_generate=True,
+                            output_scores=sampling,
+                            output_logits=not sampling,
+                            **kwargs,
+                        )
+                result.append(_sampled(out, len(ids), sampling))
             except BaseException as e:
                 failure.append(e)
                 streamer.end()
 
-        threading.Thread(target=generate, name="tapekit-transformers", daemon=True).start()
+        worker = threading.Thread(target=generate, name="tapekit-transformers", daemon=True)
+        worker.start()
         pieces: list[str] = []
         async for piece in iterate_in_thread(lambda: streamer, "tapekit-transformers-stream"):
             if piece:
                 pieces.append(piece)
                 yield LLMEvent(chunk=piece)
+        await asyncio.to_thread(worker.join)  # the streamer ends just before generate returns
         if failure:
             raise LLMError(f"transformers model {self.model_name!r} failed: {failure[0]}") from failure[0]
+        output_ids, logprobs = result[0]
+        stops = _eos_ids(model, tokenizer)
+        finish = "stop" if output_ids and output_ids[-1] in stops else "length"
         content = "".join(pieces)
         yield LLMEvent(
             output=LLMOutput(content=content or None),
-            prompt_tokens=int(inputs["input_ids"].shape[1]),
-            output_tokens=n_new[0] if n_new else self.count_tokens(content),
+            prompt_tokens=len(ids),
+            output_tokens=len(output_ids),
+            tokens=TokenTrace(
+                prompt_ids=ids,
+                output_ids=output_ids,
+                output_logprobs=logprobs,
+                tokenizer=self.tokenizer_fingerprint(),
+                policy_version=self.policy_version,
+                finish_reason=finish,
+            ),
         )
+
+
+def _with_adapter(model: Any, adapter_path: str) -> Any:
+    if not os.path.isdir(adapter_path):
+        raise LLMError(f"TransformersLLM: adapter_path {adapter_path!r} is not a directory")
+    try:
+        from peft import PeftModel
+    except ImportError as e:
+        raise LLMError("TransformersLLM with adapter_path needs peft (pip install 'tapekit[train]')") from e
+    return PeftModel.from_pretrained(model, adapter_path)
+
+
+def _pad_id(tokenizer: Any) -> int | None:
+    pad = tokenizer.pad_token_id
+    return int(pad) if pad is not None else tokenizer.eos_token_id
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def _sampled(out: Any, n_prompt: int, sampling: bool) -> tuple[list[int], list[float]]:
+    """The sampled ids of a ``generate`` result and their log-probabilities: from the processed
+    scores the sampler drew from when sampling, from the raw logits when greedy."""
+    import torch
+
+    ids = out.sequences[0, n_prompt:]
+    rows = out.scores if sampling else out.logits
+    if not len(ids):
+        return [], []
+    table = torch.stack([r[0] for r in rows[: len(ids)]]).float()
+    logprobs = torch.log_softmax(table, dim=-1).gather(1, ids.view(-1, 1).to(table.device)).view(-1)
+    return [int(i) for i in ids.tolist()], [float(x) for x in logprobs.tolist()]
