@@ -57,6 +57,20 @@ from tapekit.environment import (
 )
 from tapekit.errors import TapekitError
 from tapekit.evaluate import EvalReport, Score, Task, aevaluate, evaluate, rescore
+from tapekit.frameworks import (
+    Demo,
+    FunctionTermination,
+    InputField,
+    LLMFunction,
+    LLMFunctionNode,
+    MaxTurns,
+    MonoAgent,
+    MonoNode,
+    OutputField,
+    StepSource,
+    TeamAgent,
+    TextMention,
+)
 from tapekit.llm import LLM, FunctionLLM, LLMCall, LLMStream, ReplayLLM, ScriptedLLM, TrainingText
 from tapekit.optimize import AddDemos, BootstrapFewShot, InstructionSearch, Reflective, optimize
 from tapekit.orchestrator import (
@@ -186,4 +200,16 @@ __all__ = [
     "tool_calls_from_output",
     "unanswered_actions",
     "view_to_messages",
+    "Demo",  # tapekit.frameworks
+    "FunctionTermination",  # tapekit.frameworks
+    "InputField",  # tapekit.frameworks
+    "LLMFunction",  # tapekit.frameworks
+    "LLMFunctionNode",  # tapekit.frameworks
+    "MaxTurns",  # tapekit.frameworks
+    "MonoAgent",  # tapekit.frameworks
+    "MonoNode",  # tapekit.frameworks
+    "OutputField",  # tapekit.frameworks
+    "StepSource",  # tapekit.frameworks
+    "TeamAgent",  # tapekit.frameworks
+    "TextMention",  # tapekit.frameworks
 ]

@@ -44,6 +44,18 @@ def test_import_pulls_no_heavy_dependencies() -> None:
 EXPORTED = sorted(
     [
         "Action",
+        "Demo",  # tapekit.frameworks
+        "FunctionTermination",  # tapekit.frameworks
+        "InputField",  # tapekit.frameworks
+        "LLMFunction",  # tapekit.frameworks
+        "LLMFunctionNode",  # tapekit.frameworks
+        "MaxTurns",  # tapekit.frameworks
+        "MonoAgent",  # tapekit.frameworks
+        "MonoNode",  # tapekit.frameworks
+        "OutputField",  # tapekit.frameworks
+        "StepSource",  # tapekit.frameworks
+        "TeamAgent",  # tapekit.frameworks
+        "TextMention",  # tapekit.frameworks
         "AddDemos",
         "BootstrapFewShot",
         "InstructionSearch",
