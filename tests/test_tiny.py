@@ -56,6 +56,18 @@ def test_tokenizer_round_trips_any_text_and_splits_digits(tiny: tuple[Any, Any])
     assert len(tok) <= 512
 
 
+def test_whole_numbers_are_single_tokens_and_still_round_trip() -> None:
+    from tapekit.training.tiny import TinyConfig, train_tokenizer
+
+    tok = train_tokenizer(TEXTS, 512, whole_numbers=TinyConfig(whole_numbers=1000).whole_numbers)
+    text = "calculator: 12+730 and 1234"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    tokens = tok.convert_ids_to_tokens(ids)
+    assert "12" in tokens and "730" in tokens and "123" in tokens and "4" in tokens
+    assert tok.decode(ids) == text
+    assert tok.decode(ids, skip_special_tokens=True) == text  # numbers are not special tokens
+
+
 def test_chat_template_marks_exactly_the_assistant_turns(tiny: tuple[Any, Any]) -> None:
     _, tok = tiny
     out = tok.apply_chat_template(
@@ -102,6 +114,8 @@ def test_config_errors_name_the_field() -> None:
         TinyConfig(hidden_size=100, num_heads=3)
     with pytest.raises(ValueError, match="vocab_size"):
         TinyConfig(vocab_size=100)
+    with pytest.raises(ValueError, match="whole_numbers"):
+        TinyConfig(whole_numbers=-1)
     with pytest.raises(ValueError, match="num_layers"):
         TinyConfig(num_layers=0)
 

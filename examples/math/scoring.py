@@ -1,0 +1,62 @@
+"""Strict and lenient scorers for the math tapes, and the evaluation tasks of the problems.
+
+- strict: the agent's final answer is written exactly as ``Answer: <integer>`` and the integer
+  is the expected one;
+- lenient: the expected number appears (as a whole number) anywhere in what the agent wrote:
+  its plan, its calculator calls or its final line, whatever the format.
+
+Reported side by side, a gain in format alone never passes for learning.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tapekit import AssistantThought, Tape, ToolCall
+from tapekit.evaluate import Score, Task
+
+from .agents import MathAnswer, MathPlan, start_tape
+from .problems import Problem
+
+__all__ = ["SCORERS", "lenient", "strict", "tasks_for"]
+
+
+def _answer(tape: Tape[Any, Any]) -> MathAnswer | None:
+    return next((s for s in reversed(tape.steps) if isinstance(s, MathAnswer)), None)
+
+
+def strict(tape: Tape[Any, Any], task: Task) -> Score:
+    """Pass when the final answer is ``Answer: <expected>`` exactly."""
+    answer = _answer(tape)
+    if answer is None:
+        return Score(value=0.0, passed=False, feedback=tape.metadata.error or "no final answer")
+    passed = answer.well_formed and answer.text == str(task.expected)
+    feedback = None if passed else f"answered {answer.text!r}, expected {task.expected}"
+    return Score(value=float(passed), passed=passed, feedback=feedback)
+
+
+def _written(tape: Tape[Any, Any]) -> str:
+    parts = []
+    for step in tape.steps:
+        if isinstance(step, MathAnswer | MathPlan):
+            parts.append(step.text)
+        elif isinstance(step, AssistantThought):
+            parts.append(step.content)
+        elif isinstance(step, ToolCall):
+            parts.append(str(step.arguments))
+    return "\n".join(parts)
+
+
+def lenient(tape: Tape[Any, Any], task: Task) -> Score:
+    """Pass when the expected number appears anywhere in the agent's own writing."""
+    found = re.search(rf"(?<![\d.]){re.escape(str(task.expected))}(?![\d.])", _written(tape)) is not None
+    return Score(value=float(found), passed=found, feedback=None if found else "number not written")
+
+
+SCORERS = {"strict": strict, "lenient": lenient}
+
+
+def tasks_for(problems: list[Problem]) -> list[Task]:
+    """Evaluation tasks: the start tape, the level as category and the answer as expected."""
+    return [Task(id=p.id, start=start_tape(p), category=p.category, expected=p.answer) for p in problems]

@@ -1,0 +1,370 @@
+"""The paper's math distillation (section 4.4) in small, offline: teacher tapes -> a student that learns.
+
+1. Arithmetic word problems in three difficulty levels are generated from a seed
+   (``examples/math/problems.py``), split into training and held-out problems.
+2. A multi-node teacher (plan -> act, calling a calculator tool over several turns -> answer)
+   solves the training problems through the batch runner; its tapes go to a SQLite store. The
+   teacher is a programmatic oracle LLM (offline) or any OpenAI-compatible model
+   (``--teacher-url URL --teacher-model NAME``); only its correct tapes are kept.
+3. The single-node student adapts each teacher tape with ``student.reuse(tape)``: the same steps
+   as if the student had made them, one student turn per calculator call.
+4. Token-exact training samples are made from those tapes with the student's own chat template
+   (loss only on what the student writes), and the student is fine-tuned (SFT).
+5. The student is evaluated on the held-out problems before and after, strict (``Answer: N``
+   exactly right) and lenient (the right number written anywhere), with ``tapekit.evaluate``.
+
+Students: ``--student tiny`` (default) is a tiny Llama-architecture model whose tokenizer is
+trained here on the teacher's conversations (``tapekit.training.tiny``), fully fine-tuned;
+``--student smollm2`` is the embedded SmolLM2-135M-Instruct with LoRA.
+
+Each stage prints one line (``stage=sft student=tiny heldout_exact=0.84 ...``), then a table.
+``--quick`` uses fewer problems and steps (CI).
+
+Run: ``python examples/math_distill.py [--quick] [--student tiny|smollm2] [--out DIR]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `examples` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from examples.math.agents import (
+    Oracle,
+    calculator_environment,
+    make_student,
+    make_teacher,
+    start_tape,
+    student_messages,
+)
+from examples.math.problems import LEVELS, split_problems
+from examples.math.scoring import SCORERS, strict, tasks_for
+from tapekit import FunctionLLM, Tape
+from tapekit.batch import batch
+from tapekit.evaluate import EvalReport, Task, evaluate
+
+MAX_LOOPS = 8  # agent/environment rounds per problem: 3 calculator calls need 4
+
+
+@dataclass
+class Settings:
+    """What one run does; ``--quick`` picks smaller numbers."""
+
+    student: str = "tiny"
+    n_train: int = 1500
+    n_heldout: int = 150
+    steps: int = 600
+    batch_size: int = 16
+    learning_rate: float = 3e-3
+    seed: int = 0
+    out: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="math-distill-")))
+    teacher_url: str | None = None
+    teacher_model: str | None = None
+    threads: int | None = None
+
+
+@dataclass
+class StageResult:
+    """One printed line and one table row."""
+
+    stage: str
+    who: str
+    report: EvalReport
+    train_seconds: float = 0.0
+
+    def line(self) -> str:
+        """``stage=... student=... heldout_exact=... heldout_lenient=... tokens_per_task=...``"""
+        key = "teacher" if self.stage == "teacher" else "student"
+        return (
+            f"stage={self.stage} {key}={self.who} "
+            f"heldout_exact={self.report.pass_at_1('strict').value:.2f} "
+            f"heldout_lenient={self.report.pass_at_1('lenient').value:.2f} "
+            f"tokens_per_task={self.report.tokens_per_attempt:.0f} "
+            f"train_seconds={self.train_seconds:.0f}"
+        )
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+def teacher_llm(settings: Settings, oracle: Oracle) -> Any:
+    """The oracle, or the OpenAI-compatible model named on the command line."""
+    if settings.teacher_url is None:
+        return FunctionLLM(model_name="oracle", fn=oracle, stream_chunks=False)
+    from tapekit.llm.openai_compat import OpenAICompatibleLLM
+
+    return OpenAICompatibleLLM(
+        model_name=settings.teacher_model or "default",
+        base_url=settings.teacher_url,
+        parameters={"temperature": 0.0},
+    )
+
+
+def teach(teacher: Any, problems: list[Any], store: Any) -> list[Tape[Any, Any]]:
+    """The teacher's tapes on the training problems (stored), keeping the correct ones."""
+    results = batch(
+        teacher,
+        calculator_environment(),
+        [start_tape(p) for p in problems],
+        store=store,
+        name="teacher-train",
+        max_loops=MAX_LOOPS,
+        max_concurrency=16,
+    )
+    good = []
+    for result, task in zip(results, tasks_for(problems), strict=True):
+        if result.ok and strict(result.tape, task).passed:
+            good.append(result.tape)
+    return good
+
+
+def adapt(student: Any, tapes: list[Tape[Any, Any]]) -> list[Tape[Any, Any]]:
+    """``student.reuse`` of every teacher tape (tapes it cannot reproduce are skipped, counted)."""
+    from tapekit import ReconstructionError
+
+    adapted, failed = [], 0
+    for tape in tapes:
+        try:
+            adapted.append(student.reuse(tape)[0])
+        except ReconstructionError:
+            failed += 1
+    if failed:
+        print(f"note: {failed} teacher tapes could not be adapted to the student and were skipped")
+    return adapted
+
+
+def run_eval(agent: Any, tasks: list[Task], store: Any, name: str) -> EvalReport:
+    """Strict and lenient held-out scores (greedy, one attempt per problem)."""
+    return evaluate(
+        agent,
+        calculator_environment(),
+        tasks,
+        SCORERS,
+        k=1,
+        name=name,
+        store=store,
+        n_bootstrap=200,
+        max_loops=MAX_LOOPS,
+        max_concurrency=4,
+    )
+
+
+def tokenizer_texts(tapes: list[Tape[Any, Any]]) -> list[str]:
+    """What the tiny tokenizer is trained on: the student's conversations (every message)."""
+    texts = ["system", "user", "assistant", "[tool result] "]
+    for tape in tapes:
+        texts += [m["content"] or "" for m in student_messages(tape)]
+    return texts
+
+
+def make_samples(tapes: list[Tape[Any, Any]], student: Any, tokenizer: Any) -> Any:
+    """Training samples (the training schema) from the student's adapted tapes."""
+    try:
+        from tapekit.training import samples as samples_module  # helper "samples"
+    except ImportError:
+        samples_module = None
+    if samples_module is not None and hasattr(samples_module, "make_samples"):
+        return samples_module.make_samples(tapes, agent=student)
+    from examples.math._samples_standin import standin_samples
+
+    return standin_samples(tapes, tokenizer)
+
+
+def train_student(
+    settings: Settings, rows: Any, model: Any, tokenizer: Any, lora: bool
+) -> tuple[Path, float]:
+    """SFT (full for the tiny model, LoRA for SmolLM2); returns the result and the seconds."""
+    from tapekit.training import SFTConfig, train_sft
+    from tapekit.training.config import LoraSettings
+
+    config = SFTConfig(
+        output_dir=str(settings.out / f"sft-{settings.student}"),
+        lora=LoraSettings(r=16, alpha=32) if lora else None,
+        learning_rate=settings.learning_rate,
+        max_steps=settings.steps,
+        batch_size=settings.batch_size,
+        packing=False,
+        max_length=1024,
+        warmup_ratio=0.05,
+        lr_scheduler="linear",
+        logging_steps=max(1, settings.steps // 10),
+        device="cpu",
+        dtype="float32",
+        seed=settings.seed,
+    )
+    started = time.perf_counter()
+    final = train_sft(rows, model=model, tokenizer=tokenizer, config=config)
+    return final, time.perf_counter() - started
+
+
+# ----------------------------------------------------------------------------- students
+
+
+def tiny_student(settings: Settings, adapted: list[Tape[Any, Any]]) -> tuple[Any, Any, Path]:
+    """A fresh tiny model whose tokenizer is trained on the adapted tapes; saved to a directory."""
+    from tapekit.training.tiny import TinyConfig, make_tiny
+
+    path = settings.out / "tiny-base"
+    config = TinyConfig(
+        vocab_size=512, hidden_size=128, num_layers=2, num_heads=4, whole_numbers=2000, seed=settings.seed
+    )
+    model, tokenizer = make_tiny(tokenizer_texts(adapted), config, path)
+    return model, tokenizer, path
+
+
+def student_llm(settings: Settings, model_path: str | None, adapter_path: str | None = None) -> Any:
+    """The student's greedy TransformersLLM."""
+    from tapekit.llm.transformers import TransformersLLM
+
+    return TransformersLLM(
+        model_name=f"{settings.student}-student",
+        model_path=model_path,
+        adapter_path=adapter_path,
+        device="cpu",
+        max_tokens=48 if settings.student == "tiny" else 64,
+    )
+
+
+def table(results: list[StageResult]) -> Any:
+    """The rich table of every stage."""
+    from rich.table import Table
+
+    out = Table(title="math distillation: held-out problems")
+    for column in ("stage", "model", "exact", "lenient", *LEVELS, "tokens/task", "train s"):
+        out.add_column(column, justify="left" if column in ("stage", "model") else "right")
+    for r in results:
+        levels = r.report.by_category()
+        out.add_row(
+            r.stage,
+            r.who,
+            f"{r.report.pass_at_1('strict').value:.2f}",
+            f"{r.report.pass_at_1('lenient').value:.2f}",
+            *(f"{levels[c].pass_at_1('strict').value:.2f}" if c in levels else "-" for c in LEVELS),
+            f"{r.report.tokens_per_attempt:.0f}",
+            f"{r.train_seconds:.0f}" if r.stage == "sft" else "-",
+        )
+    return out
+
+
+def run(settings: Settings) -> list[StageResult]:
+    """The whole pipeline; prints one line per stage as it finishes."""
+    import transformers
+
+    from tapekit import open_store
+
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:
+        pass
+    transformers.utils.logging.set_verbosity_error()
+    if settings.threads:
+        import torch
+
+        torch.set_num_threads(settings.threads)
+    settings.out.mkdir(parents=True, exist_ok=True)
+    db = settings.out / "tapes.db"
+    if db.exists():
+        db.unlink()  # evaluations resume by name: a stale store would give stale scores
+    store = open_store(str(db))
+    train, heldout = split_problems(settings.n_train, settings.n_heldout, settings.seed)
+    tasks = tasks_for(heldout)
+    oracle = Oracle(train + heldout)
+    results: list[StageResult] = []
+
+    def report(result: StageResult) -> None:
+        results.append(result)
+        print(result.line(), flush=True)
+
+    teacher = make_teacher(teacher_llm(settings, oracle))
+    teacher_name = settings.teacher_model or "oracle"
+    report(StageResult("teacher", teacher_name, run_eval(teacher, tasks, store, "teacher")))
+    good = teach(teacher, train, store)
+    print(f"teacher: {len(good)}/{len(train)} training tapes correct, stored in {db}", flush=True)
+
+    if settings.student == "tiny":
+        adapted = adapt(make_student(FunctionLLM(fn=lambda p: "")), good)
+        model, tokenizer, base = tiny_student(settings, adapted)
+        before = student_llm(settings, str(base))
+    else:
+        before = student_llm(settings, None)
+        model, tokenizer = before.load()
+        adapted = adapt(make_student(before), good)
+    report(
+        StageResult("zero_shot", settings.student, run_eval(make_student(before), tasks, store, "zero_shot"))
+    )
+
+    rows = make_samples(adapted, make_student(before), tokenizer)
+    lora = settings.student != "tiny"
+    final, seconds = train_student(settings, rows, model, tokenizer, lora)
+    after = student_llm(settings, None, str(final)) if lora else student_llm(settings, str(final))
+    sft_report = run_eval(make_student(after), tasks, store, "sft")
+    report(StageResult("sft", settings.student, sft_report, train_seconds=seconds))
+    store.close()
+    return results
+
+
+def parse_args(argv: list[str] | None = None) -> Settings:
+    """Settings from the command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer problems and steps (CI, < 5 minutes)")
+    parser.add_argument("--student", choices=["tiny", "smollm2"], default="tiny")
+    parser.add_argument("--train", type=int, help="training problems")
+    parser.add_argument("--heldout", type=int, help="held-out problems")
+    parser.add_argument("--steps", type=int, help="SFT optimiser steps")
+    parser.add_argument("--batch-size", type=int, help="samples per SFT step")
+    parser.add_argument("--lr", type=float, help="learning rate")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument("--out", type=Path, help="output directory (default: a new temporary one)")
+    parser.add_argument("--teacher-url", help="an OpenAI-compatible endpoint for the teacher")
+    parser.add_argument("--teacher-model", help="the teacher's model name at --teacher-url")
+    args = parser.parse_args(argv)
+    settings = Settings(student=args.student, seed=args.seed, threads=args.threads)
+    if args.student == "smollm2":
+        settings.n_train, settings.n_heldout, settings.steps = 300, 60, 150
+        settings.batch_size, settings.learning_rate = 8, 1e-3
+    if args.quick:
+        settings.n_train, settings.n_heldout, settings.steps = 600, 60, 200
+        if args.student == "smollm2":
+            settings.n_train, settings.n_heldout, settings.steps = 100, 30, 30
+    for name, value in (("n_train", args.train), ("n_heldout", args.heldout), ("steps", args.steps)):
+        if value is not None:
+            setattr(settings, name, value)
+    if args.batch_size is not None:
+        settings.batch_size = args.batch_size
+    if args.lr is not None:
+        settings.learning_rate = args.lr
+    if args.out is not None:
+        settings.out = args.out
+    settings.teacher_url, settings.teacher_model = args.teacher_url, args.teacher_model
+    if settings.n_train < 1 or settings.n_heldout < 1 or settings.steps < 1:
+        parser.error("--train, --heldout and --steps must be at least 1")
+    return settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the pipeline and print the lines and the table."""
+    settings = parse_args(argv)
+    started = time.perf_counter()
+    results = run(settings)
+    from rich.console import Console
+
+    Console(width=120).print(table(results))
+    print(f"total_seconds={time.perf_counter() - started:.0f} out={settings.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())

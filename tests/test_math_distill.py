@@ -1,0 +1,170 @@
+"""The math distillation example: problems, calculator, oracle teacher, student reuse, and the
+whole ``--quick`` pipeline showing the tiny student improving after SFT."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples.math.agents import (
+    MathAnswer,
+    MathPlan,
+    Oracle,
+    calculator,
+    calculator_environment,
+    make_student,
+    make_teacher,
+    parse_output,
+    render_output,
+    start_tape,
+    student_messages,
+)
+from examples.math.problems import LEVELS, make_problems, split_problems
+from examples.math.scoring import lenient, strict, tasks_for
+from tapekit import FunctionLLM, LLMOutput, ToolCall, ToolResult, main_loop
+from tapekit.batch import batch
+
+ROOT = Path(__file__).resolve().parent.parent
+HAVE_TRAIN = all(
+    importlib.util.find_spec(m) for m in ("torch", "transformers", "tokenizers", "trl", "datasets")
+)
+
+
+def test_problems_are_deterministic_leveled_and_correct() -> None:
+    problems = make_problems(300, seed=3)
+    assert problems == make_problems(300, seed=3)
+    assert problems != make_problems(300, seed=4)
+    assert {p.category for p in problems} == set(LEVELS)
+    assert len({p.question for p in problems}) == 300
+    for p in problems:
+        assert len(p.operations) == LEVELS[p.category]
+        assert calculator(p.expression) == p.answer >= 0
+        assert p.steps()[-1][3] == p.answer
+        assert str(p.start) in p.question
+    assert any("(" in p.expression for p in problems)  # precedence needs parentheses sometimes
+    train, heldout = split_problems(50, 20, seed=1)
+    assert not {p.question for p in train} & {p.question for p in heldout}
+    assert all(p.id.startswith("heldout-") for p in heldout)
+
+
+def test_calculator_evaluates_arithmetic_only() -> None:
+    assert calculator("(12+7)*3-5") == 52
+    assert calculator("7/2") == 3.5 and calculator("8/2") == 4
+    with pytest.raises(ValueError, match="not an arithmetic expression"):
+        calculator("12+")
+    with pytest.raises(ValueError, match="unsupported"):
+        calculator("__import__('os')")
+    with pytest.raises(ValueError, match="division by zero"):
+        calculator("1/0")
+
+
+def test_the_oracle_teacher_solves_every_problem_over_several_calculator_turns() -> None:
+    problems = make_problems(60, seed=5)
+    teacher = make_teacher(FunctionLLM(fn=Oracle(problems)))
+    results = batch(teacher, calculator_environment(), [start_tape(p) for p in problems], max_loops=8)
+    for problem, result, task in zip(problems, results, tasks_for(problems), strict=True):
+        assert result.ok, result.error
+        tape = result.tape
+        assert strict(tape, task).passed and lenient(tape, task).passed
+        calls = [s for s in tape.steps if isinstance(s, ToolCall)]
+        assert len(calls) == len(problem.operations)
+        assert [s.metadata.node for s in tape.steps if isinstance(s, MathPlan | MathAnswer)] == [
+            "plan",
+            "answer",
+        ]
+        assert {s.metadata.node for s in calls} == {"act"}
+    assert len(teacher.make_training_text(results[0].tape)) == len(problems[0].operations) + 3
+
+
+def test_the_student_reuses_a_teacher_tape_one_turn_per_calculator_call() -> None:
+    problem = next(p for p in make_problems(30, seed=2) if len(p.operations) == 3)
+    teacher = make_teacher(FunctionLLM(fn=Oracle([problem])))
+    tape = main_loop(teacher, start_tape(problem), calculator_environment()).get_final_tape()
+    student = make_student(FunctionLLM(fn=lambda prompt: "unused"))
+    adapted, calls = student.reuse(tape)
+    assert adapted.metadata.author_tape_id == tape.metadata.id
+    assert {s.metadata.agent for s in adapted.steps if s.metadata.agent} == {"student"}
+    assert [s.llm_dict() for s in adapted.steps if s.kind != "set_next_node"] == [
+        s.llm_dict() for s in tape.steps if s.kind != "set_next_node"
+    ]
+    (a, op1, b, r1), (_, op2, c, r2), (_, op3, d, r3) = problem.steps()
+    assert [c.output.content for c in calls] == [
+        f"Plan: {problem.expression}\ncalculator: {a}{op1}{b}",
+        f"calculator: {r1}{op2}{c}",
+        f"calculator: {r2}{op3}{d}",
+        f"Answer: {r3}",
+    ]
+    # each call's prompt is the conversation so far, in the student's own format
+    assert calls[-1].prompt.messages == student_messages(adapted[: len(adapted) - 2])
+    assert [m["role"] for m in calls[1].prompt.messages] == ["system", "user", "assistant", "tool"]
+    # replaying the student on its adapted tape's outputs gives the same tape
+    replay = main_loop(
+        make_student(
+            FunctionLLM(fn=lambda p: next(c.output for c in calls if c.prompt.messages == p.messages))
+        ),
+        start_tape(problem),
+        calculator_environment(),
+    ).get_final_tape()
+    assert [s.llm_dict() for s in replay.steps] == [s.llm_dict() for s in adapted.steps]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Plan: 3+4\ncalculator: 3+4",
+        "calculator: 7*2",
+        "Answer: 14",
+        "Answer: fourteen",
+        "",
+        "Plan: 3+4\nsome thoughts\nAnswer: 7",
+        "rambling\ncalculator: 1+1\ncalculator: 2+2",
+        "Plan: x",
+    ],
+)
+def test_student_text_format_round_trips(text: str) -> None:
+    steps = parse_output(text, first_call=1)
+    assert render_output(steps) == text
+
+
+def test_scorers_strict_and_lenient() -> None:
+    problem = make_problems(3, seed=0)[0]
+    (task,) = tasks_for([problem])
+    student = make_student(FunctionLLM(fn=lambda p: LLMOutput(content=f"The answer is {problem.answer}")))
+    tape = main_loop(student, start_tape(problem), calculator_environment()).get_final_tape()
+    assert not strict(tape, task).passed and lenient(tape, task).passed
+    wrong = make_student(FunctionLLM(fn=lambda p: f"Answer: {problem.answer + 1}"))
+    tape = main_loop(wrong, start_tape(problem), calculator_environment()).get_final_tape()
+    assert not strict(tape, task).passed and not lenient(tape, task).passed
+    assert "expected" in (strict(tape, task).feedback or "")
+    assert not any(isinstance(s, ToolResult) for s in tape.steps)
+
+
+STAGE = re.compile(
+    r"^stage=(\w+) (?:student|teacher)=\S+ heldout_exact=([\d.]+) heldout_lenient=([\d.]+)", re.M
+)
+
+
+@pytest.mark.skipif(not HAVE_TRAIN, reason="needs the train extra (torch, transformers, trl, datasets)")
+def test_quick_run_shows_the_tiny_student_improving(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "math_distill.py"), "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    stages: dict[str, Any] = {m[1]: (float(m[2]), float(m[3])) for m in STAGE.finditer(done.stdout)}
+    assert set(stages) == {"teacher", "zero_shot", "sft"}, done.stdout
+    assert stages["teacher"] == (1.0, 1.0)
+    assert stages["zero_shot"][0] < 0.05
+    assert stages["sft"][0] >= stages["zero_shot"][0] + 0.3, done.stdout
+    assert stages["sft"][1] >= stages["sft"][0]
+    assert "math distillation" in done.stdout  # the table
+    assert (tmp_path / "tapes.db").is_file()
