@@ -77,7 +77,7 @@ def test_the_template_renders_format_demos_and_inputs() -> None:
     fn.demos = [
         Demo(inputs={"context": ["a", "b"], "question": "q?"}, outputs={"rationale": "r", "answer": "x"})
     ]
-    prompt = fn.render({"context": ["c1", "c2"], "question": "Who?"})
+    prompt = fn.render({"context": [["c1"], ["c2"]], "question": "Who?"})  # e.g. two tool results
     assert prompt.messages[0]["content"] == (
         "Answer questions with short factoid answers.\n\nFollow this format.\n\n"
         "Context: may contain relevant facts\nQuestion: ${question}\n"

@@ -48,8 +48,8 @@ def _title(name: str) -> str:
 
 
 class InputField(BaseModel):
-    """A named input of an :class:`LLMFunction`. A list value is shown one item per line
-    (joined by ``separator``); other non-text values as JSON."""
+    """A named input of an :class:`LLMFunction`. A list value (nested lists flattened) is shown
+    one item per line (joined by ``separator``); other non-text values as JSON."""
 
     name: str
     desc: str = ""
@@ -64,7 +64,7 @@ class InputField(BaseModel):
     def render(self, value: Any) -> str:
         """``value`` as the text the prompt shows."""
         if isinstance(value, list | tuple):
-            return self.separator.join(_as_text(v) for v in value)
+            return self.separator.join(_as_text(v) for v in _flat(value))
         return _as_text(value)
 
 
@@ -320,6 +320,15 @@ class LLMFunctionNode(LLMFunction, Node):
         context, at = member.node_run_context(tape, index)
         inputs = self.fill_inputs(member, context[:at])
         return Demo(inputs=inputs, outputs=self.output_values(member, context, at))
+
+
+def _flat(items: list[Any] | tuple[Any, ...]) -> Iterator[Any]:
+    """The items of nested lists, in order (several tool results of passages read as one list)."""
+    for item in items:
+        if isinstance(item, list | tuple):
+            yield from _flat(item)
+        else:
+            yield item
 
 
 def _as_text(value: Any) -> str:
