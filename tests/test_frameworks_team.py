@@ -43,16 +43,16 @@ class Brain:
 
 def make_team(brain: Brain | None = None, turns: int = 8) -> TeamAgent:
     llm = FunctionLLM(fn=brain or Brain())
-    coder = TeamAgent.worker("coder", llm, system="You code.", description="writes Python")
-    critic = TeamAgent.worker("critic", llm, system="You review code.")
-    manager = TeamAgent.manager(
+    coder = TeamAgent.create_worker("coder", llm, system="You code.", description="writes Python")
+    critic = TeamAgent.create_worker("critic", llm, system="You review code.")
+    manager = TeamAgent.create_manager(
         "manager",
         [coder, critic],
         selection="llm",
         llm=llm,
         termination=MaxTurns(turns=turns) | TextMention(text="APPROVED"),
     )
-    return TeamAgent.initiator("requestor", manager, message="Plot the prices")
+    return TeamAgent.create_initiator("requestor", manager, message="Plot the prices")
 
 
 @pytest.fixture(scope="module")
@@ -153,8 +153,8 @@ def test_training_text_rebuilds_every_llm_call(full: Tape[Any, Any]) -> None:
 
 def test_round_robin_and_max_turns_with_the_manager_as_root() -> None:
     llm = FunctionLLM(fn=lambda p: f"turn {len(p.messages)}")
-    workers = [TeamAgent.worker(n, llm, system=f"You are {n}.") for n in ("a", "b", "c")]
-    manager = TeamAgent.manager("lead", workers, termination=MaxTurns(turns=4))
+    workers = [TeamAgent.create_worker(n, llm, system=f"You are {n}.") for n in ("a", "b", "c")]
+    manager = TeamAgent.create_manager("lead", workers, termination=MaxTurns(turns=4))
     tape = manager.run(Tape(steps=[UserStep(content="go")])).get_final_tape()
     assert tape.metadata.error is None
     called = [s.agent_name for s in tape.steps if isinstance(s, Call)]
@@ -175,8 +175,8 @@ def test_a_function_picks_the_speaker_and_another_ends_the_talk() -> None:
         return "b" if len(messages) % 2 else "a"
 
     stop = FunctionTermination(fn=lambda ms: len(ms) >= 4, name="enough")
-    manager = TeamAgent.manager(
-        "lead", [TeamAgent.worker(n, llm) for n in "ab"], selection=pick, termination=stop
+    manager = TeamAgent.create_manager(
+        "lead", [TeamAgent.create_worker(n, llm) for n in "ab"], selection=pick, termination=stop
     )
     tape = manager.run(Tape(steps=[UserStep(content="go")])).get_final_tape()
     assert [s.agent_name for s in tape.steps if isinstance(s, Call)] == ["b", "a", "b"]
@@ -204,14 +204,14 @@ def test_termination_conditions_compose() -> None:
 
 def test_a_manager_whose_llm_names_nobody_fails_with_a_clear_error() -> None:
     llm = FunctionLLM(fn=lambda p: "the intern" if "Who speaks" in p.messages[-1]["content"] else "hi")
-    manager = TeamAgent.manager("lead", [TeamAgent.worker("a", llm)], selection="llm", llm=llm)
+    manager = TeamAgent.create_manager("lead", [TeamAgent.create_worker("a", llm)], selection="llm", llm=llm)
     tape = manager.run(Tape(steps=[UserStep(content="go")])).get_final_tape()
     assert tape.metadata.error is not None
     assert "'the intern', which names none of its members ['a']" in tape.metadata.error
     with pytest.raises(ValueError, match="pass llm="):
-        TeamAgent.manager("lead", [], selection="llm")
+        TeamAgent.create_manager("lead", [], selection="llm")
     with pytest.raises(ValueError, match="needs an llm"):
-        TeamAgent.worker("a")
+        TeamAgent.create_worker("a")
 
 
 def test_the_manager_config_dumps_its_selection_and_termination() -> None:

@@ -121,19 +121,22 @@ class LLMFunction(BaseModel):
         """Check that there is an output and that field prefixes are unique."""
         if not self.outputs:
             raise LLMFunctionError("an LLM function needs at least one output field")
-        prefixes = [f.prefix for f in [*self.inputs, *self.outputs]]
+        prefixes = [f.prefix for f in self.fields()]
         for p in prefixes:
             if prefixes.count(p) > 1:
                 raise LLMFunctionError(f"two fields of the LLM function use the prefix {p!r}")
+
+    def fields(self) -> list[InputField | OutputField]:
+        """The input fields, then the output fields."""
+        return [*self.inputs, *self.outputs]
 
     # ------------------------------------------------------------------ rendering
 
     def system_text(self) -> str:
         """The system message: the instruction and the format of inputs and outputs."""
-        lines = [self.instruction.strip(), "", "Follow this format.", ""] if self.instruction else []
-        if not lines:
-            lines = ["Follow this format.", ""]
-        for f in [*self.inputs, *self.outputs]:
+        lines = [self.instruction.strip(), ""] if self.instruction.strip() else []
+        lines += ["Follow this format.", ""]
+        for f in self.fields():
             lines.append(f"{f.prefix}: {f.desc or '${' + f.name + '}'}")
         lines += ["", "Answer with the output fields only, each on a new line after its prefix."]
         return "\n".join(lines)

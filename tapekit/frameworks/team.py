@@ -319,13 +319,14 @@ class InitiatorNode(Node):
 
 
 class TeamAgent(Agent):
-    """A member of an AutoGen-style team; build members with :meth:`worker`, :meth:`manager`
-    and :meth:`initiator`. ``description`` tells an LLM manager what the member does."""
+    """A member of an AutoGen-style team; build members with :meth:`create_worker`,
+    :meth:`create_manager` and :meth:`create_initiator`. ``description`` tells an LLM manager
+    what the member does."""
 
     description: str = ""
 
     @classmethod
-    def worker(
+    def create_worker(
         cls,
         name: str,
         llm: LLM | None = None,
@@ -340,7 +341,7 @@ class TeamAgent(Agent):
         return cls.create(name, llms=llm, nodes=nodes or [WorkerNode(system=system)], description=description)
 
     @classmethod
-    def manager(
+    def create_manager(
         cls,
         name: str,
         workers: list[Agent],
@@ -364,7 +365,7 @@ class TeamAgent(Agent):
         return cls.create(name, llms=llm, nodes=[ManagerNode(**options)], subagents=workers)
 
     @classmethod
-    def initiator(cls, name: str, manager: Agent, message: str = "") -> TeamAgent:
+    def create_initiator(cls, name: str, manager: Agent, message: str = "") -> TeamAgent:
         """The root that Calls ``manager`` with ``message`` (or the user's last message)."""
         return cls.create(
             name, nodes=[InitiatorNode(teammate=manager.name, message=message)], subagents=[manager]
