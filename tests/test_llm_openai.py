@@ -145,13 +145,11 @@ def test_server_killed_mid_stream(tmp_path: Path) -> None:
         agent = Agent.create(name="writer", llms=llm, nodes=[_TextNode()])
 
         start: Tape[Any, Any] = Tape(steps=[UserStep(content="go")])
-        record = store.recorder(start)
 
         async def run() -> tuple[list[Any], Tape[Any, Any]]:
             seen: list[Any] = []
             final = None
-            async for loop_event in async_main_loop(agent, start, Environment()):
-                record(loop_event)
+            async for loop_event in async_main_loop(agent, start, Environment(), store=store):
                 event = loop_event.agent_event
                 if event is None:
                     continue
