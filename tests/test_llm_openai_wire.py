@@ -384,6 +384,28 @@ def test_concurrent_calls_share_one_session_and_pickle_drops_it(wire: WireServer
     assert copy.generate(QUESTION).content == "ok"
 
 
+def test_one_client_used_from_two_threads_at_once(wire: WireServer) -> None:
+    client = llm(wire)
+    results: list[list[str | None]] = []
+
+    async def many() -> list[str | None]:
+        outputs = await asyncio.gather(*(client.agenerate(QUESTION) for _ in range(10)))
+        return [o.content for o in outputs]
+
+    def run() -> None:
+        for _ in range(3):  # each asyncio.run is a fresh loop in this thread
+            results.append(asyncio.run(many()))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert results == [["ok"] * 10] * 6
+    pool = client._connection().pool
+    assert pool._sessions == {}, "every loop's session was closed when its loop shut down"
+
+
 def test_a_copy_with_other_settings_uses_them(wire: WireServer) -> None:
     client = llm(wire)
     assert client.generate(QUESTION).content == "ok"

@@ -64,14 +64,6 @@ def _import_aiohttp() -> Any:
     return aiohttp
 
 
-async def _close_with_loop(session: aiohttp.ClientSession) -> AsyncIterator[None]:
-    """Started once on the session's loop; the loop's shutdown of async generators closes it."""
-    try:
-        yield
-    finally:
-        await session.close()
-
-
 @functools.cache
 def _ssl_context() -> ssl.SSLContext | bool:
     """Certificates as the openai SDK (httpx) verifies them: certifi's bundle when installed,
@@ -93,9 +85,13 @@ def env_proxy(scheme: str, host: str) -> str | None:
 
 
 class SessionPool:
-    """The client session of the running event loop, made on first use."""
+    """One client session per event loop, made on first use on that loop.
 
-    __slots__ = ("_keeper", "_loop", "_session", "headers", "https", "limit", "timeout_s")
+    Calls on one loop share its session (and its pooled connections); calls from other threads'
+    loops get their own, so no session is ever used from a loop it does not belong to.
+    """
+
+    __slots__ = ("_sessions", "headers", "https", "limit", "timeout_s")
 
     def __init__(
         self, headers: Mapping[str, str], timeout_s: float, limit: int | None, https: bool = False
@@ -104,16 +100,14 @@ class SessionPool:
         self.timeout_s = timeout_s
         self.limit = limit
         self.https = https
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._keeper: AsyncIterator[None] | None = None
+        self._sessions: dict[asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, Any]] = {}
 
     async def get(self) -> aiohttp.ClientSession:
-        """The session for the running loop."""
+        """The session of the running loop."""
         loop = asyncio.get_running_loop()
-        session = self._session
-        if session is not None and self._loop is loop and not session.closed:
-            return session
+        entry = self._sessions.get(loop)
+        if entry is not None and not entry[0].closed:
+            return entry[0]
         aiohttp = _import_aiohttp()
         timeout = aiohttp.ClientTimeout(
             total=None, connect=None, sock_connect=self.timeout_s, sock_read=self.timeout_s
@@ -124,19 +118,29 @@ class SessionPool:
             timeout=timeout,
             raise_for_status=False,
         )
-        keeper = _close_with_loop(session)
+        keeper = self._keep(loop, session)
         await keeper.__anext__()  # registers it with the loop's shutdown of async generators
-        self._loop, self._session, self._keeper = loop, session, keeper
+        self._sessions[loop] = (session, keeper)
         return session
+
+    async def _keep(
+        self, loop: asyncio.AbstractEventLoop, session: aiohttp.ClientSession
+    ) -> AsyncIterator[None]:
+        """Started once on the session's loop: when the loop shuts down its async generators
+        (``asyncio.run`` does, as do tapekit's sync calls), this closes the session."""
+        try:
+            yield
+        finally:
+            entry = self._sessions.get(loop)
+            if entry is not None and entry[0] is session:
+                del self._sessions[loop]
+            await session.close()
 
     async def aclose(self) -> None:
         """Close the running loop's session now (a later call makes a new one)."""
-        session, keeper = self._session, self._keeper
-        self._session = self._keeper = self._loop = None
-        if keeper is not None:
-            await keeper.aclose()  # type: ignore[attr-defined]
-        elif session is not None:
-            await session.close()
+        entry = self._sessions.get(asyncio.get_running_loop())
+        if entry is not None:
+            await entry[1].aclose()
 
 
 async def open_stream(
