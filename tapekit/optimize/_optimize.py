@@ -69,7 +69,8 @@ class OptimizeResult:
                 str(run.rollouts),
             )
         table.caption = (
-            f"{self.rollouts_used} of {self.budget} rollouts (baseline: {len(self.baseline.task_scores())})"
+            f"{self.rollouts_used} of {self.budget} rollouts used; "
+            f"{len(self.baseline.task_scores())} validation tasks"
         )
         return table
 
@@ -85,7 +86,10 @@ class OptimizeResult:
         """Print the table."""
         from rich.console import Console
 
-        Console().print(self.table())
+        console = Console()
+        if not console.is_terminal:  # piped or captured: wide enough for every column
+            console = Console(width=160)
+        console.print(self.table())
 
     def save(self, path: str | Path) -> Path:
         """Save the optimised agent's instructions and demos as a JSON config (reload it with
