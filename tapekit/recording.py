@@ -64,6 +64,7 @@ class SessionRecorder:
         "max_pending",
         "parent_id",
         "saved",
+        "start_len",
         "store",
         "tags",
         "tape",
@@ -100,6 +101,7 @@ class SessionRecorder:
         self.base_len = len(start) if base_len is None else base_len
         self.max_pending = max_pending
         self.write_start = write_start
+        self.start_len = len(start)
         self.saved = -1  # steps written so far (-1: nothing written by this recorder yet)
 
     # ------------------------------------------------------------------ the loop's side
@@ -178,6 +180,8 @@ class SessionRecorder:
     def _save(self, tape: Tape[Any, Any], tags: Iterable[str] = ()) -> None:
         if self.store is None:
             return
+        if self.saved < 0 and not self.write_start and len(tape) <= self.start_len:
+            return  # a session written lazily that has added nothing yet stores nothing
         if self.saved < 0:  # the first write carries the session's tags
             tags = (*self.tags, *tags)
         self.store.save_tape(

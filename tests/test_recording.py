@@ -211,3 +211,29 @@ def test_an_agent_stream_without_a_final_tape_is_an_error_in_both_twins() -> Non
         AgentStream(nothing(), start()).get_final_tape()
     with pytest.raises(AgentError, match="without a final tape"):
         asyncio.run(AsyncAgentStream(nothing(), start()).get_final_tape())
+
+
+def test_a_studio_run_is_stored_as_it_grows_and_an_idle_one_stores_nothing(tmp_path: Path) -> None:
+    pytest.importorskip("fastapi")  # tapekit.studio imports the web stack
+    from examples.analyst import start_tape
+    from tapekit.studio.runs import NothingToDoError, advance, load_agents
+
+    registered = load_agents(["examples.analyst:team"])["analyst"]
+    with SQLiteStore(tmp_path / "s.db") as store:
+        first = start_tape()
+        step = asyncio.run(advance(registered, first, "step", store=store))
+        child = step.tape
+        stored = store.get_tape(child.metadata.id)
+        assert (
+            len(stored) == len(child) == len(first) + step.added
+            and stored.metadata.parent_id == first.metadata.id
+        )
+        assert all(
+            store.llm_call_for_step(s) is not None for s in child.steps[len(first) :] if s.metadata.prompt_id
+        )
+        done = asyncio.run(advance(registered, child, "run", store=store)).tape
+        assert content(store.get_tape(done.metadata.id)) == content(done)
+        before = store.count_tapes()
+        with pytest.raises(NothingToDoError):  # the agent has answered: nothing to add
+            asyncio.run(advance(registered, done, "run", store=store))
+        assert store.count_tapes() == before
