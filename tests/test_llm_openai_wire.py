@@ -461,7 +461,7 @@ def test_vllm_token_ids_and_logprobs(wire: WireServer) -> None:
     assert final.tokens.output_logprobs == [-0.5, -0.25, 0.0]
     assert final.tokens.tokenizer == "tk1-test" and final.tokens.finish_reason == "stop"
     body = wire.requests[0].body
-    assert body["logprobs"] is True and body["return_token_ids"] is True
+    assert body["logprobs"] is True and body["top_logprobs"] == 1 and body["return_token_ids"] is True
 
 
 def test_vllm_token_ids_as_logprob_strings(wire: WireServer) -> None:
@@ -486,7 +486,7 @@ def test_without_return_tokens_nothing_is_asked_or_kept(wire: WireServer) -> Non
     wire.replies.append(Reply(blocks=vllm_stream([1], [("x", [9], [-0.1])])))
     final = list(llm(wire).stream(QUESTION))[-1]
     assert final.tokens is None
-    assert "logprobs" not in wire.requests[0].body and "return_token_ids" not in wire.requests[0].body
+    assert not {"logprobs", "top_logprobs", "return_token_ids"} & set(wire.requests[0].body)
 
 
 def test_a_server_that_refuses_the_token_fields_gets_a_hint(wire: WireServer) -> None:

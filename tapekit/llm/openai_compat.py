@@ -44,10 +44,10 @@ class OpenAICompatibleLLM(LLM):
     calls in flight, which the batch runner bounds).
 
     ``return_tokens=True`` asks the server for the token ids and sampling log-probabilities of
-    each call (``logprobs`` and vLLM's ``return_token_ids``) and puts them on the final
-    event's ``tokens`` (a :class:`~tapekit.llm.TokenTrace` named by ``tokenizer``) when the
-    server sends both the prompt's and the output's ids (vLLM >= 0.10.2 does); otherwise
-    ``tokens`` stays None.
+    each call (``logprobs`` with ``top_logprobs=1``, and vLLM's ``return_token_ids``) and puts
+    them on the final event's ``tokens`` (a :class:`~tapekit.llm.TokenTrace` named by
+    ``tokenizer``) when the server sends both the prompt's and the output's ids (vLLM >= 0.10.2
+    does); otherwise ``tokens`` stays None.
     """
 
     model_name: str
@@ -101,7 +101,10 @@ class OpenAICompatibleLLM(LLM):
                 "json_schema": {"name": "response", "schema": prompt.response_schema},
             }
         if self.return_tokens:
+            # top_logprobs 1: llama.cpp's server computes no log-probabilities at 0 and 20
+            # alternatives per token when it is left out
             body.setdefault("logprobs", True)
+            body.setdefault("top_logprobs", 1)
             body.setdefault("return_token_ids", True)
         return body
 
