@@ -71,7 +71,7 @@ def corpus() -> list[dict[str, str]]:
 
 @lru_cache(maxsize=1)
 def _index() -> Any:
-    import bm25s
+    import bm25s  # type: ignore[import-untyped]
 
     retriever = bm25s.BM25()
     texts = [f"{p['title']} | {p['text']}" for p in corpus()]
@@ -81,7 +81,7 @@ def _index() -> Any:
 
 def retrieve(query: str) -> list[str]:
     """The top passages for ``query`` from the BM25 index, as ``title | text``."""
-    import bm25s
+    import bm25s  # type: ignore[import-untyped]
 
     tokens = bm25s.tokenize([query], stopwords="en", show_progress=False)
     if not tokens.vocab:
@@ -327,7 +327,7 @@ def make_llms(model: str | None, model_name: str | None) -> tuple[LLM, LLM]:
         return FunctionLLM(model_name="stand-in", fn=stand_in), FunctionLLM(
             model_name="reviewer", fn=stand_in_reviewer
         )
-    from tapekit import OpenAICompatibleLLM
+    from tapekit.llm import OpenAICompatibleLLM
 
     llm = OpenAICompatibleLLM(model_name=model_name or "default", base_url=model)
     return llm, llm
@@ -389,6 +389,7 @@ def main() -> None:
         store = open_store(args.db)
     result = run_optimizers(llm, reviewer, budget=args.budget, store=store)
     result.print()
+    print(f"best candidate: {result.best.id} ({result.best.note or 'the baseline'})")
     for target, params in result.best.params.items():
         print(f"{target}: {params.instruction!r}, {len(params.demos or [])} demos")
     if args.save:

@@ -76,11 +76,13 @@ class OptimizeResult:
 
     def to_text(self, width: int = 140) -> str:
         """The table as plain text."""
+        import io
+
         from rich.console import Console
 
-        console = Console(width=width, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+        console = Console(width=width, file=io.StringIO())
         console.print(self.table())
-        return console.export_text()
+        return console.file.getvalue()  # type: ignore[attr-defined]
 
     def print(self) -> None:
         """Print the table."""

@@ -111,7 +111,7 @@ def _set(node: Node, field: str, value: Any, target: str) -> None:
     if info is None:
         raise OptimizeError(f"node {target!r} ({type(node).__name__}) has no {field!r} field to set")
     try:
-        checked = TypeAdapter(info.annotation).validate_python(value)
+        checked: Any = TypeAdapter(info.annotation).validate_python(value)
     except Exception as e:
         raise OptimizeError(f"node {target!r}: the value for {field!r} does not fit its type: {e}") from e
     setattr(node, field, checked)
