@@ -226,3 +226,57 @@ def test_pareto_front_keeps_the_best_on_some_task_and_drops_the_dominated() -> N
     d = cand("d", {"t1": 0.0, "t2": 1.0, "t3": 0.0})  # dominated by b
     front = dict((cand.id, wins) for cand, wins in pareto_front([a, b, c, d]))
     assert front == {"a": 1, "b": 2, "c": 1}
+
+
+def mono_model(prompt: Prompt) -> str:
+    """The same skill for a MonoNode: the question is the last user message before the
+    instruction; demos are assistant messages before it."""
+    messages = prompt.messages
+    n = int(re.findall(r"-?\d+", messages[-2]["content"])[-1])
+    guided = "twice" in messages[-1]["content"] or any(m["role"] == "assistant" for m in messages)
+    return json.dumps(
+        {"steps": [{"kind": "assistant", "content": str(2 * n if guided or n % 2 == 0 else n)}]}
+    )
+
+
+def test_mono_nodes_are_optimised_too() -> None:
+    from tapekit import AssistantStep
+    from tapekit.frameworks import MonoAgent, MonoNode
+
+    def make() -> Agent:
+        node = MonoNode(name="solve", instruction="Answer the last question.")
+        return MonoAgent.create(
+            "mono", llms=FunctionLLM(fn=mono_model), nodes=[node], step_classes=[AssistantStep]
+        )
+
+    demos = optimize(make(), TRAIN, VAL, exact, optimizer=AddDemos(max_demos=1), budget=20)
+    assert demos.best.mean() == 1.0
+    (demo,) = optimisable_nodes(demos.agent)["mono.solve"].demos  # type: ignore[attr-defined]
+    assert set(demo.inputs) == {"user"} and '"kind": "assistant"' in demo.outputs["assistant"]
+
+    def reflect(prompt: Prompt) -> str:
+        ok = "the answer must be twice" in prompt.messages[-1]["content"]
+        return "```\n" + ("Give twice the number." if ok else "Answer the last question.") + "\n```"
+
+    reflected = optimize(
+        make(), TRAIN, VAL, exact, optimizer=Reflective(reflector=FunctionLLM(fn=reflect)), budget=30
+    )
+    assert optimisable_nodes(reflected.agent)["mono.solve"].instruction == "Give twice the number."  # type: ignore[attr-defined]
+    assert reflected.best.mean() == 1.0
+
+
+@pytest.mark.parametrize("budget", [4, 7, 11, 16, 23])
+def test_no_optimiser_goes_over_the_budget(budget: int) -> None:
+    proposer = FunctionLLM(fn=lambda p: "Instruction: Double the number in the question.")
+    optimizers = [
+        AddDemos(),
+        BootstrapFewShot(n_candidates=5),
+        InstructionSearch(proposer=proposer),
+        Reflective(reflector=FunctionLLM(fn=reflector_fn), minibatch=2),
+    ]
+    for opt in optimizers:
+        result = optimize(make_agent(), TRAIN, VAL, exact, optimizer=opt, budget=budget)
+        assert result.rollouts_used <= budget, opt.name
+    both = optimize(make_agent(), TRAIN, VAL, exact, optimizer=optimizers, budget=budget)
+    assert both.rollouts_used <= budget
+    assert both.rollouts_used == len(VAL) + sum(r.rollouts for r in both.runs)
