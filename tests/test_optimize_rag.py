@@ -61,6 +61,9 @@ def test_every_optimiser_helps_and_reflection_fixes_both_hops(tmp_path: Path) ->
     reflective = by_name["reflective"].best
     assert reflective.mean("answer") == 1.0 and reflective.mean("recall") == 1.0
     assert reflective.params["rag.query2"].instruction == rag.BRIDGE_INSTRUCTION
+    # the same rewrite of query1 does not help (its context is empty): rejected on its minibatch
+    assert reflective.params["rag.query1"].instruction == rag.QUERY_INSTRUCTION
+    assert by_name["reflective"].proposals > len(by_name["reflective"].candidates)
     # the optimised agent, saved and reloaded onto a fresh agent, keeps its gains
     loaded = load_optimized(rag.make_agent(), result.save(tmp_path / "rag.json"))
     task = rag.load_tasks()[40]

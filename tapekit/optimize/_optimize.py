@@ -20,14 +20,16 @@ __all__ = ["OptimizeResult", "OptimizerRun", "optimize"]
 
 @dataclass
 class OptimizerRun:
-    """What one optimiser did: its best candidate, every candidate it validated, and the
-    rollouts it used (training and validation tapes)."""
+    """What one optimiser did: its best candidate, every candidate it validated, the rollouts
+    it used (training and validation tapes), and the ids it gave out (``<name>-1`` ..
+    ``<name>-<proposals>``: the validated candidates and the proposals rejected before)."""
 
     name: str
     best: Candidate
     candidates: list[Candidate]
     rollouts: int
     error: str | None = None
+    proposals: int = 0
 
 
 @dataclass
@@ -176,7 +178,11 @@ def optimize(
             opt.search(search)
         except BudgetExhausted as e:
             error = str(e)
-        runs.append(OptimizerRun(opt.name, search.best(), list(search.candidates), search.used, error))
+        runs.append(
+            OptimizerRun(
+                opt.name, search.best(), list(search.candidates), search.used, error, search.proposals
+            )
+        )
     best = baseline
     for run in runs:
         if run.best.mean() > best.mean():

@@ -2,8 +2,9 @@
 
 :class:`Judge` runs candidates through :func:`tapekit.evaluate.aevaluate` and counts every tape
 as one rollout; it refuses, before running anything, an evaluation that would go over the
-budget, so the budget is never exceeded. With a store, each candidate's tapes are tagged
-``optimize:<run>`` and ``optimize:<run>:candidate:<id>``.
+budget, so the budget is never exceeded. With a store, every tape is tagged ``optimize:<run>``
+and ``optimize:<run>:candidate:<id>``, the id of the configuration that made it: ``baseline``,
+a validated candidate, or a proposal that was tried on training tasks and rejected.
 
 :class:`Search` is what one optimiser sees: the base agent and its targets, the train and
 validation tasks, the baseline candidate, a seeded ``rng``, its share of the budget, and the
@@ -130,6 +131,7 @@ class Search:
     limit: int
     used: int = 0
     candidates: list[Candidate] = field(default_factory=list)
+    proposals: int = 0
 
     @property
     def left(self) -> int:
@@ -145,8 +147,10 @@ class Search:
         return with_params(self.agent, params)
 
     def new_id(self) -> str:
-        """A fresh candidate id, e.g. ``reflective-3``."""
-        return f"{self.name}-{len(self.candidates) + 1}"
+        """A fresh candidate id, e.g. ``reflective-3`` (a proposal that is never validated keeps
+        its id on the tapes it made)."""
+        self.proposals += 1
+        return f"{self.name}-{self.proposals}"
 
     def run(self, params: Params, tasks: list[Task], candidate_id: str, split: str = "train") -> EvalReport:
         """Evaluate the configuration ``params`` on ``tasks`` (counted against this share)."""
@@ -158,12 +162,14 @@ class Search:
         self.used += len(tasks)
         return report
 
-    def validate(self, params: Params, parent: str | None = None, note: str = "") -> Candidate | None:
-        """Score ``params`` on the validation tasks and keep it as a candidate; None when the
-        budget cannot pay for it."""
+    def validate(
+        self, params: Params, parent: str | None = None, note: str = "", candidate_id: str | None = None
+    ) -> Candidate | None:
+        """Score ``params`` on the validation tasks and keep it as a candidate (under
+        ``candidate_id``, or a new id); None when the budget cannot pay for it."""
         if not self.can(len(self.valset)):
             return None
-        cid = self.new_id()
+        cid = candidate_id or self.new_id()
         candidate = Candidate(id=cid, params=params, optimizer=self.name, parent=parent, note=note)
         candidate.val = self.run(params, self.valset, cid, "val")
         self.candidates.append(candidate)

@@ -26,7 +26,8 @@ def bootstrap_pool(search: Search, params: Params | None = None) -> dict[str, li
     n = min(len(search.trainset), search.left - len(search.valset))
     if n <= 0:
         return {t: [] for t in search.targets}
-    report = search.run(params, search.trainset[:n], f"{search.name}-bootstrap", "train")
+    source = search.baseline.id if params is search.baseline.params else search.new_id()
+    report = search.run(params, search.trainset[:n], source, "train")
     return demos_from_report(search.agent_with(params), report, search.targets)
 
 

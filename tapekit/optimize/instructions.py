@@ -91,7 +91,7 @@ class InstructionSearch(Optimizer):
         n = min(len(search.trainset), search.left - len(search.valset))
         if n <= 0:
             return
-        report = search.run(search.baseline.params, search.trainset[:n], f"{self.name}-bootstrap", "train")
+        report = search.run(search.baseline.params, search.trainset[:n], search.baseline.id, "train")
         pool = demos_from_report(search.agent_with(search.baseline.params), report, search.targets)
         questions = [t.question for t in search.trainset[:3] if t.question]
         options: dict[str, list[str]] = {}

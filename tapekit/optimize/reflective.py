@@ -111,7 +111,7 @@ class Reflective(Optimizer):
             parent = select_parent(pool, search.rng)
             target = search.targets[iteration % len(search.targets)]
             batch = search.rng.sample(search.trainset, size)
-            before = search.run(parent.params, batch, f"{self.name}-parent-of-{len(pool)}", "train")
+            before = search.run(parent.params, batch, parent.id, "train")
             attempts = self._attempts(search, parent, before, target)
             if not attempts:
                 continue
@@ -121,10 +121,11 @@ class Reflective(Optimizer):
             if not proposed or proposed == current:
                 continue
             child = merged(parent.params, target, instruction=proposed)
-            after = search.run(child, batch, f"{self.name}-child-of-{parent.id}", "train")
+            child_id = search.new_id()
+            after = search.run(child, batch, child_id, "train")
             if _total(after) <= _total(before):
                 continue
-            made = search.validate(child, parent=parent.id, note=f"rewrote {target}")
+            made = search.validate(child, parent=parent.id, note=f"rewrote {target}", candidate_id=child_id)
             if made is not None:
                 pool.append(made)
 
