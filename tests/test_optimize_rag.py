@@ -83,3 +83,31 @@ def test_the_command_prints_the_before_after_table() -> None:
         assert column in out
     for name in ("add_demos", "bootstrap_few_shot", "instruction_search", "reflective"):
         assert name in out
+
+
+def test_the_model_flag_runs_the_agent_on_an_openai_compatible_server() -> None:
+    from tests.scripted_openai import scripted_openai_server
+
+    with scripted_openai_server() as (url, requests):
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(EXAMPLE),
+                "--optimize",
+                "--budget",
+                "18",
+                "--model",
+                url,
+                "--model-name",
+                "m",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "18 of 18 rollouts used" in done.stdout
+    # the scripted server does not write 'Reasoning:/Query:' fields: the baseline's 18 tapes
+    # stop at the answer node; every request went to the named model
+    assert requests and {r["model"] for r in requests} == {"m"}
+    assert "Follow this format." in requests[0]["messages"][0]["content"]
