@@ -64,9 +64,11 @@ def test_packed_batch_loss_equals_unpacked_loss(tmp_path: Path) -> None:
     model, tok = make_model()
     trainer = build_sft_trainer(sum_rows(tok, 24), model, tok, config(tmp_path))
     batch = next(iter(trainer.get_train_dataloader()))
-    assert "attention_mask" not in batch and batch["input_ids"].shape[0] == 1  # one padding-free row
-    samples = list(split_packed(batch["input_ids"], batch["position_ids"], None))
-    label_rows = list(split_packed(batch["labels"], batch["position_ids"], None))
+    assert "attention_mask" not in batch and batch["input_ids"].shape[0] == 2  # two packed rows, no mask
+    pad = trainer.data_collator.pad_token_id
+    samples = list(split_packed(batch["input_ids"], batch["position_ids"], None, pad))
+    label_rows = list(split_packed(batch["labels"], batch["position_ids"], None, -100))
+    assert [len(x) for x in label_rows] == [len(x) for x in samples]
     assert len(samples) >= 4  # several samples really share the row
     trainer.model.eval()
     with torch.no_grad():

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tapekit.training._common import (
+    PackedRowsCollator,
     Trace,
     TrainingError,
     load_dataset_source,
@@ -139,6 +140,12 @@ def build_sft_trainer(
     from transformers import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # the progress callback prints instead
+    attention = str(getattr(model.config, "_attn_implementation", ""))
+    if config.packing and not attention.startswith("flash"):
+        # sdpa/eager: keep packed rows as rows (rows x L^2 attention, not (rows x L)^2); the
+        # flash-attention kernels take TRL's single joined row with its sequence boundaries
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        trainer.data_collator = PackedRowsCollator(pad)
     return trainer
 
 
@@ -151,7 +158,10 @@ def _traced_trainer(base: type) -> type:
             if trace is None:
                 trace = self._tapekit_trace = Trace(self.args.output_dir, self.args.process_index)
             samples = split_packed(
-                inputs["input_ids"], inputs.get("position_ids"), inputs.get("attention_mask")
+                inputs["input_ids"],
+                inputs.get("position_ids"),
+                inputs.get("attention_mask"),
+                getattr(self.data_collator, "pad_token_id", None),
             )
             trace.write({"step": self.state.global_step, "samples": [sample_hash(s) for s in samples]})
             return super().training_step(model, inputs, num_items_in_batch)
