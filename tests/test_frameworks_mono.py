@@ -22,6 +22,7 @@ from tapekit import (
 )
 from tapekit._diff import signatures
 from tapekit.frameworks import Demo, MonoAgent, MonoNode, estimate_tokens, token_counter
+from tests.conftest import needs_local_model
 
 
 class PlanThought(Thought):
@@ -248,3 +249,23 @@ def test_extract_demo_gives_the_user_turn_and_the_json_written() -> None:
     assert demo == Demo.chat(
         "What is 6 times 7?", out({"kind": "mono_test_plan", "plan": ["compute", "answer"]})
     )
+
+
+@needs_local_model
+def test_the_embedded_model_writes_schema_constrained_steps() -> None:
+    """On llama.cpp the response schema constrains decoding: the output always parses into the
+    declared classes, its tokenizer counts the budget, and training text rebuilds the output."""
+    from tapekit.llm.llamacpp import LlamaCppLLM
+
+    llm = LlamaCppLLM(parameters={"temperature": 0.0, "max_tokens": 96})
+    node = MonoNode(name="answer", instruction="Answer now.", max_steps=1, max_prompt_tokens=2000)
+    agent = MonoAgent.create(
+        "a", llms=llm, nodes=[node], system="Answer in a few words.", step_classes=[FinalAnswer]
+    )
+    assert token_counter(llm) == llm.count_tokens
+    tape = agent.run(Tape(steps=[UserStep(content="What is the capital of France?")])).get_final_tape()
+    assert tape.metadata.error is None
+    made = tape.steps[1:]
+    assert len(made) == 1 and isinstance(made[0], FinalAnswer), made
+    (text,) = agent.make_training_text(tape)
+    assert json.loads(text.output_text.split("<|im_end|>")[0]) == {"steps": [made[0].llm_dict()]}

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tapekit import Call, FunctionLLM, Prompt, Respond, Tape, UserStep
+from tapekit import (
+    Agent,
+    AgentError,
+    Call,
+    FunctionLLM,
+    LLMStream,
+    Node,
+    Prompt,
+    Respond,
+    Step,
+    Tape,
+    UserStep,
+)
 from tapekit._diff import signatures
 from tapekit.frameworks import (
+    AnyOf,
     FunctionTermination,
     ManagerNode,
     MaxTurns,
@@ -16,6 +30,7 @@ from tapekit.frameworks import (
     TeamMessage,
     TeamTerminated,
     TextMention,
+    conversation,
 )
 
 
@@ -214,12 +229,54 @@ def test_a_manager_whose_llm_names_nobody_fails_with_a_clear_error() -> None:
         TeamAgent.create_worker("a")
 
 
-def test_the_manager_config_dumps_its_selection_and_termination() -> None:
+def test_the_manager_config_round_trips_through_json() -> None:
     manager = make_team().find_agent("requestor/manager")
     node = manager.nodes[0]
     assert isinstance(node, ManagerNode)
     data = node.model_dump(mode="json")
-    assert data["termination"] == {
-        "conditions": [{"turns": 8}, {"text": "APPROVED"}],
-    }
     assert data["selection"] == "llm"
+    assert data["termination"] == {
+        "type": "AnyOf",
+        "conditions": [{"type": "MaxTurns", "turns": 8}, {"type": "TextMention", "text": "APPROVED"}],
+    }
+    again = ManagerNode.model_validate_json(node.model_dump_json())
+    assert again == node and isinstance(again.termination, AnyOf)
+    # a function is not saved: the loaded condition says so when used
+    func = ManagerNode(termination=FunctionTermination(fn=lambda ms: True, name="mine") & MaxTurns(turns=1))
+    loaded = ManagerNode.model_validate_json(func.model_dump_json())
+    assert loaded.termination is not None
+    with pytest.raises(AgentError, match="termination 'mine' has no function"):
+        loaded.termination.check([])
+    with pytest.raises(ValueError, match="unknown termination type 'Nope'"):
+        ManagerNode.model_validate({"termination": {"type": "Nope"}})
+
+
+class CountWords(Node):
+    """An executor-style worker without an LLM: it answers with the word count of the
+    conversation's last message (the way a code executor runs the engineer's code)."""
+
+    name: str = "count"
+
+    def generate_steps(self, agent: Agent, tape: Tape[Any, Any], llm_stream: LLMStream) -> Iterator[Step]:
+        last = conversation(agent, tape)[-1]
+        yield Respond(content=f"{last.speaker} wrote {len(last.content.split())} words")
+
+
+def test_a_worker_with_its_own_nodes_reads_the_conversation() -> None:
+    llm = FunctionLLM(fn=lambda p: "one two three")
+    writer = TeamAgent.create_worker("writer", llm, system="You write.")
+    counter = TeamAgent.create_worker("counter", nodes=[CountWords()], description="counts words")
+    manager = TeamAgent.create_manager("lead", [writer, counter], termination=MaxTurns(turns=2))
+    tape = (
+        TeamAgent.create_initiator("user", manager)
+        .run(Tape(steps=[UserStep(content="write")]))
+        .get_final_tape()
+    )
+    assert tape.metadata.error is None
+    assert [s.content for s in tape.steps if isinstance(s, Respond)] == [
+        "one two three",
+        "writer wrote 3 words",
+        "writer wrote 3 words",
+    ]
+    assert tape.steps[-1].kind == "assistant"
+    assert tape.steps[2].content == "write"  # type: ignore[attr-defined]  # the user's message is the request

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SerializeAsAny
+from pydantic import BaseModel, Field, SerializeAsAny, field_validator
 
 from tapekit.agent import Agent, Node, node_run_steps
 from tapekit.core import Call, LLMOutput, Prompt, Respond, SetNextNode, Step, Tape, Thought
@@ -41,6 +41,7 @@ __all__ = [
     "TextMention",
     "WorkerNode",
     "conversation",
+    "load_termination",
 ]
 
 
@@ -104,8 +105,28 @@ def _current(messages: list[TeamMessage]) -> list[TeamMessage]:
 # ----------------------------------------------------------------------------- termination
 
 
+_TERMINATIONS: dict[str, type[Termination]] = {}
+
+
 class Termination(BaseModel):
-    """When a conversation ends. ``a | b`` ends when either holds, ``a & b`` when both do."""
+    """When a conversation ends. ``a | b`` ends when either holds, ``a & b`` when both do.
+
+    A config stores a condition with its ``type`` (the class name unless set), which loads it
+    back; subclass this for your own conditions.
+    """
+
+    type: str = ""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """Register the subclass by its type name, so that configs can load it."""
+        super().__pydantic_init_subclass__(**kwargs)
+        _TERMINATIONS[cls.__name__] = cls
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Default ``type`` to the class name."""
+        if not self.type:
+            self.type = type(self).__name__
 
     def check(self, messages: list[TeamMessage]) -> str | None:
         """Why the conversation ends after ``messages`` (the current exchange), or None."""
@@ -145,11 +166,16 @@ class TextMention(Termination):
 class FunctionTermination(Termination):
     """Ends when ``fn(messages)`` is true (the function is not saved with the config)."""
 
-    fn: Callable[[list[TeamMessage]], bool] = Field(exclude=True)
+    fn: Callable[[list[TeamMessage]], bool] | None = Field(default=None, exclude=True)
     name: str = "function"
 
     def check(self, messages: list[TeamMessage]) -> str | None:
         """The reason when the function says so."""
+        if self.fn is None:
+            raise AgentError(
+                f"termination {self.name!r} has no function: functions are not saved with a config, "
+                "set .fn after loading it"
+            )
         return f"{self.name} returned true" if self.fn(messages) else None
 
 
@@ -157,6 +183,11 @@ class AnyOf(Termination):
     """Ends when any of ``conditions`` holds."""
 
     conditions: list[SerializeAsAny[Termination]]
+
+    @field_validator("conditions", mode="before")
+    @classmethod
+    def _load(cls, value: Any) -> Any:
+        return [load_termination(v) for v in value] if isinstance(value, list) else value
 
     def check(self, messages: list[TeamMessage]) -> str | None:
         """The first condition's reason that holds."""
@@ -168,10 +199,25 @@ class AllOf(Termination):
 
     conditions: list[SerializeAsAny[Termination]]
 
+    @field_validator("conditions", mode="before")
+    @classmethod
+    def _load(cls, value: Any) -> Any:
+        return [load_termination(v) for v in value] if isinstance(value, list) else value
+
     def check(self, messages: list[TeamMessage]) -> str | None:
         """Every reason, joined, when all conditions hold."""
         reasons = [c.check(messages) for c in self.conditions]
         return " and ".join(r for r in reasons if r) if all(r is not None for r in reasons) else None
+
+
+def load_termination(value: Any) -> Any:
+    """A condition from its config (a dict with ``type``); anything else is returned as is."""
+    if not isinstance(value, dict):
+        return value
+    kind = value.get("type")
+    if kind not in _TERMINATIONS:
+        raise ValueError(f"unknown termination type {kind!r} (known: {', '.join(sorted(_TERMINATIONS))})")
+    return _TERMINATIONS[kind].model_validate(value)
 
 
 # ----------------------------------------------------------------------------- nodes
@@ -189,6 +235,12 @@ class ManagerNode(Node):
     selection: Literal["round_robin", "llm", "function"] = "round_robin"
     select_fn: Callable[[list[TeamMessage], list[str]], str] | None = Field(default=None, exclude=True)
     termination: SerializeAsAny[Termination] | None = None
+
+    @field_validator("termination", mode="before")
+    @classmethod
+    def _load(cls, value: Any) -> Any:
+        return load_termination(value)
+
     system: str = "You manage a team. Read the conversation and choose who speaks next."
 
     def _ended(self, messages: list[TeamMessage]) -> str | None:
