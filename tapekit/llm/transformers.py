@@ -116,7 +116,7 @@ class TransformersLLM(LLM):
         device = self.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        return model.to(device).eval(), tokenizer
+        return model.to(device).eval(), tokenizer  # type: ignore[arg-type]  # .to is typed by a decorator
 
     @property
     def tokenizer(self) -> Any:
