@@ -337,3 +337,67 @@ def test_confirmation_and_applicability() -> None:
     assert len(names) == 15 and "UserChangesSlot" in names and "UserInitMessageShort" not in names
     nothing_filled = form_state(_selected(FormFillerEnvironment(SHOP)))
     assert "UserChangesSlot" not in [b.name for b in applicable_behaviors(nothing_filled, INTENT)]
+
+
+# --------------------------------------------------------------------------- the E.1 generator
+
+_YAML_SCHEMA = """Here is the schema.
+```yaml
+name: {name}
+description: "Use this form to order tests at TestCorp. Processed by the Lab team: within 2 days."
+parameters:
+  type: object
+  properties:
+    test_kind:
+      type: string
+      description: The kind of test; blood for blood samples, urine otherwise
+      enum: [blood, urine]
+    sample_date:
+      type: string
+      format: date
+      description: The day of sampling
+  required: [{required}]
+return_value:
+  type: object
+  properties:
+    order_id: {{type: string}}
+```"""
+
+
+def test_prompted_generator_runs_the_three_steps_and_retries_bad_answers() -> None:
+    from examples.form_filler.generate import GenerationError, generate_company, parse_function_schema
+    from tapekit import FunctionLLM, Prompt
+
+    seen: list[str] = []
+
+    def answer(prompt: Prompt) -> str:
+        text = prompt.messages[-1]["content"]
+        seen.append(text)
+        if text.startswith("Describe the company"):
+            assert "`Quest Diagnostics`" in text and "`TestCorp`" in text
+            return "TestCorp runs medical laboratories."
+        if "List 2 REQUEST_FORMS" in text:
+            assert "TestCorp runs medical laboratories." in text
+            if sum("List 2" in s for s in seen) == 1:
+                return "Sure! Here are the forms."  # not JSON: asked again
+            return '```json\n[{"name": "OrderTest", "description": "order a test"},' + (
+                ' {"name": "CancelTest", "description": "cancel a test"}]\n```'
+            )
+        name = "OrderTest" if '"OrderTest"' in text else "CancelTest"
+        if name == "CancelTest" and sum('"CancelTest"' in s for s in seen) == 1:
+            return _YAML_SCHEMA.format(name=name, required="test_kind, sample_date")  # no optional slot
+        return _YAML_SCHEMA.format(name=name, required="test_kind")
+
+    company = generate_company(FunctionLLM(fn=answer), "Quest Diagnostics", "TestCorp", n_forms=2)
+    assert company.name == "TestCorp" and [f.name for f in company.forms] == ["OrderTest", "CancelTest"]
+    assert len(seen) == 6  # 1 description + 2 form lists + 3 schemas
+    order = company.forms[0]
+    assert ":" not in order.description and order.parameter("sample_date").slot_kind == "date"
+    assert check_function_schema(order) == []
+
+    with pytest.raises(GenerationError, match="no optional parameter"):
+        parse_function_schema(_YAML_SCHEMA.format(name="X", required="test_kind, sample_date"))
+    with pytest.raises(
+        GenerationError, match=r"step 2: no usable answer in 2 attempts; last problem: .*not JSON"
+    ):
+        generate_company(FunctionLLM(fn=lambda p: "no json here"), "A", "B", n_forms=2, max_attempts=2)
