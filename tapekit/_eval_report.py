@@ -77,6 +77,10 @@ class Estimate(BaseModel):
     def __str__(self) -> str:
         return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
 
+    def short(self) -> str:
+        """Two decimals: ``0.94 [0.81, 1.00]`` (what tables show)."""
+        return f"{self.value:.2f} [{self.low:.2f}, {self.high:.2f}]"
+
 
 def _check_nck(n: int, c: int, k: int) -> None:
     if not 0 <= c <= n:
@@ -295,7 +299,8 @@ class EvalReport(BaseModel):
 
         k = self.k
         table = Table(title=title or f"eval {self.name}: {self.n_tasks} tasks x {k} attempts")
-        for col in ("scorer", "category", "tasks", "pass@1", f"pass@{k}", f"pass^{k}", "mean score"):
+        metrics = ["pass@1", f"pass@{k}", f"pass^{k}"] if k > 1 else ["pass@1"]
+        for col in ("scorer", "category", "tasks", *metrics, "mean score"):
             table.add_column(col, justify="left" if col in ("scorer", "category") else "right")
         table.add_column("tokens/attempt", justify="right")
         table.add_column("cost/attempt", justify="right")
@@ -305,16 +310,17 @@ class EvalReport(BaseModel):
             groups += [(c or "(none)", r) for c, r in self.by_category().items()]
         for name in self.scorers:
             for label, report in groups:
+                values = [report.pass_at_1(name)]
+                if k > 1:
+                    values += [report.pass_at_k(name), report.pass_hat_k(name)]
                 table.add_row(
                     name,
                     label,
                     str(report.n_tasks),
-                    str(report.pass_at_1(name)),
-                    str(report.pass_at_k(name)),
-                    str(report.pass_hat_k(name)),
-                    str(report.mean_score(name)),
+                    *(v.short() for v in values),
+                    report.mean_score(name).short(),
                     f"{report.tokens_per_attempt:,.0f}",
-                    f"{report.cost_per_attempt:.6f}",
+                    f"{report.cost_per_attempt:.4g}",
                     str(report.n_errors),
                 )
         return table
