@@ -4,6 +4,7 @@ the E.1 prompted generator, and the 19 simulated user behaviours."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -39,7 +40,7 @@ from examples.form_filler.steps import (
     UpdateFunctionParametersThought,
 )
 from examples.form_filler.users import BehaviorNotApplicable, SimulatedUser, make_intent, respond
-from tapekit import Tape
+from tapekit import Agent, Node, SetNextNode, Step, StopStep, Tape, main_loop
 from tapekit.dialog import UserStep
 from tapekit.environment import ExternalObservationNeeded
 
@@ -148,7 +149,7 @@ def test_vocabulary_covers_appendix_e2_and_round_trips() -> None:
         assert expected in names
     env = FormFillerEnvironment(SHOP)
     tape = env.react(Tape(steps=[InspectFunctionAction(function=COUPON.name)]))
-    again = Tape.model_validate_json(tape.model_dump_json())
+    again: Tape[Any, Any] = Tape.model_validate_json(tape.model_dump_json())
     assert again.steps[1] == tape.steps[1] and again.steps[1].function_schema == COUPON
 
 
@@ -202,7 +203,7 @@ def test_call_function_uses_the_filled_slots_and_validates_them() -> None:
 
 
 def test_user_message_waits_for_a_person_or_goes_to_the_user_hook() -> None:
-    prompt = Tape(steps=[PromptUserForTextMessageAction(prompt="Hi, how can I help you?")])
+    prompt: Tape[Any, Any] = Tape(steps=[PromptUserForTextMessageAction(prompt="Hi, how can I help you?")])
     with pytest.raises(ExternalObservationNeeded):
         FormFillerEnvironment(SHOP).react(prompt)
     user = SimulatedUser(make_intent(SHOP, COUPON.name), behavior("UserInitMessageShort"))
@@ -227,7 +228,7 @@ def _mid_dialogue() -> Tape[Any, Any]:
     )
 
 
-START = Tape(steps=[PromptUserForTextMessageAction(prompt="Hi, how can I help you?")])
+START: Tape[Any, Any] = Tape(steps=[PromptUserForTextMessageAction(prompt="Hi, how can I help you?")])
 INTENT = make_intent(SHOP, COUPON.name, seed=1)  # discount_type: percentage
 
 
@@ -401,3 +402,56 @@ def test_prompted_generator_runs_the_three_steps_and_retries_bad_answers() -> No
         GenerationError, match=r"step 2: no usable answer in 2 attempts; last problem: .*not JSON"
     ):
         generate_company(FunctionLLM(fn=lambda p: "no json here"), "A", "B", n_forms=2, max_attempts=2)
+
+
+# --------------------------------------------------------------------------- the loop, end to end
+
+
+class _RulePolicy(Node):
+    """A test-only assistant without an LLM: find the form from the user's words, ask for each
+    required slot in turn (taking the user's whole answer as its value), confirm, submit."""
+
+    def generate_steps(self, agent: Agent, tape: Tape[Any, Any], llm_stream: Any) -> Iterator[Step]:
+        state, last = form_state(tape), tape.steps[-1]
+        yield SetNextNode(next_node=self.name)  # the one node runs again after each observation
+        if isinstance(last, FunctionResult | DialogueEnded):
+            yield StopStep(reason="dialogue over")
+        elif isinstance(last, FunctionCandidates):
+            yield InspectFunctionAction(function=last.candidates[0].name)
+        elif state.schema is None:
+            yield ResolveFunctionAction(query=last.content if isinstance(last, UserStep) else "")
+        else:
+            form = state.schema.name
+            asked = form_state(tape.steps[:-1])  # what the assistant asked before the user answered
+            if isinstance(last, UserStep) and asked.confirmation_requested:
+                yield CallFunctionAction(function=form)
+                return
+            if isinstance(last, UserStep) and asked.requested:
+                update = UpdateFunctionParametersThought(
+                    function=form, assign={asked.requested: last.content}
+                )
+                yield update
+                state = form_state(tape.append(update))
+            missing = state.missing_required()
+            if missing:
+                yield RequestFunctionParametersThought(function=form, parameters=[missing[0]])
+                yield PromptUserForTextMessageAction(prompt=f"What is the {missing[0]}?")
+            else:
+                yield RequestFunctionCallConfirmationThought(function=form)
+                yield PromptUserForTextMessageAction(prompt="Shall I submit the request?")
+
+
+def test_happy_path_dialogue_runs_in_the_main_loop_to_a_submission() -> None:
+    intent = make_intent(SHOP, "RequestReturnLabel", seed=2)
+    user = SimulatedUser(intent, behavior("UserHappyPath"))
+    agent = Agent.create(name="assistant", nodes=[_RulePolicy()])
+    start: Tape[Any, Any] = Tape(steps=[UserStep(content="I want a prepaid label to return a parcel")])
+    final = main_loop(agent, start, FormFillerEnvironment(SHOP, user=user), max_loops=30).get_final_tape()
+    state = form_state(final)
+    assert state.submitted and state.schema is not None and state.schema.name == "RequestReturnLabel"
+    result = next(s for s in final.steps if isinstance(s, FunctionResult))
+    required = {n: intent.values[n] for n in intent.form.parameters.required}
+    assert {k: result.arguments[k] for k in required} == required
+    users = [s for s in final.steps if isinstance(s, UserStep)][1:]
+    assert users and all(s.metadata.agent == "UserHappyPath" for s in users)
+    assert users[-1].metadata.other["facts"]["confirms"] is True
