@@ -257,6 +257,16 @@ class EvalReport(BaseModel):
         return sum(s.cost for s in self.samples) / max(len(self.samples), 1)
 
     @property
+    def tokens_per_task(self) -> float:
+        """Mean tokens spent on one task (all its attempts together)."""
+        return self.total_tokens / max(self.n_tasks, 1)
+
+    @property
+    def cost_per_task(self) -> float:
+        """Mean cost of one task (all its attempts together)."""
+        return self.total_cost / max(self.n_tasks, 1)
+
+    @property
     def total_tokens(self) -> int:
         """Tokens of every attempt together."""
         return sum(s.tokens for s in self.samples)
@@ -282,6 +292,8 @@ class EvalReport(BaseModel):
             "scorer_errors": sum(name in s.scorer_errors for s in self.samples),
             "tokens_per_attempt": self.tokens_per_attempt,
             "cost_per_attempt": self.cost_per_attempt,
+            "tokens_per_task": self.tokens_per_task,
+            "cost_per_task": self.cost_per_task,
             "total_tokens": self.total_tokens,
             "total_cost": self.total_cost,
         }

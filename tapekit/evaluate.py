@@ -38,6 +38,7 @@ __all__ = [
     "Scorer",
     "Task",
     "aevaluate",
+    "aevaluate_iter",
     "arescore",
     "eval_tags",
     "evaluate",

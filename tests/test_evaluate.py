@@ -139,6 +139,7 @@ def test_evaluate_k_attempts_scores_side_by_side_and_costs() -> None:
     # tokens and cost come from each tape's own LLM calls
     assert all(s.llm_calls == 1 and s.tokens == 13 for s in report.samples)
     assert report.cost_per_attempt == pytest.approx(0.013) and report.total_tokens == 15 * 13
+    assert report.tokens_per_task == 3 * 13 and report.cost_per_task == pytest.approx(3 * 0.013)
     # per-category breakdown
     cats = report.by_category()
     assert sorted(cats) == ["big", "small"] and cats["big"].pass_hat_k().value == pytest.approx(2 / 3)
