@@ -9,11 +9,27 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["DPOConfig", "SFTConfig", "TrainingError", "train_dpo", "train_sft"]
+__all__ = [
+    "DPOConfig",
+    "LoraSettings",
+    "PairSet",
+    "PreferencePair",
+    "SFTConfig",
+    "TrainingError",
+    "load_config",
+    "preference_pairs",
+    "train_dpo",
+    "train_sft",
+]
 
 _WHERE = {
     "DPOConfig": "tapekit.training.config",
+    "LoraSettings": "tapekit.training.config",
+    "PairSet": "tapekit.training.dpo",
+    "PreferencePair": "tapekit.training.dpo",
     "SFTConfig": "tapekit.training.config",
+    "load_config": "tapekit.training.config",
+    "preference_pairs": "tapekit.training.dpo",
     "TrainingError": "tapekit.training._common",
     "train_dpo": "tapekit.training.dpo",
     "train_sft": "tapekit.training.sft",
