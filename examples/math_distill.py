@@ -61,14 +61,18 @@ class Settings:
     student: str = "tiny"
     n_train: int = 1500
     n_heldout: int = 150
-    steps: int = 600
-    batch_size: int = 16
-    learning_rate: float = 3e-3
+    steps: int = 800
+    batch_size: int = 8
+    learning_rate: float = 5e-3
     seed: int = 0
     out: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="math-distill-")))
     teacher_url: str | None = None
     teacher_model: str | None = None
     threads: int | None = None
+    hidden: int = 128
+    packing: bool = False  # measured: on CPU, padded batches of 8 learned faster than packed rows
+    max_length: int = 1024
+    layers: int = 4
 
 
 @dataclass
@@ -191,8 +195,8 @@ def train_student(
         learning_rate=settings.learning_rate,
         max_steps=settings.steps,
         batch_size=settings.batch_size,
-        packing=False,
-        max_length=1024,
+        packing=settings.packing,
+        max_length=settings.max_length,
         warmup_ratio=0.05,
         lr_scheduler="linear",
         logging_steps=max(1, settings.steps // 10),
@@ -214,7 +218,13 @@ def tiny_student(settings: Settings, adapted: list[Tape[Any, Any]]) -> tuple[Any
 
     path = settings.out / "tiny-base"
     config = TinyConfig(
-        vocab_size=512, hidden_size=128, num_layers=2, num_heads=4, whole_numbers=2000, seed=settings.seed
+        vocab_size=512,
+        hidden_size=settings.hidden,
+        num_layers=settings.layers,
+        num_heads=4,
+        intermediate_size=3 * settings.hidden,
+        whole_numbers=2000,
+        seed=settings.seed,
     )
     model, tokenizer = make_tiny(tokenizer_texts(adapted), config, path)
     return model, tokenizer, path
@@ -326,21 +336,27 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--lr", type=float, help="learning rate")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument("--packing", action="store_true", help="pack samples into rows (no padding)")
+    parser.add_argument("--hidden", type=int, default=128, help="tiny student: hidden size")
+    parser.add_argument("--layers", type=int, default=4, help="tiny student: layers")
     parser.add_argument("--out", type=Path, help="output directory (default: a new temporary one)")
     parser.add_argument("--teacher-url", help="an OpenAI-compatible endpoint for the teacher")
     parser.add_argument("--teacher-model", help="the teacher's model name at --teacher-url")
     args = parser.parse_args(argv)
-    settings = Settings(student=args.student, seed=args.seed, threads=args.threads)
+    settings = Settings(
+        student=args.student, seed=args.seed, threads=args.threads, hidden=args.hidden, layers=args.layers
+    )
     if args.student == "smollm2":
         settings.n_train, settings.n_heldout, settings.steps = 300, 60, 150
         settings.batch_size, settings.learning_rate = 8, 1e-3
     if args.quick:
-        settings.n_train, settings.n_heldout, settings.steps = 600, 60, 200
+        settings.n_train, settings.n_heldout, settings.steps = 400, 45, 300
         if args.student == "smollm2":
             settings.n_train, settings.n_heldout, settings.steps = 100, 30, 30
     for name, value in (("n_train", args.train), ("n_heldout", args.heldout), ("steps", args.steps)):
         if value is not None:
             setattr(settings, name, value)
+    settings.packing = args.packing
     if args.batch_size is not None:
         settings.batch_size = args.batch_size
     if args.lr is not None:

@@ -4,9 +4,9 @@ A problem starts with a quantity and applies one to three operations to it, left
 ("Ann has 12 apples. She buys 7 more. Then she gives away 5."). Its plan is the arithmetic
 expression with the parentheses that order needs, and its answer a non-negative integer.
 
-- ``level1``: one operation (+ or -), numbers up to 50;
-- ``level2``: two operations (+, -, and x2..x5), numbers up to 60;
-- ``level3``: three operations (+, -, x2..x5, and exact division), numbers up to 99.
+- ``level1``: one operation (+ or -), numbers up to 30;
+- ``level2``: two operations (+, -, and x2..x5), numbers up to 40;
+- ``level3``: three operations (+, -, x2..x5, and exact division), numbers up to 50.
 
 The level is the problem's category (the curriculum of the RL stage samples by it).
 """
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 __all__ = ["LEVELS", "Operation", "Problem", "format_expression", "make_problems", "split_problems"]
 
 LEVELS: dict[str, int] = {"level1": 1, "level2": 2, "level3": 3}  # category -> number of operations
+LIMITS: dict[int, int] = {1: 30, 2: 40, 3: 50}  # level -> largest starting number and added number
 
 NAMES = ["Ann", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gia", "Hugo", "Ivy", "Jon", "Kai", "Lea", "Max", "Nia"]
 PRONOUNS = {"Ann": "She", "Cleo": "She", "Eva": "She", "Gia": "She", "Ivy": "She", "Lea": "She", "Nia": "She"}
@@ -98,7 +99,7 @@ def _sentence(operation: Operation, pronoun: str, item: str) -> str:
 
 
 def _operation(rng: random.Random, value: int, level: int, allowed: str) -> Operation:
-    limit = {1: 50, 2: 60, 3: 99}[level]
+    limit = LIMITS[level]
     choices = [op for op in allowed if op != "-" or value > 1]
     divisors = [d for d in (2, 3, 4, 5) if value % d == 0 and value // d > 0]
     if "/" in choices and not divisors:
@@ -122,7 +123,7 @@ def make_problem(rng: random.Random, category: str, index: int) -> Problem:
     level = LEVELS[category]
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     pronoun = PRONOUNS.get(name, "He")
-    start = rng.randint(2, {1: 50, 2: 60, 3: 99}[level])
+    start = rng.randint(2, LIMITS[level])
     allowed = {1: "+-", 2: "+-*", 3: "+-*/"}[level]
     operations: list[Operation] = []
     value = start
