@@ -128,8 +128,8 @@ class UserBehavior(ABC):
 
 class SimulatedUser:
     """A user hook for :class:`~examples.form_filler.environment.FormFillerEnvironment`: answers
-    the assistant with ``behavior`` (one, or a function choosing one per turn from the
-    applicable ones), deterministically from ``seed`` and the tape."""
+    the assistant with one ``behavior``, deterministically from ``seed`` and the tape (a
+    dialogue tree picks a behaviour per turn with ``behaviors.sample_behavior`` instead)."""
 
     def __init__(self, intent: UserIntent, behavior: UserBehavior, seed: int = 0) -> None:
         self.intent = intent
