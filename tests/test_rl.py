@@ -272,6 +272,28 @@ def test_micro_batches_make_the_same_update() -> None:
         whole, _ = _step(rows, aggregation=aggregation, **extra)
         split, _ = _step(rows, aggregation=aggregation, micro_batch_size=1, **extra)
         assert split == pytest.approx(whole, abs=1e-7)
+    import torch
+
+    from tapekit.training.rl import RLConfig, make_rl_batch
+
+    batch = make_rl_batch(rows, RLConfig())
+    assert batch.to(torch.device("cpu")) is batch and batch.size == 3
+    assert batch.loss_mask.tolist() == [[0.0, 1.0]] * 3
+
+
+@pytest.mark.skipif(not HAVE_TORCH or not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_step_on_gpu_matches_cpu() -> None:
+    import torch
+
+    from tapekit.training.rl import RLConfig, grpo_step, make_rl_batch
+
+    rows = [_row("x", 1, 1.0, math.log(0.7)), _row("y", 0, 0.0, math.log(0.25))]
+    cpu, _ = _step(rows)
+    model = _unigram([0.0, math.log(3.0)]).cuda()
+    cfg = RLConfig(scale_rewards=False, max_grad_norm=0.0)
+    grpo_step(model, torch.optim.SGD(model.parameters(), lr=1.0), make_rl_batch(rows, cfg), cfg)
+    gpu = [x - y for x, y in zip(model.table.tolist(), [0.0, math.log(3.0)], strict=True)]
+    assert gpu == pytest.approx(cpu, abs=1e-6)
 
 
 @needs_torch

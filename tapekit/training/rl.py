@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tapekit.training.advantages import GroupAdvantages, group_advantages, mean_abs_by_key
@@ -95,6 +95,13 @@ class RLBatch:
     def size(self) -> int:
         """The number of samples (rows)."""
         return int(self.input_ids.shape[0])
+
+    def to(self, device: Any) -> RLBatch:
+        """This batch with its tensors on ``device`` (the same object when they are there already)."""
+        if self.input_ids.device == device:
+            return self
+        tensors = ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "has_logprobs", "advantages")
+        return replace(self, **{name: getattr(self, name).to(device) for name in tensors})
 
 
 def _check_row(i: int, row: Mapping[str, Any], group_key: str) -> None:
@@ -224,6 +231,14 @@ class RLStepStats:
         return asdict(self)
 
 
+def _device(model: Any) -> Any:
+    """The device of the model's first parameter (CPU for a model without parameters)."""
+    import torch
+
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return first.device if first is not None else torch.device("cpu")
+
+
 def _logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     out = model(input_ids=input_ids, attention_mask=attention_mask)
     logits = getattr(out, "logits", out)
@@ -237,6 +252,7 @@ def reference_logprobs(model: Any, batch: RLBatch, config: RLConfig) -> torch.Te
     import torch
 
     parts = []
+    batch = batch.to(_device(model))
     with torch.no_grad():
         for sl in _slices(batch.size, config.micro_batch_size):
             logits = _logits(model, batch.input_ids[sl], batch.attention_mask[sl])
@@ -283,7 +299,10 @@ def grpo_step(
     if config.kl_coef and ref_model is None:
         raise ValueError("grpo_step: config.kl_coef > 0 needs ref_model")
     start = time.perf_counter()
+    batch = batch.to(_device(model))
     ref = reference_logprobs(ref_model, batch, config) if ref_model is not None else None
+    if ref is not None:
+        ref = ref.to(batch.input_ids.device)
     total_tokens = float(batch.loss_mask.sum().item())
     total_sequences = float((batch.loss_mask.sum(dim=1) > 0).sum().item())
     if config.aggregation == "constant":
