@@ -70,7 +70,8 @@ for name, colour in zip(names, ["#76b900", "#cc0000"]):
     )
     lines.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{points}"/>')
     lines.append(f'<text x="{width - 60}" y="{20 + 16 * len(lines) // 2}" fill="{colour}">{name}</text>')
-svg = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">' + "".join(lines) + "</svg>"
+head = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
+svg = head + "".join(lines) + "</svg>"
 open("plot.svg", "w").write(svg)
 for name in names:
     print(f"{name}: {series[name][-1] - 100:+.1f}% over {len(rows)} months")
