@@ -16,7 +16,7 @@ from outside the team (the user's, or the initiator's request).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SerializeAsAny, field_validator
@@ -396,7 +396,7 @@ class TeamAgent(Agent):
     def create_manager(
         cls,
         name: str,
-        workers: list[Agent],
+        workers: Sequence[Agent],
         selection: Literal["round_robin", "llm"]
         | Callable[[list[TeamMessage], list[str]], str] = "round_robin",
         termination: Termination | None = None,
@@ -414,7 +414,7 @@ class TeamAgent(Agent):
             options["selection"] = selection
         if system:
             options["system"] = system
-        return cls.create(name, llms=llm, nodes=[ManagerNode(**options)], subagents=workers)
+        return cls.create(name, llms=llm, nodes=[ManagerNode(**options)], subagents=list(workers))
 
     @classmethod
     def create_initiator(cls, name: str, manager: Agent, message: str = "") -> TeamAgent:
