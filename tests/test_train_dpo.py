@@ -188,3 +188,21 @@ def test_dpo_input_errors_are_named(tmp_path: Path) -> None:
         train_dpo([{"prompt_ids": [1], "chosen_ids": [2]}], model, tokenizer=tok, config=config)
     with pytest.raises(TrainingError, match="more than max_length=8"):
         train_dpo(PairSet(pairs=sum_pairs(tok, 2)).to_dataset(), model, tokenizer=tok, config=config)
+
+
+def test_tapekit_train_dpo_cli(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tapekit.cli import app
+
+    _, tok = make_model(tmp_path / "base")
+    PairSet(pairs=sum_pairs(tok, 8)).to_dataset().to_json(str(tmp_path / "pairs.jsonl"))
+    config = tmp_path / "dpo.json"
+    config.write_text('{"model": "base", "dataset": "pairs.jsonl", "output_dir": "out", "device": "cpu"}')
+    result = CliRunner().invoke(
+        app, ["train", "dpo", str(config), "--max-steps", "2", "--set", "batch_size=4"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "step 2/2" in result.output and (tmp_path / "out" / "final" / "adapter_config.json").is_file()
+    bad = CliRunner().invoke(app, ["train", "dpo", str(config), "--set", "beta=-1"])
+    assert bad.exit_code == 2 and "beta" in bad.output
