@@ -62,3 +62,32 @@ def test_the_script_runs_offline(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "team_terminated  reviewer said 'APPROVED'" in done.stdout
     assert (tmp_path / "plot.svg").read_text().startswith("<svg")
+
+
+def test_the_gaia_agent_answers_resumes_anywhere_and_makes_training_text() -> None:
+    from examples import gaia_qa
+
+    question = gaia_qa.json.loads((gaia_qa.DOCS / "tasks.json").read_text())[0]["question"]
+    full = gaia_qa.run(gaia_qa.make_agent(), question)
+    assert full.metadata.error is None
+    assert [s.metadata.node for s in full.steps[1:3]] == ["plan", "facts"]
+    assert full.steps[-1].answer == "75"  # type: ignore[attr-defined]
+    assert len(gaia_qa.make_agent().make_training_text(full)) == 6  # plan, facts, four act runs
+    for k in range(1, len(full)):
+        piece = Tape.model_validate_json(full[:k].model_dump_json())
+        resumed = gaia_qa.main_loop(gaia_qa.make_agent(), piece, gaia_qa.make_environment()).get_final_tape()
+        assert signatures(resumed.steps) == signatures(full.steps), f"resuming after {k} steps diverged"
+
+
+def test_the_gaia_tools() -> None:
+    from examples import gaia_qa
+
+    assert gaia_qa.calculate("(1987 - 1962) * 3") == "75"
+    assert gaia_qa.calculate("__import__('os')").startswith("error: not arithmetic")
+    assert gaia_qa.read("../../../etc/passwd") == "no document named '../../../etc/passwd'"
+    assert gaia_qa.json.loads(gaia_qa.search("Edda Varga astronomer"))[0] == "varga_biography.txt"
+    with Sandbox() as sandbox:
+        env = gaia_qa.make_environment(sandbox)
+        tape = Tape(steps=[gaia_qa.RunPython(code="print(sum(range(10)))")])
+        (result,) = env.react(tape).steps[1:]
+    assert result.kind == "gaia_result" and "stdout:\n45" in result.content  # type: ignore[attr-defined]
