@@ -293,6 +293,8 @@ def grpo_step(
     output with ``.logits`` (a transformers causal LM, or any torch module that does). With
     ``config.kl_coef`` > 0, ``ref_model`` gives the reference log-probs. ``policy_version`` is the
     version being trained; the policy lag is it minus each sample's ``policy_version``.
+    The model's train/eval mode is left as it is: keep dropout off (eval mode, or a model without
+    dropout) so that the ratio of a fresh sample is exactly 1.
     """
     import torch
 
@@ -307,7 +309,6 @@ def grpo_step(
     total_sequences = float((batch.loss_mask.sum(dim=1) > 0).sum().item())
     if config.aggregation == "constant":
         total_sequences = float(batch.size)
-    model.train()
     optimizer.zero_grad()
     sums = {"loss": 0.0, "tokens": 0.0, "low": 0.0, "high": 0.0, "kl": 0.0, "ratio": 0.0}
     for sl in _slices(batch.size, config.micro_batch_size):
