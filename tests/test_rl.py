@@ -296,6 +296,21 @@ def test_step_on_gpu_matches_cpu() -> None:
     assert gpu == pytest.approx(cpu, abs=1e-6)
 
 
+@pytest.mark.skipif(
+    not (HAVE_TORCH and importlib.util.find_spec("datasets")), reason="needs torch and datasets"
+)
+def test_batch_from_a_datasets_dataset() -> None:
+    from datasets import Dataset
+
+    from tapekit.training.rl import RLConfig, make_rl_batch
+
+    rows = [_row("x", 1, 1.0, math.log(0.7)), _row("y", 0, 0.0, None)]
+    batch = make_rl_batch(Dataset.from_list(rows), RLConfig(scale_rewards=False))
+    assert batch.advantages.tolist() == [0.5, -0.5]
+    assert batch.has_logprobs.tolist() == [True, False]
+    assert batch.old_logprobs[0, 1].item() == pytest.approx(math.log(0.7))
+
+
 @needs_torch
 def test_batch_errors_name_the_sample() -> None:
     from tapekit.training.rl import RLConfig, make_rl_batch
