@@ -27,7 +27,8 @@ def test_streams_text_and_counts_tokens(llm: LlamaCppLLM) -> None:
     chunks = [e.chunk for e in events if e.chunk]
     final = events[-1]
     assert final.output is not None and final.output.content == "".join(chunks) and chunks
-    assert final.output_tokens == llm.count_tokens(final.output.content)
+    ended = final.tokens is not None and final.tokens.finish_reason == "stop"  # the end-of-turn token
+    assert final.output_tokens == llm.count_tokens(final.output.content) + ended
     assert final.prompt_tokens and final.prompt_tokens > 3
     assert llm.count_tokens("hello world") in (2, 3)
 
@@ -85,3 +86,44 @@ def test_training_text_uses_the_models_chat_template(llm: LlamaCppLLM) -> None:
         assert "<|im_start|>" not in text.output_text
         recorded = calls[text.prompt_id]
         assert llm.count_tokens(text.prompt_text) == recorded.prompt_tokens  # what the model was given
+
+
+@needs_local_model
+def test_calls_record_prompt_and_output_ids_that_decode_to_the_text(llm: LlamaCppLLM) -> None:
+    prompt = Prompt(messages=[{"role": "user", "content": "Write one line about rivers."}])
+    final = list(llm.stream(prompt))[-1]
+    trace = final.tokens
+    assert trace is not None and final.output is not None
+    rendered = llm.render_prompt(prompt)
+    assert rendered is not None
+    assert trace.prompt_ids == llm.load().tokenize(rendered[0].encode(), add_bos=False, special=True)
+    assert llm.detokenize(trace.output_ids) == final.output.content
+    assert final.output_tokens == len(trace.output_ids) and final.prompt_tokens == len(trace.prompt_ids)
+    assert trace.finish_reason in ("stop", "length") and trace.tokenizer == llm.tokenizer_fingerprint()
+    if trace.finish_reason == "stop":
+        assert llm.detokenize(trace.output_ids[-1:], special=True) == "<|im_end|>"
+    assert trace.output_logprobs is not None and all(x <= 0 for x in trace.output_logprobs)
+
+
+@needs_local_model
+def test_sampled_calls_repeat_with_a_seed_and_carry_sampler_logprobs() -> None:
+    sampler = LlamaCppLLM(parameters={"temperature": 0.9, "max_tokens": 24, "seed": 7}, policy_version="p1")
+    prompt = Prompt(messages=[{"role": "user", "content": "Tell me a story."}])
+    first, again = (list(sampler.stream(prompt))[-1].tokens for _ in range(2))
+    assert first is not None and first == again and first.policy_version == "p1"
+    assert first.output_logprobs is not None and len(first.output_logprobs) == len(first.output_ids)
+    # top-k 40 / top-p 0.95 / min-p 0.05 leave a few tokens: some sampled tokens were not the only choice
+    assert any(x < -0.01 for x in first.output_logprobs)
+
+
+@needs_local_model
+def test_long_tokens_decode_whole(llm: LlamaCppLLM) -> None:
+    ids = llm.load().tokenize(b"x = 1" + b" " * 40 + b"# comment", add_bos=False)
+    assert llm.detokenize(ids) == "x = 1" + " " * 40 + "# comment"  # llama-cpp's own cuts at 32 bytes
+
+
+def test_unsupported_parameters_are_named() -> None:
+    from tapekit.llm._llamacpp_decode import _settings
+
+    with pytest.raises(LLMError, match=r"unsupported parameters \['stop'\]"):
+        _settings({"stop": ["x"], "temperature": 0.1}, "m")

@@ -19,7 +19,8 @@ from pydantic import PrivateAttr
 
 from tapekit._sync import iterate_in_thread
 from tapekit.core import LLMOutput, Prompt
-from tapekit.llm.base import LLM, LLMError, LLMEvent, StreamedOutput, TrainingText, answer_text
+from tapekit.llm._llamacpp_decode import _add_chunk, _decode, _Finished, _Sampled
+from tapekit.llm.base import LLM, LLMError, LLMEvent, StreamedOutput, TokenTrace, TrainingText, answer_text
 
 __all__ = ["LlamaCppLLM", "plain_messages", "smollm2_path"]
 
@@ -84,6 +85,7 @@ class LlamaCppLLM(LLM):
     parameters: dict[str, Any] = {"temperature": 0.0, "max_tokens": 256}
     reuse_prefix: bool = False
     native_tools: bool = False
+    policy_version: str | None = None
     _llama: Any = PrivateAttr(None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _formatter: Any = PrivateAttr(None)  # the compiled chat template; False if the file has none
@@ -118,7 +120,7 @@ class LlamaCppLLM(LLM):
         """
         import llama_cpp
 
-        llama = self.load()
+        llama = self._llama or self.load()  # (called under the lock while decoding)
         size = 64
         while True:
             buffer = ctypes.create_string_buffer(size)
@@ -157,33 +159,60 @@ class LlamaCppLLM(LLM):
         return kwargs
 
     def _generate(self, prompt: Prompt) -> Iterator[Any]:
+        """Decode in this thread: :class:`_Sampled` items, one per token, then one
+        :class:`_Finished`; through llama-cpp-python's chat completion (items are its chunks)
+        for GGUF files without a chat template."""
         llama = self.load()
+        rendered = self.render_prompt(prompt)
         with self._lock:
             if not self.reuse_prefix:
                 llama.reset()
-            yield from llama.create_chat_completion(**self._request(prompt), stream=True)
+            if rendered is None:
+                yield from llama.create_chat_completion(**self._request(prompt), stream=True)
+                return
+            yield from _decode(llama, self, rendered[0], prompt)
 
     async def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
         answer = StreamedOutput()
+        sampled: list[_Sampled] = []
+        finished: _Finished | None = None
         try:
-            async for chunk in iterate_in_thread(lambda: self._generate(prompt), "tapekit-llamacpp"):
-                for choice in chunk.get("choices", []):
-                    delta = choice.get("delta") or {}
-                    if delta.get("content"):
-                        answer.add_text(delta["content"])
-                        yield LLMEvent(chunk=delta["content"])
-                    for tc in delta.get("tool_calls") or []:
-                        function = tc.get("function") or {}
-                        answer.add_tool_call(
-                            tc.get("index", 0), tc.get("id"), function.get("name"), function.get("arguments")
-                        )
+            async for item in iterate_in_thread(lambda: self._generate(prompt), "tapekit-llamacpp"):
+                if isinstance(item, _Sampled):
+                    sampled.append(item)
+                    if item.text:
+                        answer.add_text(item.text)
+                        yield LLMEvent(chunk=item.text)
+                elif isinstance(item, _Finished):
+                    finished = item
+                else:
+                    _add_chunk(answer, item)
+                    for choice in item.get("choices", []):
+                        if (choice.get("delta") or {}).get("content"):
+                            yield LLMEvent(chunk=choice["delta"]["content"])
         except Exception as e:
             raise LLMError(f"llama.cpp model {self.model_name!r} failed: {e}") from e
         content = answer.text
+        if finished is None:  # no chat template: no token ids either
+            yield LLMEvent(
+                output=answer.output(),
+                prompt_tokens=self._prompt_tokens(prompt),
+                output_tokens=self.count_tokens(content) if content else 0,
+            )
+            return
+        logprobs = [s.logprob for s in sampled]
         yield LLMEvent(
             output=answer.output(),
-            prompt_tokens=self._prompt_tokens(prompt),
-            output_tokens=self.count_tokens(content) if content else 0,
+            prompt_tokens=len(finished.prompt_ids),
+            output_tokens=len(sampled),
+            tokens=TokenTrace(
+                prompt_ids=finished.prompt_ids,
+                output_ids=[s.id for s in sampled],
+                output_logprobs=None if any(x is None for x in logprobs) else logprobs,  # type: ignore[arg-type]
+                tokenizer=self.tokenizer_fingerprint(),
+                policy_version=self.policy_version,
+                finish_reason=finished.reason,
+            ),
         )
 
     def make_training_text(self, prompt: Prompt, output: LLMOutput) -> TrainingText:
@@ -203,7 +232,7 @@ class LlamaCppLLM(LLM):
         if formatter is None:
             return None
         messages = prompt.messages if self.native_tools else plain_messages(prompt.messages)
-        return formatter(messages=messages).prompt, formatter.eos_token
+        return formatter(messages=messages, tools=prompt.tools).prompt, formatter.eos_token
 
     def _chat_formatter(self) -> Any:
         """The GGUF's chat template, compiled once (it is rendered on every call)."""
