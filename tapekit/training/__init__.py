@@ -10,19 +10,33 @@ import importlib
 from typing import Any
 
 __all__ = [
+    "Break",
     "DPOConfig",
+    "Drift",
     "LoraSettings",
     "PairSet",
     "PreferencePair",
     "SFTConfig",
+    "SampleConfig",
+    "SampleSet",
     "TrainingError",
+    "drift_report",
+    "iter_samples",
     "load_config",
+    "make_samples",
     "preference_pairs",
     "train_dpo",
     "train_sft",
 ]
 
 _WHERE = {
+    "Break": "tapekit.training.samples",
+    "Drift": "tapekit.training.samples",
+    "SampleConfig": "tapekit.training.samples",
+    "SampleSet": "tapekit.training.samples",
+    "drift_report": "tapekit.training.samples",
+    "iter_samples": "tapekit.training.samples",
+    "make_samples": "tapekit.training.samples",
     "DPOConfig": "tapekit.training.config",
     "LoraSettings": "tapekit.training.config",
     "PairSet": "tapekit.training.dpo",
