@@ -137,7 +137,9 @@ def test_drift_report_catches_an_altered_template(tokenizer: Any) -> None:
     assert drift_report([tape], calls, tokenizer) == []
     altered = copy.copy(tokenizer)
     # a reworded default system prompt: the kind of change a template revision makes
-    altered.chat_template = tokenizer.chat_template.replace("AI assistant named SmolLM", "assistant called Smol")
+    altered.chat_template = tokenizer.chat_template.replace(
+        "AI assistant named SmolLM", "assistant called Smol"
+    )
     assert altered.chat_template != tokenizer.chat_template
     drift = drift_report([tape], calls, altered)
     assert [d.step_index for d in drift] == [1, 3]
@@ -150,8 +152,9 @@ def test_ids_from_another_tokenizer_are_refused(tokenizer: Any) -> None:
 
     tape, calls = _tape(tokenizer)
     assert calls[0].tokens is not None
-    calls[0] = calls[0].model_copy(update={"tokens": calls[0].tokens.model_copy(update={"tokenizer": "tk1-9-x"})})
-    with pytest.raises(TrainingError, match=r"step 1 \(a\.plan\).*tokenizer tk1-9-x, not the training tokenizer"):
+    foreign = calls[0].tokens.model_copy(update={"tokenizer": "tk1-9-x"})
+    calls[0] = calls[0].model_copy(update={"tokens": foreign})
+    with pytest.raises(TrainingError, match=r"step 1 \(a\.plan\).*tokenizer tk1-9-x, not the training"):
         make_samples([tape], llm_calls=calls, tokenizer=tokenizer)
 
 

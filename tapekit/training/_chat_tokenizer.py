@@ -87,7 +87,8 @@ class ChatTokenizer:
         if self._hf is not None:
             if not self.template:
                 raise TrainingError("the training tokenizer has no chat template: cannot render prompts")
-            return str(self._hf.apply_chat_template(plain, tokenize=False, add_generation_prompt=generation_prompt))
+            gen = generation_prompt
+            return str(self._hf.apply_chat_template(plain, tokenize=False, add_generation_prompt=gen))
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         llama = self._llama.load()
@@ -95,7 +96,7 @@ class ChatTokenizer:
         formatter = Jinja2ChatFormatter(
             template=self.template, eos_token=self.eos, bos_token=bos, add_generation_prompt=generation_prompt
         )
-        return str(formatter(messages=plain).prompt)
+        return str(formatter(messages=plain).prompt)  # type: ignore[arg-type]
 
     def render_call(self, messages: list[dict[str, Any]], output: Any) -> tuple[list[int], list[int]]:
         """(prompt ids, completion ids) of one LLM call re-rendered with the chat template: the
@@ -117,7 +118,7 @@ class ChatTokenizer:
         if not full.startswith(prompt_text + answer):
             raise TrainingError(
                 f"{self.template_name} does not render an assistant turn as the generation prompt "
-                f"followed by the answer (rendered: {full[len(prompt_text) - 40 : len(prompt_text) + 60]!r}): "
+                f"followed by the answer (rendered: {full[max(0, len(prompt_text) - 40) :][:100]!r}): "
                 "the assistant spans cannot be found"
             )
         return self.encode(prompt_text), self.encode(answer + self.eos)

@@ -94,7 +94,7 @@ class SampleSet:
         path = Path(path)
         meta = {"tapekit.content_hash": self.content_hash}
         if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
             table = self.dataset.data.table
             pq.write_table(table.replace_schema_metadata({**meta}), path)
@@ -137,7 +137,8 @@ def make_samples(
 
     dataset = Dataset.from_list(rows, features=_features(Features, Sequence, Value))
     digest = _content_hash(tapes, state, config)
-    dataset.info.description = json.dumps({"tapekit.content_hash": digest, "config": json.loads(config.as_json())})
+    info = {"tapekit.content_hash": digest, "config": json.loads(config.as_json())}
+    dataset.info.description = json.dumps(info)
     return SampleSet(dataset, state.breaks, state.drift, digest)
 
 
@@ -407,7 +408,9 @@ def _around(tok: ChatTokenizer, ids: list[int], at: int) -> str:
     return tok.decode(ids[max(0, at - 8) : at]) + "⟦" + tok.decode(ids[at : at + 8]) + "⟧"
 
 
-def _break(tok: ChatTokenizer, tape: Tape[Any, Any], run: _Run, context: list[int], prompt: list[int]) -> Break:
+def _break(
+    tok: ChatTokenizer, tape: Tape[Any, Any], run: _Run, context: list[int], prompt: list[int]
+) -> Break:
     at = _first_difference(context, prompt)
     if at == len(prompt):
         reason = "the prompt is shorter than the previous prompt + completion"
