@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tapekit.llm.base import LLMCall
+from tapekit.store._tokens import decode_tokens, encode_tokens
 from tapekit.store._writes import CallWrite, TagWrite, TapeWrite, Write
 from tapekit.store.base import TapeFilter, TapeInfo, TapeStore, Totals
 
@@ -66,6 +67,9 @@ SCHEMA = [
     "CREATE INDEX IF NOT EXISTS tape_tags_tag ON tape_tags(tag, tape_id)",
 ]
 
+# token ids of LLM calls (tapekit/store/_tokens.py), added to older files when they are opened
+TOKEN_COLUMNS = {"token_meta": "TEXT", "token_data": "BLOB"}  # BLOB is BYTEA in PostgreSQL
+
 TAPE_COLUMNS = (
     "id, parent_id, author, author_tape_id, n_added_steps, error, result, context, n_steps, created, updated"
 )
@@ -85,10 +89,12 @@ INSERT_STEP = (
 )
 UPSERT_CALL = (
     "INSERT INTO llm_calls (prompt_id, model, prompt, output, prompt_tokens, output_tokens, cost, "
-    "latency_s, timestamp) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(prompt_id) DO UPDATE SET "
+    "latency_s, timestamp, token_meta, token_data) VALUES (?,?,?,?,?,?,?,?,?,?,?) "
+    "ON CONFLICT(prompt_id) DO UPDATE SET "
     "model=excluded.model, prompt=excluded.prompt, output=excluded.output, "
     "prompt_tokens=excluded.prompt_tokens, output_tokens=excluded.output_tokens, cost=excluded.cost, "
-    "latency_s=excluded.latency_s, timestamp=excluded.timestamp"
+    "latency_s=excluded.latency_s, timestamp=excluded.timestamp, token_meta=excluded.token_meta, "
+    "token_data=excluded.token_data"
 )
 ADD_TAG = "INSERT INTO tape_tags (tape_id, tag) VALUES (?,?) ON CONFLICT DO NOTHING"
 REMOVE_TAG = "DELETE FROM tape_tags WHERE tape_id = ? AND tag = ?"
@@ -97,7 +103,10 @@ _INFO_COLUMNS = (
     "t.id, t.parent_id, t.author, t.author_tape_id, t.n_steps, t.n_added_steps, t.error, t.result, "
     "t.created, t.updated"
 )
-_CALL_COLUMNS = "prompt_id, model, prompt, output, prompt_tokens, output_tokens, cost, latency_s, timestamp"
+_CALL_COLUMNS = (
+    "prompt_id, model, prompt, output, prompt_tokens, output_tokens, cost, latency_s, timestamp, "
+    "token_meta, token_data"
+)
 _CHUNK = 500  # ids per IN (...) list
 
 
@@ -128,8 +137,8 @@ def _where(f: TapeFilter) -> tuple[str, list[Any]]:
 
 
 def _call(row: Sequence[Any]) -> LLMCall:
-    _, model, prompt, output, pt, ot, cost, latency, ts = row
-    return LLMCall.model_validate(
+    _, model, prompt, output, pt, ot, cost, latency, ts, token_meta, token_data = row
+    call = LLMCall.model_validate(
         {
             "prompt": json.loads(prompt),
             "output": json.loads(output),
@@ -141,6 +150,8 @@ def _call(row: Sequence[Any]) -> LLMCall:
             "timestamp": ts,
         }
     )
+    call.tokens = decode_tokens(token_meta, token_data)
+    return call
 
 
 def _tape_row(w: TapeWrite, created: float) -> tuple[Any, ...]:
@@ -205,6 +216,7 @@ class SQLTapeStore(TapeStore):
                         c.cost,
                         c.latency_s,
                         c.timestamp,
+                        *encode_tokens(c.tokens),
                     )
                 )
             elif isinstance(w, TagWrite):

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tapekit.store._sql import SCHEMA, SQLTapeStore
+from tapekit.store._sql import SCHEMA, TOKEN_COLUMNS, SQLTapeStore
 
 __all__ = ["PostgresStore"]
 
@@ -82,6 +82,9 @@ class PostgresStore(SQLTapeStore):
             self._read.execute("SELECT pg_advisory_xact_lock(7316206)")
             for statement in SCHEMA:
                 self._read.execute(statement)
+            for name, kind in TOKEN_COLUMNS.items():  # databases made before token ids were kept
+                pg_kind = "BYTEA" if kind == "BLOB" else kind
+                self._read.execute(f"ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS {name} {pg_kind}")
 
     def _writer_connect(self) -> _Conn:
         return _Conn(self._connect())
