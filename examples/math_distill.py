@@ -169,17 +169,15 @@ def tokenizer_texts(tapes: list[Tape[Any, Any]]) -> list[str]:
     return texts
 
 
-def make_samples(tapes: list[Tape[Any, Any]], student: Any, tokenizer: Any) -> Any:
-    """Training samples (the training schema) from the student's adapted tapes."""
-    try:
-        from tapekit.training import samples as samples_module  # helper "samples"
-    except ImportError:
-        samples_module = None
-    if samples_module is not None and hasattr(samples_module, "make_samples"):
-        return samples_module.make_samples(tapes, agent=student)
-    from examples.math._samples_standin import standin_samples
+def make_samples(teacher_tapes: list[Tape[Any, Any]], student: Any, tokenizer: Any) -> Any:
+    """Training samples (the training schema) of the student, from the teacher's tapes: each goes
+    through ``student.reuse`` and is rendered with the student's chat template."""
+    from tapekit.training.samples import make_samples as tapekit_samples
 
-    return standin_samples(tapes, tokenizer)
+    samples = tapekit_samples(teacher_tapes, reuse_with=student, tokenizer=tokenizer)
+    if samples.breaks:
+        print(f"note: {len(samples.breaks)} multi-turn merges broke; first: {samples.breaks[0]}")
+    return samples.dataset
 
 
 def train_student(
@@ -314,7 +312,8 @@ def run(settings: Settings) -> list[StageResult]:
         StageResult("zero_shot", settings.student, run_eval(make_student(before), tasks, store, "zero_shot"))
     )
 
-    rows = make_samples(adapted, make_student(before), tokenizer)
+    rows = make_samples(good, make_student(before), tokenizer)
+    print(f"samples: {len(rows)} from {len(good)} teacher tapes", flush=True)
     lora = settings.student != "tiny"
     final, seconds = train_student(settings, rows, model, tokenizer, lora)
     after = student_llm(settings, None, str(final)) if lora else student_llm(settings, str(final))
@@ -347,12 +346,12 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         student=args.student, seed=args.seed, threads=args.threads, hidden=args.hidden, layers=args.layers
     )
     if args.student == "smollm2":
-        settings.n_train, settings.n_heldout, settings.steps = 300, 60, 150
-        settings.batch_size, settings.learning_rate = 8, 1e-3
+        settings.n_train, settings.n_heldout, settings.steps = 200, 30, 60
+        settings.batch_size, settings.learning_rate = 4, 1e-3
     if args.quick:
         settings.n_train, settings.n_heldout, settings.steps = 400, 45, 300
         if args.student == "smollm2":
-            settings.n_train, settings.n_heldout, settings.steps = 100, 30, 30
+            settings.n_train, settings.n_heldout, settings.steps = 100, 15, 20
     for name, value in (("n_train", args.train), ("n_heldout", args.heldout), ("steps", args.steps)):
         if value is not None:
             setattr(settings, name, value)
