@@ -4,6 +4,7 @@ The tape is a typed, granular log of an agent session that is also its resumable
 Everything a user needs is re-exported here; submodules hold the implementation.
 """
 
+import tapekit.migrate.steps  # noqa: F401  (registers the generic step kinds of imported tapes)
 from tapekit.agent import (
     Agent,
     AgentError,
@@ -57,20 +58,6 @@ from tapekit.environment import (
 )
 from tapekit.errors import TapekitError
 from tapekit.evaluate import EvalReport, Score, Task, aevaluate, evaluate, rescore
-from tapekit.frameworks import (
-    Demo,
-    FunctionTermination,
-    InputField,
-    LLMFunction,
-    LLMFunctionNode,
-    MaxTurns,
-    MonoAgent,
-    MonoNode,
-    OutputField,
-    StepSource,
-    TeamAgent,
-    TextMention,
-)
 from tapekit.llm import LLM, FunctionLLM, LLMCall, LLMStream, ReplayLLM, ScriptedLLM, TrainingText
 from tapekit.optimize import AddDemos, BootstrapFewShot, InstructionSearch, Reflective, optimize
 from tapekit.orchestrator import (
@@ -89,27 +76,46 @@ from tapekit.store import TapeInfo, TapeNotFoundError, TapeStore, open_store
 from tapekit.structured import LLMOutputParsingFailure, StructuredNode, parse_steps, steps_schema
 from tapekit.views import TapeView, TapeViewStack, cached_fold
 
-import tapekit.migrate.steps  # noqa: E402, F401  (registers the generic step kinds of imported tapes)
-
 __version__ = "0.1.0"
 
-# the LLM backends, loaded from tapekit.llm on first access: `import tapekit` stays light
-_LAZY_BACKENDS = ("LiteLLM", "LlamaCppLLM", "OpenAICompatibleLLM", "TransformersLLM")
+# names loaded from their module on first access, so that `import tapekit` stays light: the LLM
+# backends (tapekit.llm) and the low-code frameworks (tapekit.frameworks)
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(("LiteLLM", "LlamaCppLLM", "OpenAICompatibleLLM", "TransformersLLM"), "tapekit.llm"),
+    **dict.fromkeys(
+        (
+            "Demo",
+            "FunctionTermination",
+            "InputField",
+            "LLMFunction",
+            "LLMFunctionNode",
+            "MaxTurns",
+            "MonoAgent",
+            "MonoNode",
+            "OutputField",
+            "StepSource",
+            "TeamAgent",
+            "TextMention",
+        ),
+        "tapekit.frameworks",
+    ),
+}
 
 
 def __getattr__(name: str) -> object:
-    """``tapekit.OpenAICompatibleLLM`` and the other backends, imported when first asked for."""
-    if name in _LAZY_BACKENDS:
-        import tapekit.llm
+    """``tapekit.OpenAICompatibleLLM``, ``tapekit.MonoAgent`` …: imported when first asked for."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tapekit' has no attribute {name!r}")
+    import importlib
 
-        value = getattr(tapekit.llm, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tapekit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY_BACKENDS})
+    return sorted({*globals(), *_LAZY})
 
 
 __all__ = [
@@ -128,13 +134,18 @@ __all__ = [
     "Branch",
     "Call",
     "ControlStep",
+    "Demo",  # tapekit.frameworks
     "Environment",
     "EvalReport",
     "ExternalObservationNeeded",
     "Fork",
     "FunctionLLM",
+    "FunctionTermination",  # tapekit.frameworks
+    "InputField",  # tapekit.frameworks
     "InstructionSearch",
     "LLMCall",
+    "LLMFunction",  # tapekit.frameworks
+    "LLMFunctionNode",  # tapekit.frameworks
     "LLMOutput",
     "LLMOutputParsingFailure",
     "LLMStream",
@@ -142,10 +153,14 @@ __all__ = [
     "LlamaCppLLM",
     "MainLoopEvent",
     "MainLoopStream",
+    "MaxTurns",  # tapekit.frameworks
+    "MonoAgent",  # tapekit.frameworks
+    "MonoNode",  # tapekit.frameworks
     "Node",
     "NodeRun",
     "Observation",
     "OpenAICompatibleLLM",
+    "OutputField",  # tapekit.frameworks
     "PartialStep",
     "Prompt",
     "ReconstructionError",
@@ -159,6 +174,7 @@ __all__ = [
     "Step",
     "StepMetadata",
     "StepSequence",
+    "StepSource",  # tapekit.frameworks
     "StopStep",
     "StructuredNode",
     "SystemStep",
@@ -171,6 +187,8 @@ __all__ = [
     "TapeViewStack",
     "TapekitError",
     "Task",
+    "TeamAgent",  # tapekit.frameworks
+    "TextMention",  # tapekit.frameworks
     "Thought",
     "Tool",
     "ToolCall",
@@ -200,16 +218,4 @@ __all__ = [
     "tool_calls_from_output",
     "unanswered_actions",
     "view_to_messages",
-    "Demo",  # tapekit.frameworks
-    "FunctionTermination",  # tapekit.frameworks
-    "InputField",  # tapekit.frameworks
-    "LLMFunction",  # tapekit.frameworks
-    "LLMFunctionNode",  # tapekit.frameworks
-    "MaxTurns",  # tapekit.frameworks
-    "MonoAgent",  # tapekit.frameworks
-    "MonoNode",  # tapekit.frameworks
-    "OutputField",  # tapekit.frameworks
-    "StepSource",  # tapekit.frameworks
-    "TeamAgent",  # tapekit.frameworks
-    "TextMention",  # tapekit.frameworks
 ]
