@@ -130,19 +130,22 @@ def teach(teacher: Any, problems: list[Any], store: Any) -> list[Tape[Any, Any]]
     return good
 
 
-def adapt(student: Any, tapes: list[Tape[Any, Any]]) -> list[Tape[Any, Any]]:
-    """``student.reuse`` of every teacher tape (tapes it cannot reproduce are skipped, counted)."""
+def adapt(student: Any, tapes: list[Tape[Any, Any]]) -> tuple[list[Tape[Any, Any]], list[Tape[Any, Any]]]:
+    """The teacher tapes the student can reuse, and their adapted versions (``student.reuse``);
+    the others (e.g. a real teacher's tool call the student's text format cannot write) are
+    skipped and counted."""
     from tapekit import ReconstructionError
 
-    adapted, failed = [], 0
+    kept, adapted = [], []
     for tape in tapes:
         try:
             adapted.append(student.reuse(tape)[0])
-        except ReconstructionError:
-            failed += 1
-    if failed:
-        print(f"note: {failed} teacher tapes could not be adapted to the student and were skipped")
-    return adapted
+            kept.append(tape)
+        except (ReconstructionError, ValueError):
+            pass
+    if len(kept) < len(tapes):
+        print(f"note: {len(tapes) - len(kept)} teacher tapes could not be adapted to the student: skipped")
+    return kept, adapted
 
 
 def run_eval(agent: Any, tasks: list[Task], store: Any, name: str) -> EvalReport:
@@ -301,13 +304,13 @@ def run(settings: Settings) -> list[StageResult]:
     print(f"teacher: {len(good)}/{len(train)} training tapes correct, stored in {db}", flush=True)
 
     if settings.student == "tiny":
-        adapted = adapt(make_student(FunctionLLM(fn=lambda p: "")), good)
+        good, adapted = adapt(make_student(FunctionLLM(fn=lambda p: "")), good)
         model, tokenizer, base = tiny_student(settings, adapted)
         before = student_llm(settings, str(base))
     else:
         before = student_llm(settings, None)
         model, tokenizer = before.load()
-        adapted = adapt(make_student(before), good)
+        good, _ = adapt(make_student(before), good)
     report(
         StageResult("zero_shot", settings.student, run_eval(make_student(before), tasks, store, "zero_shot"))
     )
@@ -349,7 +352,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         settings.n_train, settings.n_heldout, settings.steps = 200, 30, 60
         settings.batch_size, settings.learning_rate = 4, 1e-3
     if args.quick:
-        settings.n_train, settings.n_heldout, settings.steps = 400, 45, 300
+        settings.n_train, settings.n_heldout, settings.steps = 1000, 45, 600
         if args.student == "smollm2":
             settings.n_train, settings.n_heldout, settings.steps = 100, 15, 20
     for name, value in (("n_train", args.train), ("n_heldout", args.heldout), ("steps", args.steps)):
