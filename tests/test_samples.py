@@ -174,3 +174,33 @@ def test_same_tapes_give_byte_identical_files_with_a_content_hash(tokenizer: Any
     assert list(iter_samples([tape], llm_calls=calls, tokenizer=tokenizer)) == a.dataset.to_list()
     c = make_samples([tape], llm_calls=calls, tokenizer=tokenizer, nodes=("act",))
     assert c.content_hash != a.content_hash
+
+
+def test_reward_and_agent_filters(tokenizer: Any) -> None:
+    from tapekit.training._common import TrainingError
+    from tapekit.training.samples import make_samples
+
+    tape, calls = _tape(tokenizer)
+    high = make_samples([tape], llm_calls=calls, tokenizer=tokenizer, reward="score", min_reward=2.0)
+    assert len(high.dataset) == 0
+    assert len(make_samples([tape], llm_calls=calls, tokenizer=tokenizer, agents=("b",)).dataset) == 0
+    rows = make_samples([tape], llm_calls=calls, tokenizer=tokenizer, reward=lambda t: 0.5, min_reward=0.5)
+    rows = rows.dataset
+    assert rows[0]["reward"] == 0.5
+    with pytest.raises(TrainingError, match=r"metadata\.result has no 'accuracy'"):
+        make_samples([tape], llm_calls=calls, tokenizer=tokenizer, reward="accuracy")
+    with pytest.raises(TrainingError, match=r"unknown sample options \['node'\]"):
+        make_samples([tape], llm_calls=calls, tokenizer=tokenizer, node="act")
+
+
+def test_streamed_rows_build_a_dataset(tokenizer: Any) -> None:
+    from datasets import Dataset
+
+    from tapekit.training.samples import iter_samples
+
+    tape, calls = _tape(tokenizer, break_second=True)
+    breaks: list[Any] = []
+    streamed = Dataset.from_generator(
+        lambda: iter_samples([tape], llm_calls=calls, tokenizer=tokenizer, breaks=breaks)
+    )
+    assert len(streamed) == 2 and streamed[0]["loss_mask"].count(1) > 0

@@ -135,7 +135,11 @@ def make_samples(
     rows = list(_rows(tapes, agent, llm_calls, tokenizer, reuse_with, reward, config, state))
     from datasets import Dataset, Features, Sequence, Value
 
-    dataset = Dataset.from_list(rows, features=_features(Features, Sequence, Value))
+    features = _features(Features, Sequence, Value)
+    if rows:
+        dataset = Dataset.from_list(rows, features=features)
+    else:  # (from_list cannot take its columns from no rows)
+        dataset = Dataset.from_dict({name: [] for name in features}, features=features)
     digest = _content_hash(tapes, state, config)
     info = {"tapekit.content_hash": digest, "config": json.loads(config.as_json())}
     dataset.info.description = json.dumps(info)
