@@ -204,3 +204,43 @@ def test_streamed_rows_build_a_dataset(tokenizer: Any) -> None:
         lambda: iter_samples([tape], llm_calls=calls, tokenizer=tokenizer, breaks=breaks)
     )
     assert len(streamed) == 2 and streamed[0]["loss_mask"].count(1) > 0
+
+
+def test_teacher_tapes_are_reused_by_the_student_and_rendered_with_its_template(tokenizer: Any) -> None:
+    from collections.abc import Iterator
+
+    from tapekit import Agent, FunctionLLM, Node
+    from tapekit.training.samples import make_samples
+
+    class Solve(Node):
+        name: str = "solve"
+        system: str = ""
+
+        def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
+            question = tape.steps[0]
+            assert isinstance(question, Seen)
+            return Prompt(messages=[{"role": "system", "content": self.system},
+                                    {"role": "user", "content": question.text}])
+
+        def generate_steps(self, agent: Agent, tape: Tape[Any, Any], llm_stream: Any) -> Iterator[Any]:
+            yield Say(text=llm_stream.get_text())
+
+        def make_llm_output(self, agent: Agent, tape: Tape[Any, Any], index: int) -> LLMOutput:
+            step = tape.steps[index]
+            assert isinstance(step, Say)
+            return LLMOutput(content=step.text)
+
+    teacher_tape = Tape(steps=[
+        Seen(text="2+2?"),
+        Say(text="4", metadata=StepMetadata(prompt_id="t1", agent="teacher", node="solve", run_end=True)),
+    ])
+    unused = FunctionLLM(fn=lambda prompt: "")  # reuse makes no call; the tokenizer is given
+    student = Agent.create("student", llms=unused, nodes=[Solve(system="Be brief.")])
+    result = make_samples([teacher_tape], reuse_with=student, tokenizer=tokenizer)
+    (row,) = result.dataset.to_list()
+    assert row["agent"] == "student" and row["source"] == "template" and row["nodes"] == ["solve"]
+    text = tokenizer.decode(row["input_ids"])
+    assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    assert text.endswith("<|im_start|>assistant\n4<|im_end|>")
+    masked = tokenizer.decode([t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m])
+    assert masked == "4<|im_end|>"
