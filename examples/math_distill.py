@@ -310,6 +310,10 @@ def run(settings: Settings) -> list[StageResult]:
     else:
         before = student_llm(settings, None)
         model, tokenizer = before.load()
+        # loaded from GGUF, transformers marks the model quantized although its weights are
+        # dequantized float32 tensors, and the Trainer refuses to train it: unmark it
+        if getattr(model, "hf_quantizer", None) is not None:
+            model.hf_quantizer.remove_quantization_config(model)
         good, _ = adapt(make_student(before), good)
     report(
         StageResult("zero_shot", settings.student, run_eval(make_student(before), tasks, store, "zero_shot"))
