@@ -63,7 +63,8 @@ def test_a_file_made_before_token_ids_opens_and_gains_the_columns(tmp_path: Path
     db.execute(
         "CREATE TABLE llm_calls (prompt_id TEXT PRIMARY KEY, model TEXT NOT NULL, prompt TEXT NOT NULL, "
         "output TEXT NOT NULL, prompt_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, "
-        "cost DOUBLE PRECISION NOT NULL, latency_s DOUBLE PRECISION NOT NULL, timestamp DOUBLE PRECISION NOT NULL)"
+        "cost DOUBLE PRECISION NOT NULL, latency_s DOUBLE PRECISION NOT NULL, "
+        "timestamp DOUBLE PRECISION NOT NULL)"
     )
     old = _call("old", None)
     db.execute(
