@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -320,3 +320,23 @@ def write_result(trainer: Any, final_dir: Path, config: TrainConfig, extra: dict
         info = {"config": config.model_dump(mode="json"), **extra}
         (final_dir / "tapekit_train.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return final_dir
+
+
+def train_and_report(
+    trainer: Any, config: TrainConfig, more: Callable[[Any], dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Train (resuming from a checkpoint when ``config`` asks) and return the figures that
+    ``tapekit_train.json`` records: base model, LoRA or not, steps, training loss, ``more(trainer)``
+    and the last progress line's figures (which win on a shared key)."""
+    result = trainer.train(resume_from_checkpoint=resume_argument(config))
+    figures: dict[str, float] = next(
+        (c.last for c in trainer.callback_handler.callbacks if getattr(c, "last", None)), {}
+    )
+    return {
+        "base_model": str(config.model or getattr(trainer.model.config, "_name_or_path", "")),
+        "lora": config.lora is not None,
+        "global_step": trainer.state.global_step,
+        "train_loss": result.training_loss,
+        **(more(trainer) if more is not None else {}),
+        **figures,
+    }

@@ -30,7 +30,7 @@ from tapekit.training._common import (
     load_model_and_tokenizer,
     lora_config,
     progress_callback,
-    resume_argument,
+    train_and_report,
     training_arguments,
     write_result,
 )
@@ -268,15 +268,5 @@ def train_dpo(
     reference model is the base model (adapter off); for full training, a frozen copy."""
     config = config or DPOConfig()
     trainer = build_dpo_trainer(dataset, model, tokenizer, config, callbacks)
-    result = trainer.train(resume_from_checkpoint=resume_argument(config))
-    figures: dict[str, float] = next(
-        (c.last for c in trainer.callback_handler.callbacks if getattr(c, "last", None)), {}
-    )
-    extra = {
-        "base_model": str(config.model or getattr(trainer.model.config, "_name_or_path", "")),
-        "lora": config.lora is not None,
-        "global_step": trainer.state.global_step,
-        "train_loss": result.training_loss,
-        **figures,
-    }
+    extra = train_and_report(trainer, config)
     return write_result(trainer, Path(config.output_dir) / "final", config, extra)

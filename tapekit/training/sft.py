@@ -28,9 +28,9 @@ from tapekit.training._common import (
     load_model_and_tokenizer,
     lora_config,
     progress_callback,
-    resume_argument,
     sample_hash,
     split_packed,
+    train_and_report,
     training_arguments,
     weights_hash,
     write_result,
@@ -190,18 +190,8 @@ def train_sft(
     """
     config = config or SFTConfig()
     trainer = build_sft_trainer(dataset, model, tokenizer, config, callbacks)
-    progress = trainer.callback_handler.callbacks
-    result = trainer.train(resume_from_checkpoint=resume_argument(config))
     final = Path(config.output_dir) / "final"
-    figures: dict[str, float] = next((c.last for c in progress if hasattr(c, "last") and c.last), {})
-    extra = {
-        "base_model": str(config.model or getattr(trainer.model.config, "_name_or_path", "")),
-        "lora": config.lora is not None,
-        "global_step": trainer.state.global_step,
-        "train_loss": result.training_loss,
-        "tokens_seen": trainer.state.num_input_tokens_seen,
-        **figures,
-    }
+    extra = train_and_report(trainer, config, lambda t: {"tokens_seen": t.state.num_input_tokens_seen})
     if config.trace_data:
         Trace(config.output_dir, trainer.args.process_index).write({"weights": weights_hash(trainer.model)})
     return write_result(trainer, final, config, extra)
