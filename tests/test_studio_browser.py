@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
+from tests._browser import CHROMIUM, chromium, open_page
+
 if not CHROMIUM.exists():
     pytest.skip("needs Debian's chromium at /usr/bin/chromium", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -22,16 +22,6 @@ from tapekit.store import SQLiteStore  # noqa: E402
 from tapekit.studio import create_app  # noqa: E402
 from tapekit.studio.app import serve_in_thread  # noqa: E402
 from tests.test_studio import XSS_IMG, XSS_SCRIPT, fill, team  # noqa: E402
-
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 @pytest.fixture(scope="module")
@@ -44,19 +34,12 @@ def studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, SQLi
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
+    yield from chromium()
 
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(10_000)
-    yield page
-    context.close()
+    yield from open_page(browser, width=1400, timeout_ms=10_000)
 
 
 def test_open_a_tape_by_url_and_reload_it(page: Any, studio: tuple[str, SQLiteStore, dict[str, Any]]) -> None:

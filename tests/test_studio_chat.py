@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
+from tests._browser import CHROMIUM, chromium, open_page
+
 if not CHROMIUM.exists():
     pytest.skip("needs Debian's chromium at /usr/bin/chromium", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -26,7 +27,6 @@ from tapekit.human import WAITING_TAG, ApprovalDecision  # noqa: E402
 from tapekit.store import SQLiteStore  # noqa: E402
 from tapekit.studio import create_app  # noqa: E402
 from tapekit.studio.app import serve_in_thread  # noqa: E402
-from tests.test_studio_browser import CHROMIUM_ARGS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = [sys.executable, "-m", "tapekit.cli", "chat"]
@@ -60,19 +60,12 @@ def studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, SQLi
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
+    yield from chromium()
 
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1300, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(15_000)
-    yield page
-    context.close()
+    yield from open_page(browser, width=1300, timeout_ms=15_000)
 
 
 def test_approve_with_edited_arguments_then_reply(page: Any, studio: tuple[str, SQLiteStore, Path]) -> None:
