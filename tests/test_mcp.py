@@ -47,14 +47,9 @@ from tapekit.mcp import (
     StdioServer,
     listed_names,
 )
+from tests.conftest import free_port
 
 SERVER = str(Path(__file__).parent / "mcp_servers" / "tools_server.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for_port(port: int, process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:

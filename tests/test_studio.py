@@ -10,7 +10,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +33,7 @@ from tapekit._diff import signatures  # noqa: E402
 from tapekit.store import SQLiteStore, TapeStore  # noqa: E402
 from tapekit.studio import create_app  # noqa: E402
 from tapekit.studio.runs import load_agents  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 XSS_SCRIPT = "<script>window.__xss=1</script>"
@@ -498,12 +498,6 @@ def test_agent_registration_errors_name_the_source() -> None:
 # --------------------------------------------------------------------------- the real server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start(args: list[str], cwd: Path = ROOT) -> tuple[subprocess.Popen[str], str]:
     """Start ``tapekit studio`` as a service manager would: stdout a pipe, Python's own
     buffering left on (no PYTHONUNBUFFERED), so the banner must be flushed by the command."""
@@ -559,7 +553,7 @@ def test_the_studio_command_serves_and_makes_a_token_off_loopback(tmp_path: Path
     db = tmp_path / "cli.db"
     with SQLiteStore(db) as s:
         tape_id, _ = record(s, "Tell me about Vulcan in 3 sentences", ["cli"])
-    port = _free_port()
+    port = free_port()
     process, _ = _start(["--db", str(db), "--port", str(port), "--agent", "examples.analyst:team"])
     try:
         page = _get(f"http://127.0.0.1:{port}/tapes/{tape_id}/steps/1")
@@ -567,7 +561,7 @@ def test_the_studio_command_serves_and_makes_a_token_off_loopback(tmp_path: Path
         assert _get(f"http://127.0.0.1:{port}/runs").text.count("examples.analyst:team") == 1
     finally:
         _stop(process)
-    port = _free_port()
+    port = free_port()
     process, banner = _start(["--db", str(db), "--port", str(port), "--host", "0.0.0.0"])
     try:
         token = re.search(r"made one: (\S+)", banner)
@@ -599,7 +593,7 @@ def test_the_studio_command_refuses_a_missing_file_unless_asked_to_create_it(tmp
     assert not typo.exists()
     out = studio("--db", str(typo), "--create", "--import", "no_such_module_here")
     assert out.returncode == 2 and "--import no_such_module_here: cannot import it" in out.stderr
-    port = _free_port()
+    port = free_port()
     process, _ = _start(["--db", str(typo), "--create", "--port", str(port)])
     try:
         assert _get(f"http://127.0.0.1:{port}/tapes").status_code == 200 and typo.exists()
@@ -638,7 +632,7 @@ def test_steps_of_kinds_not_imported_are_shown_generically_and_import_loads_them
         assert "--import" in page.text
         detail = c.get("/tapes/hunch-tape/steps/1")
         assert detail.status_code == 200 and "confidence" in detail.text
-    port = _free_port()
+    port = free_port()
     process, _ = _start(["--db", str(db), "--port", str(port), "--import", "hunches"], cwd=tmp_path)
     try:
         page = _get(f"http://127.0.0.1:{port}/tapes/hunch-tape")
