@@ -187,22 +187,23 @@ class Agent(BaseModel):
     @property
     def manager(self) -> Agent | None:
         """The agent this one is a subagent of (None for a root agent)."""
-        return self._manager
+        return _manager_of(self)
 
     @property
     def root(self) -> Agent:
         """The top agent of this agent's team."""
         agent = self
-        while agent._manager is not None:
-            agent = agent._manager
+        while (manager := _manager_of(agent)) is not None:
+            agent = manager
         return agent
 
     @property
     def full_name(self) -> str:
         """The hierarchical name, e.g. ``analyst/search_agent``; steps record it."""
-        if self._manager is None:
+        manager = _manager_of(self)
+        if manager is None:
             return self.name
-        return f"{self._manager.full_name}/{self.name}"
+        return f"{manager.full_name}/{self.name}"
 
     def find_subagent(self, name: str) -> Agent:
         """The direct subagent called ``name``."""
@@ -504,6 +505,13 @@ class _Called:
     """The output stream of an LLM call, for ``generate_steps`` (empty when no LLM was called)."""
 
     stream: LLMStream = field(default_factory=LLMStream)
+
+
+def _manager_of(agent: Agent) -> Agent | None:
+    """``agent._manager``, read from pydantic's private-attribute dict directly: the attribute
+    path goes through ``BaseModel.__getattr__`` and costs ~4 µs, paid several times per step."""
+    private = agent.__pydantic_private__
+    return private.get("_manager") if private else None
 
 
 def _check_unique(names: list[str], message: str) -> None:

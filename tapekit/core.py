@@ -8,11 +8,11 @@ so building a session of n steps costs O(n), not O(n²).
 
 from __future__ import annotations
 
+import os
 import threading
 import typing
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, Literal, TypeVar, overload
-from uuid import uuid4
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,7 +47,7 @@ __all__ = [
 
 def new_id() -> str:
     """A fresh random identifier (32 hex characters)."""
-    return uuid4().hex
+    return os.urandom(16).hex()  # 4x faster than uuid4().hex; ids are made for every step
 
 
 # --------------------------------------------------------------------------- steps

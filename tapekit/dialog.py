@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from functools import partial
 from typing import Any, Literal
 
 from tapekit.core import (
@@ -19,6 +20,7 @@ from tapekit.core import (
     Observation,
     Respond,
     Step,
+    StepSequence,
     Thought,
     ToolCallRequest,
 )
@@ -108,45 +110,92 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
 
 
+def _message(step: Step, agent_name: str) -> dict[str, Any] | None:
+    """The chat message for one step as ``agent_name`` sees it (None: the step is left out)."""
+    if isinstance(step, SystemStep):
+        return {"role": "system", "content": step.content}
+    if isinstance(step, UserStep):
+        return {"role": "user", "content": step.content}
+    if isinstance(step, AssistantThought | AssistantStep):
+        return {"role": "assistant", "content": step.content}
+    if isinstance(step, ToolCall):
+        call = {
+            "id": step.call_id,
+            "type": "function",
+            "function": {"name": step.name, "arguments": json.dumps(step.arguments)},
+        }
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+    if isinstance(step, ToolResult):
+        content = f"Error: {step.error}" if step.error else _text(step.content)
+        return {"role": "tool", "tool_call_id": step.call_id, "content": content}
+    if isinstance(step, Call):
+        if agent_name and step.metadata.agent != agent_name:
+            return {"role": "user", "content": step.content}
+        return {"role": "assistant", "content": f"(asks {step.agent_name}) {step.content}"}
+    if isinstance(step, Respond):
+        who = step.metadata.agent.rsplit("/", 1)[-1] or "subagent"
+        return {"role": "user", "content": f"({who} answers) {step.content}"}
+    if isinstance(step, ControlStep):
+        return None
+    return {"role": "user", "content": _text(step.llm_dict())}
+
+
+def _merges(last: dict[str, Any] | None, message: dict[str, Any]) -> bool:
+    """Whether ``message`` (one tool call) joins ``last``, an assistant message of tool calls."""
+    return (
+        last is not None
+        and "tool_calls" in message
+        and last["role"] == "assistant"
+        and bool(last.get("tool_calls"))
+        and not last["content"]
+    )
+
+
+_Messages = tuple[StepSequence[dict[str, Any]], dict[str, Any] | None]
+
+
+def _no_messages() -> _Messages:
+    return StepSequence(), None
+
+
+def _fold_message(agent_name: str, state: _Messages, step: Step, index: int) -> _Messages:
+    """One step into the (done messages, last message) fold; never mutates ``state``."""
+    message = _message(step, agent_name)
+    if message is None:
+        return state
+    done, last = state
+    if last is not None and _merges(last, message):
+        return done, {**last, "tool_calls": [*last["tool_calls"], *message["tool_calls"]]}
+    return (done if last is None else done.appended([last])), message
+
+
 def view_to_messages(steps: Iterable[Step], agent_name: str = "") -> list[dict[str, Any]]:
     """Chat messages for the steps an agent sees (its tape view).
 
     Consecutive tool calls become one assistant message with several ``tool_calls``; a
     :class:`Call` to this agent reads as the user's request, a :class:`Respond` from a subagent
     as a user message naming the subagent; other control steps are left out.
+
+    For a :class:`~tapekit.core.StepSequence` (a tape's steps, or ``agent.compute_view(tape)
+    .top.steps``) the conversion is memoised per prefix, so a growing session converts only its
+    new steps. Each call returns a new list of new message dicts (safe to change); nested values
+    (``tool_calls``) are shared with the cache: replace them rather than mutate them.
     """
-    messages: list[dict[str, Any]] = []
+    if isinstance(steps, StepSequence):
+        done, last = steps.fold(
+            ("tapekit.dialog.view_to_messages", agent_name), _no_messages, partial(_fold_message, agent_name)
+        )
+        messages = [{**m} for m in done]
+        if last is not None:
+            messages.append({**last})
+        return messages
+    out: list[dict[str, Any]] = []
     for step in steps:
-        if isinstance(step, SystemStep):
-            messages.append({"role": "system", "content": step.content})
-        elif isinstance(step, UserStep):
-            messages.append({"role": "user", "content": step.content})
-        elif isinstance(step, AssistantThought | AssistantStep):
-            messages.append({"role": "assistant", "content": step.content})
-        elif isinstance(step, ToolCall):
-            call = {
-                "id": step.call_id,
-                "type": "function",
-                "function": {"name": step.name, "arguments": json.dumps(step.arguments)},
-            }
-            last = messages[-1] if messages else None
-            if last and last["role"] == "assistant" and last.get("tool_calls") and not last["content"]:
-                last["tool_calls"].append(call)
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif isinstance(step, ToolResult):
-            content = f"Error: {step.error}" if step.error else _text(step.content)
-            messages.append({"role": "tool", "tool_call_id": step.call_id, "content": content})
-        elif isinstance(step, Call):
-            if agent_name and step.metadata.agent != agent_name:
-                messages.append({"role": "user", "content": step.content})
-            else:
-                messages.append({"role": "assistant", "content": f"(asks {step.agent_name}) {step.content}"})
-        elif isinstance(step, Respond):
-            who = step.metadata.agent.rsplit("/", 1)[-1] or "subagent"
-            messages.append({"role": "user", "content": f"({who} answers) {step.content}"})
-        elif isinstance(step, ControlStep):
+        message = _message(step, agent_name)
+        if message is None:
             continue
+        if out and _merges(out[-1], message):
+            out[-1] = {**out[-1], "tool_calls": [*out[-1]["tool_calls"], *message["tool_calls"]]}
         else:
-            messages.append({"role": "user", "content": _text(step.llm_dict())})
-    return messages
+            out.append(message)
+    return out
