@@ -6,7 +6,8 @@ pydantic model of LLMs, templates, nodes and subagents; ``agent.arun(tape)`` pic
 steps, and repeats until a node run produces an action. The agent never looks at anything but
 the tape, so any tape is a resume point.
 
-This module holds the agent's turn; forks run in :mod:`tapekit.forks`, and training text, replay
+This module holds the agent's turn; forks run in :mod:`tapekit.forks`, the LLM call and the finishing
+of an interrupted node run in :mod:`tapekit._node_run`, and training text, replay
 support and ``reuse`` (tapes as data) in :mod:`tapekit.reconstruction`.
 """
 
@@ -14,22 +15,19 @@ from __future__ import annotations
 
 import copy
 import logging
-import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny
 
 from tapekit import reconstruction
+from tapekit._node_run import Called, Finished, call_llm, finish_open_run
 from tapekit._runs import (
     attributed,
     closes_branch,
-    content_diff,
     ends_turn,
     node_run_steps,
     pending_fork,
-    tape_of,
     with_last,
 )
 from tapekit.core import (
@@ -47,7 +45,7 @@ from tapekit.core import (
 from tapekit.errors import AgentError, ReconstructionError
 from tapekit.events import AgentEvent, AgentStream, AsyncAgentStream
 from tapekit.forks import ForkOutcome, run_fork
-from tapekit.llm.base import LLM, LLMCall, LLMEvent, LLMStream, TrainingText
+from tapekit.llm.base import LLM, LLMCall, LLMStream, TrainingText
 from tapekit.reconstruction import NodeRun
 from tapekit.views import TapeView, TapeViewStack
 
@@ -315,8 +313,8 @@ class Agent(BaseModel):
             top = stack.top
             if pending_fork(stack, branch_len) is None and top.run_open and top.last_node is not None:
                 where = f"finishing the interrupted run of {top.agent_name}.{top.last_node}"
-                finished = _Finished(tape)
-                async for event in self._finish_open_run(tape, stack, branch_len, finished):
+                finished = Finished(tape)
+                async for event in finish_open_run(self, tape, stack, branch_len, finished):
                     yield event
                 tape = finished.tape
                 if finished.stop:
@@ -348,9 +346,9 @@ class Agent(BaseModel):
                 node = agent.select_node(top)
                 where = f"node {agent.full_name}.{node.name}"
                 prompt = node.make_prompt(agent, tape)
-                called = _Called()
+                called = Called()
                 if prompt is not None:
-                    async for event in self._call_llm(agent, node, prompt, called):
+                    async for event in call_llm(agent, node, prompt, called):
                         yield event
                 prompt_id = prompt.id if prompt is not None else new_id()
                 stop = False
@@ -379,70 +377,6 @@ class Agent(BaseModel):
             yield AgentEvent(final_tape=self._final(start, tape, error=message))
             return
         yield AgentEvent(final_tape=self._final(start, tape))
-
-    async def _call_llm(
-        self, agent: Agent, node: Node, prompt: Prompt, called: _Called
-    ) -> AsyncIterator[AgentEvent]:
-        """Stream ``prompt`` through the node's LLM: its chunks, then the completed call; the
-        output stream for ``generate_steps`` is left in ``called``."""
-        llm = agent.llm_for(node)
-        events: list[LLMEvent] = []
-        t0 = time.perf_counter()
-        async for event in llm.astream(prompt):
-            events.append(event)
-            if event.chunk:
-                yield AgentEvent(chunk=event.chunk)
-        called.stream = stream = LLMStream(events, prompt)
-        last = events[-1]
-        prompt_tokens, output_tokens = last.prompt_tokens or 0, last.output_tokens or 0
-        call = LLMCall(
-            prompt=prompt,
-            output=stream.get_output(),
-            model=llm.model_name,
-            prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens,
-            cost=llm.cost(prompt_tokens, output_tokens),
-            latency_s=time.perf_counter() - t0,
-            tokens=last.tokens,
-        )
-        yield AgentEvent(llm_call=call)
-
-    async def _finish_open_run(
-        self, tape: Tape[Any, Any], stack: TapeViewStack, branch_len: int, finished: _Finished
-    ) -> AsyncIterator[AgentEvent]:
-        """Finish a node run that the tape was cut in the middle of: re-make its prompt from the
-        run's start, get the LLM output again (a cache or replay gives the recorded one), and
-        append the steps the run had not yet added. The tape and whether that ends the turn are
-        left in ``finished``."""
-        top = stack.top
-        agent = self.find_agent(top.agent_name)
-        assert top.last_node is not None
-        node = agent.find_node(top.last_node)
-        start = top.run_start
-        run_tape = tape_of(tape, top.visible(start))
-        closing = closes_branch(stack, branch_len)
-        existing = list(tape.steps[start:])
-        prompt_id = existing[0].metadata.prompt_id
-        prompt = node.make_prompt(agent, run_tape)
-        called = _Called()
-        if prompt is not None:
-            prompt = prompt.model_copy(update={"id": prompt_id})
-            async for event in self._call_llm(agent, node, prompt, called):
-                yield event
-        made = [s for s in node.generate_steps(agent, run_tape, called.stream) if isinstance(s, Step)]
-        mismatch = content_diff(existing, made[: len(existing)], ("on the tape", "made now"))
-        if mismatch is not None:
-            raise AgentError(
-                f"cannot finish the interrupted run of {agent.full_name}.{node.name}: run again, "
-                "it makes different steps (use the recorded LLM output, e.g. a cache or replay)\n" + mismatch
-            )
-        rest = made[len(existing) :]
-        for i, step in enumerate(rest):
-            step = attributed(step, agent.full_name, node.name, prompt_id, i == len(rest) - 1)
-            tape = tape.model_copy(update={"steps": tape.steps.appended([step])})
-            yield AgentEvent(step=step)
-        finished.tape = tape
-        finished.stop = any(ends_turn(s, agent is self, closing) for s in made)
 
     def _final(self, start: Tape[Any, Any], tape: Tape[Any, Any], error: str | None = None) -> Tape[Any, Any]:
         meta = TapeMetadata(
@@ -490,21 +424,6 @@ class Agent(BaseModel):
         :class:`ReconstructionError` says where the tape cannot be reproduced.
         """
         return reconstruction.reuse(self, tape)
-
-
-@dataclass(slots=True)
-class _Finished:
-    """Where finishing an interrupted node run left the tape, and whether that ends the turn."""
-
-    tape: Tape[Any, Any]
-    stop: bool = False
-
-
-@dataclass(slots=True)
-class _Called:
-    """The output stream of an LLM call, for ``generate_steps`` (empty when no LLM was called)."""
-
-    stream: LLMStream = field(default_factory=LLMStream)
 
 
 def _manager_of(agent: Agent) -> Agent | None:
