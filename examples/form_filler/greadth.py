@@ -1,0 +1,417 @@
+"""GREADTH evaluation of form-filling agents (section 5.2, Tables 3, 4 and 7 of the paper).
+
+Every agent turn (see :func:`~examples.form_filler.greadth_rules.agent_turns`) gets six binary
+labels, Grounded, REsponsive, Accurate, Disciplined, Transparent, Helpful, and their AND, the
+GREADTH score. Rules decide what the tape and the simulated user's ground truth make decidable
+(``greadth_rules.py`` lists each rule and the criteria it feeds; an invalid continuation, such
+as unparsable output or a failed submission, gets 0 on all six); an optional LLM judge
+(``judge.py``) answers one yes/no prompt per criterion. A criterion's label is the AND of
+the rules that applied and the judge's answer; with neither (no rule applied, no judge or an
+unparsable answer) it counts as passed, and the report says how many labels were so
+defaulted (``sources``). Where a rule and the judge both gave a label, the report gives their
+agreement per criterion.
+
+API (stable; ``run.py`` calls it):
+
+- ``greadth_report(tapes_by_agent, judge=None, prices=None, *, llm_calls=None,
+  priced_as=None, last_only=False, seed=0, n_bootstrap=1000, confidence=0.95) ->
+  GreadthReport``: ``tapes_by_agent`` maps an agent's label ("teacher", "student (tuned)")
+  to its tapes; ``judge`` is a tapekit LLM or a :class:`~examples.form_filler.judge.GreadthJudge`;
+  ``prices`` maps a model name to a :class:`~examples.form_filler.costs.Price` (or a pair of
+  dollars per million prompt and completion tokens); ``llm_calls`` finds the turns' LLM calls
+  (``{prompt id: LLMCall}``, a store, or a function; without it tokens are "not measured");
+  ``priced_as`` maps an agent label to the model whose price its calls get (an offline oracle
+  priced as the model it stands in for), otherwise each call's own ``model`` is looked up and an
+  unknown model is an error; without ``prices`` the calls' own ``cost`` is used. ``last_only``
+  scores only each tape's last turn (a partial dialogue plus one continuation).
+- :class:`GreadthReport`: ``.table()`` (Table 3: each criterion and GREADTH with bootstrap
+  intervals), ``.behavior_table()`` (Table 7: GREADTH per user behaviour), ``.cost_table()``
+  (Table 4: tokens per turn, cost per million turns), ``.agreement_table()`` (judge vs rules),
+  ``.score(agent, metric, behavior)``, ``.costs(agent)``, ``.agreement(agent)``,
+  ``.sources(agent)``, ``.to_text()``, ``.print()``, ``.to_json()``, ``.save(path)``,
+  ``GreadthReport.load(path)``; ``.turns[agent]`` holds each turn's :class:`TurnLabels`.
+- ``label_turns(tapes, judge=None, last_only=False) -> list[TurnLabels]`` for one agent.
+
+Intervals are seeded percentile bootstraps over turns (``tapekit``'s evaluation bootstrap).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, PrivateAttr
+
+from examples.form_filler.behaviors import BEHAVIOR_NAMES
+from examples.form_filler.costs import Price, call_lookup, check_prices, turn_calls
+from examples.form_filler.greadth_labels import TurnLabels, label_turns, labelled_turns
+from examples.form_filler.greadth_rules import CRITERIA, SHORT_NAMES
+from examples.form_filler.judge import GreadthJudge, as_judge
+from tapekit._eval_report import Estimate, _bootstrap
+from tapekit.core import Tape
+from tapekit.llm.base import LLMCall
+
+__all__ = ["METRICS", "Agreement", "GreadthReport", "TurnLabels", "greadth_report", "label_turns"]
+
+METRICS: tuple[str, ...] = (*CRITERIA, "greadth")
+"""The six criteria and the GREADTH score (their AND)."""
+
+
+class Agreement(BaseModel):
+    """The judge against the rules on one criterion, over the turns where both labelled it:
+    ``n`` turns, ``agree``, ``rule_yes_judge_no``, ``rule_no_judge_yes``, and the ``rate``
+    (``agree / n``; ``None`` when ``n`` is 0)."""
+
+    n: int = 0
+    agree: int = 0
+    rule_yes_judge_no: int = 0
+    rule_no_judge_yes: int = 0
+
+    @property
+    def rate(self) -> float | None:
+        """The share of turns on which they agree."""
+        return self.agree / self.n if self.n else None
+
+
+def _pct(e: Estimate) -> str:
+    if e.value != e.value:  # NaN: no turns
+        return "-"
+    return f"{100 * e.value:.1f}% [{100 * e.low:.1f}, {100 * e.high:.1f}]"
+
+
+class GreadthReport(BaseModel):
+    """GREADTH labels of every agent's turns, and the tables over them (see the module doc)."""
+
+    turns: dict[str, list[TurnLabels]] = Field(default_factory=dict)
+    judge_model: str | None = None
+    prices: dict[str, Price] | None = None
+    priced_as: dict[str, str] = Field(default_factory=dict)
+    tokens_measured: bool = False
+    seed: int = 0
+    n_bootstrap: int = 1000
+    confidence: float = 0.95
+    _cache: dict[tuple[str, str, str | None], Estimate] = PrivateAttr(default_factory=dict)
+
+    @property
+    def agents(self) -> list[str]:
+        """The agents' labels, in the order given."""
+        return list(self.turns)
+
+    def _turns(self, agent: str, behavior: str | None = None) -> list[TurnLabels]:
+        if agent not in self.turns:
+            raise KeyError(f"no agent {agent!r} in the report; agents: {self.agents}")
+        turns = self.turns[agent]
+        return turns if behavior is None else [t for t in turns if t.behavior == behavior]
+
+    def behaviors(self) -> list[str]:
+        """The user behaviours seen, the paper's 19 first (in its order), then any others."""
+        seen = {t.behavior for turns in self.turns.values() for t in turns}
+        return [b for b in BEHAVIOR_NAMES if b in seen] + sorted(seen - set(BEHAVIOR_NAMES))
+
+    def score(self, agent: str, metric: str = "greadth", behavior: str | None = None) -> Estimate:
+        """The share of ``agent``'s turns (answering ``behavior``, or all) that pass ``metric``
+        (a criterion or ``greadth``), with its bootstrap interval (NaN with no turns)."""
+        if metric not in METRICS:
+            raise ValueError(f"no metric {metric!r}; metrics: {list(METRICS)}")
+        key = (agent, metric, behavior)
+        if key not in self._cache:
+            turns = self._turns(agent, behavior)
+            values = [float(t.greadth if metric == "greadth" else t.labels[metric]) for t in turns]
+            self._cache[key] = _bootstrap(values, self.n_bootstrap, self.confidence, self.seed)
+        return self._cache[key]
+
+    def agreement(self, agent: str | None = None) -> dict[str, Agreement]:
+        """Per criterion, the judge's agreement with the rules (over one agent's turns, or all)."""
+        agents = self.agents if agent is None else [agent]
+        out = {c: Agreement() for c in CRITERIA}
+        for turn in (t for a in agents for t in self._turns(a)):
+            for criterion, verdict in turn.judge.items():
+                rule = turn.rules.get(criterion)
+                if rule is None or verdict.answer is None:
+                    continue
+                a = out[criterion]
+                a.n += 1
+                a.agree += rule == verdict.answer
+                a.rule_yes_judge_no += rule and not verdict.answer
+                a.rule_no_judge_yes += (not rule) and verdict.answer
+        return out
+
+    def judge_unparsable(self, agent: str | None = None) -> dict[str, int]:
+        """Per criterion, how many judge answers were neither yes nor no."""
+        agents = self.agents if agent is None else [agent]
+        turns = [t for a in agents for t in self._turns(a)]
+        return {c: sum(c in t.judge and t.judge[c].answer is None for t in turns) for c in CRITERIA}
+
+    def sources(self, agent: str) -> dict[str, dict[str, int]]:
+        """Per criterion, how many of ``agent``'s labels each source decided."""
+        kinds = ("rule", "judge", "rule+judge", "default", "invalid")
+        out = {c: dict.fromkeys(kinds, 0) for c in CRITERIA}
+        for turn in self._turns(agent):
+            for criterion in CRITERIA:
+                out[criterion][turn.source(criterion)] += 1
+        return out
+
+    def costs(self, agent: str) -> dict[str, Any]:
+        """``agent``'s turns, LLM calls, prompt and completion tokens per turn, dollars per turn
+        and per million turns, and the models (``None`` figures when tokens were not measured)."""
+        turns = self._turns(agent)
+        n = max(len(turns), 1)
+        measured = self.tokens_measured
+        per_turn = sum(t.cost for t in turns) / n if measured else None
+        return {
+            "turns": len(turns),
+            "llm_calls_per_turn": sum(t.llm_calls for t in turns) / n if measured else None,
+            "prompt_tokens_per_turn": sum(t.prompt_tokens for t in turns) / n if measured else None,
+            "completion_tokens_per_turn": sum(t.completion_tokens for t in turns) / n if measured else None,
+            "cost_per_turn": per_turn,
+            "cost_per_million_turns": per_turn * 1e6 if per_turn is not None else None,
+            "models": sorted({m for t in turns for m in t.models}),
+            "priced_as": self.priced_as.get(agent),
+        }
+
+    # ------------------------------------------------------------------ tables
+
+    def table(self, title: str | None = None) -> Any:
+        """Table 3: per agent, each criterion and GREADTH with 95% intervals (``rich`` table)."""
+        from rich.table import Table
+
+        level = f"{self.confidence:.0%}"
+        table = Table(title=title or f"GREADTH per agent turn (share passing, {level} bootstrap interval)")
+        table.add_column("agent")
+        table.add_column("turns", justify="right")
+        for metric in METRICS:
+            table.add_column("GREADTH" if metric == "greadth" else SHORT_NAMES[metric], justify="right")
+        table.add_column("invalid", justify="right")
+        for agent in self.agents:
+            turns = self._turns(agent)
+            cells = [_pct(self.score(agent, m)) for m in METRICS]
+            table.add_row(agent, str(len(turns)), *cells, str(sum(not t.valid for t in turns)))
+        return table
+
+    def behavior_table(self, title: str | None = None) -> Any:
+        """Table 7: GREADTH per user behaviour (turns answering it, share passing, interval)."""
+        from rich.table import Table
+
+        level = f"{self.confidence:.0%}"
+        table = Table(title=title or f"GREADTH per user behaviour (turns: share passing, {level} interval)")
+        table.add_column("author of the last user message")
+        for agent in self.agents:
+            table.add_column(agent, justify="right")
+        for behavior in [*self.behaviors(), None]:
+            cells = []
+            for agent in self.agents:
+                n = len(self._turns(agent, behavior))
+                cells.append(f"{n}: {_pct(self.score(agent, 'greadth', behavior))}" if n else "-")
+            table.add_row(behavior or "ALL BEHAVIORS", *cells)
+        return table
+
+    def cost_table(self, title: str | None = None) -> Any:
+        """Table 4: tokens per turn and dollars per million turns, per agent."""
+        from rich.table import Table
+
+        table = Table(title=title or "Cost per agent turn")
+        for col in (
+            "agent",
+            "model",
+            "LLM calls/turn",
+            "prompt tok/turn",
+            "completion tok/turn",
+            "$ per 1M turns",
+        ):
+            table.add_column(col, justify="left" if col in ("agent", "model") else "right")
+        for agent in self.agents:
+            c = self.costs(agent)
+            model = c["priced_as"] or ", ".join(c["models"]) or "-"
+            if c["cost_per_turn"] is None:
+                table.add_row(agent, model, *(["not measured"] * 4))
+                continue
+            table.add_row(
+                agent,
+                model,
+                f"{c['llm_calls_per_turn']:.2f}",
+                f"{c['prompt_tokens_per_turn']:,.0f}",
+                f"{c['completion_tokens_per_turn']:,.0f}",
+                f"{c['cost_per_million_turns']:,.2f}",
+            )
+        return table
+
+    def agreement_table(self, title: str | None = None) -> Any:
+        """Per agent and criterion, the judge's agreement with the rules where both labelled."""
+        from rich.table import Table
+
+        table = Table(title=title or f"LLM judge ({self.judge_model or 'none'}) vs rules")
+        for col in (
+            "agent",
+            "criterion",
+            "both",
+            "agree",
+            "rule 1 judge 0",
+            "rule 0 judge 1",
+            "rate",
+            "unparsable",
+        ):
+            table.add_column(col, justify="left" if col in ("agent", "criterion") else "right")
+        for agent in self.agents:
+            unparsable = self.judge_unparsable(agent)
+            for criterion, a in self.agreement(agent).items():
+                rate = f"{100 * a.rate:.1f}%" if a.rate is not None else "-"
+                table.add_row(
+                    agent,
+                    SHORT_NAMES[criterion],
+                    str(a.n),
+                    str(a.agree),
+                    str(a.rule_yes_judge_no),
+                    str(a.rule_no_judge_yes),
+                    rate,
+                    str(unparsable[criterion]),
+                )
+        return table
+
+    def tables(self) -> list[Any]:
+        """The tables :meth:`to_text` prints: scores, behaviours, costs, and agreement with a judge."""
+        out = [self.table(), self.behavior_table(), self.cost_table()]
+        return [*out, self.agreement_table()] if self.judge_model is not None else out
+
+    def to_text(self, width: int = 200) -> str:
+        """Every table as plain text (no colours)."""
+        import io
+
+        from rich.console import Console
+
+        console = Console(width=width, record=True, color_system=None, file=io.StringIO())
+        for table in self.tables():
+            console.print(table)
+        return console.export_text()
+
+    def print(self) -> None:
+        """Print every table to the terminal."""
+        from rich.console import Console
+
+        console = Console()
+        for table in self.tables():
+            console.print(table)
+
+    # ------------------------------------------------------------------ JSON
+
+    def summary(self) -> dict[str, Any]:
+        """The tables' figures as plain data, per agent."""
+        out: dict[str, Any] = {}
+        for agent in self.agents:
+            out[agent] = {
+                "turns": len(self._turns(agent)),
+                "invalid": sum(not t.valid for t in self._turns(agent)),
+                "scores": {m: self.score(agent, m).model_dump() for m in METRICS},
+                "by_behavior": {
+                    b: {
+                        "turns": len(self._turns(agent, b)),
+                        "greadth": self.score(agent, "greadth", b).model_dump(),
+                    }
+                    for b in self.behaviors()
+                    if self._turns(agent, b)
+                },
+                "costs": self.costs(agent),
+                "sources": self.sources(agent),
+            }
+            if self.judge_model is not None:
+                out[agent]["agreement"] = {
+                    c: {**a.model_dump(), "rate": a.rate} for c, a in self.agreement(agent).items()
+                }
+                out[agent]["judge_unparsable"] = self.judge_unparsable(agent)
+        return out
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """Every turn's labels and the settings, with the tables' figures under ``summary``
+        (NaN, for a behaviour an agent never met, is written as ``null``)."""
+        data = self.model_dump(mode="json")
+        data["summary"] = self.summary()
+        return json.dumps(_no_nan(data), indent=indent)
+
+    def save(self, path: str | Path) -> Path:
+        """Write :meth:`to_json` to ``path``; returns the path."""
+        out = Path(path)
+        out.write_text(self.to_json(), encoding="utf-8")
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> GreadthReport:
+        """A report written by :meth:`save` (the summary is recomputed, not read)."""
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data.pop("summary", None)
+        return cls.model_validate(data)
+
+
+def _no_nan(value: Any) -> Any:
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_nan(v) for v in value]
+    return value
+
+
+def _price_turn(
+    labels: TurnLabels, calls: list[LLMCall], prices: dict[str, Price] | None, model: str | None
+) -> None:
+    labels.llm_calls = len(calls)
+    labels.prompt_tokens = sum(c.prompt_tokens for c in calls)
+    labels.completion_tokens = sum(c.output_tokens for c in calls)
+    labels.models = sorted({c.model for c in calls})
+    if prices is None:
+        labels.cost = sum(c.cost for c in calls)
+        return
+    cost = 0.0
+    for call in calls:
+        name = model or call.model
+        if name not in prices:
+            raise ValueError(
+                f"no price for model {name!r} (turn {labels.turn} of tape {labels.tape_id}); "
+                f"prices has: {sorted(prices)} (or map the agent to a priced model with priced_as)"
+            )
+        cost += prices[name].cost(call.prompt_tokens, call.output_tokens)
+    labels.cost = cost
+
+
+def greadth_report(
+    tapes_by_agent: Mapping[str, Iterable[Tape[Any, Any]]],
+    judge: GreadthJudge | Any = None,
+    prices: Mapping[str, Price | tuple[float, float]] | None = None,
+    *,
+    llm_calls: Any = None,
+    priced_as: Mapping[str, str] | None = None,
+    last_only: bool = False,
+    seed: int = 0,
+    n_bootstrap: int = 1000,
+    confidence: float = 0.95,
+) -> GreadthReport:
+    """Label every agent turn of every agent's tapes and gather the report (see the module doc)."""
+    if not isinstance(tapes_by_agent, Mapping) or not tapes_by_agent:
+        raise ValueError("tapes_by_agent must be a non-empty mapping {agent label: tapes}")
+    checked = check_prices(prices) if prices is not None else None
+    priced = dict(priced_as or {})
+    unknown = [a for a in priced if a not in tapes_by_agent]
+    if unknown:
+        raise ValueError(f"priced_as names agents not in tapes_by_agent: {unknown}")
+    for agent, model in priced.items():
+        if checked is None or model not in checked:
+            raise ValueError(f"priced_as[{agent!r}] = {model!r}, which is not in prices")
+    the_judge = as_judge(judge)
+    lookup = call_lookup(llm_calls) if llm_calls is not None else None
+    report = GreadthReport(
+        judge_model=the_judge.model if the_judge is not None else None,
+        prices=checked,
+        priced_as=priced,
+        tokens_measured=lookup is not None,
+        seed=seed,
+        n_bootstrap=n_bootstrap,
+        confidence=confidence,
+    )
+    for agent, tapes in tapes_by_agent.items():
+        labelled = labelled_turns(tapes, the_judge, last_only)
+        if lookup is not None:
+            for labels, turn in labelled:
+                _price_turn(labels, turn_calls(turn, lookup), checked, priced.get(agent))
+        report.turns[agent] = [labels for labels, _ in labelled]
+    return report
