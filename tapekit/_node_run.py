@@ -52,7 +52,7 @@ async def call_llm(agent: Agent, node: Node, prompt: Prompt, called: Called) -> 
     called.stream = stream = LLMStream(events, prompt)
     last = events[-1]
     prompt_tokens, output_tokens = last.prompt_tokens or 0, last.output_tokens or 0
-    call = LLMCall(
+    call = LLMCall.model_construct(  # every value is already of its field's type: skip validation
         prompt=prompt,
         output=stream.get_output(),
         model=llm.model_name,
