@@ -1,4 +1,4 @@
-"""Learning from tapes: token-exact samples, SFT and DPO trainers, a tiny local model.
+"""Learning from tapes: token-exact samples, SFT and DPO trainers, on-policy RL, a tiny local model.
 
 Importing this package is light: the trainers and their heavy dependencies (torch,
 transformers, peft, trl, datasets; the ``train`` extra) load on first use of a name below.
@@ -10,22 +10,30 @@ import importlib
 from typing import Any
 
 __all__ = [
+    "BatchedTransformersLLM",
     "Break",
     "DPOConfig",
     "Drift",
     "LoraSettings",
     "PairSet",
     "PreferencePair",
+    "RLRunConfig",
+    "RLRunResult",
+    "RLSetup",
+    "RolloutBatch",
     "SFTConfig",
     "SampleConfig",
     "SampleSet",
     "TrainingError",
+    "collect_rollouts",
     "drift_report",
     "iter_samples",
     "load_config",
     "make_samples",
     "preference_pairs",
+    "rollout_rows",
     "train_dpo",
+    "train_rl",
     "train_sft",
 ]
 
@@ -47,6 +55,14 @@ _WHERE = {
     "TrainingError": "tapekit.training._common",
     "train_dpo": "tapekit.training.dpo",
     "train_sft": "tapekit.training.sft",
+    "BatchedTransformersLLM": "tapekit.training._batched_llm",
+    "RolloutBatch": "tapekit.training.rollouts",
+    "collect_rollouts": "tapekit.training.rollouts",
+    "rollout_rows": "tapekit.training.rollouts",
+    "RLRunConfig": "tapekit.training.rl_loop",
+    "RLRunResult": "tapekit.training.rl_loop",
+    "RLSetup": "tapekit.training.rl_loop",
+    "train_rl": "tapekit.training.rl_loop",
 }
 
 

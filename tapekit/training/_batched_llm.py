@@ -1,0 +1,266 @@
+"""A ``TransformersLLM`` that answers concurrent requests with one batched ``generate``.
+
+The batch runner runs many tapes at once, and each asks the LLM for one completion at a time.
+Generating them one by one leaves a small model's matrix products tiny (and a CPU mostly
+idle); :class:`BatchedTransformersLLM` collects the requests in flight and decodes them
+together (left padding, one ``generate`` call), the way vLLM batches dynamically.
+
+Each request keeps its own exact tokens: the prompt ids it was conditioned on, the ids sampled
+for its row (up to and including its end-of-turn token), and their log-probabilities under the
+row's sampling distribution (the processed scores ``generate`` drew from), so the RL loss
+takes its importance ratio against what was really sampled.
+
+When to decode:
+
+- **lockstep** (the RL rollouts use it): :meth:`RequestBatcher.expect` says how many sessions
+  are active and :meth:`RequestBatcher.finished` when one ends; a batch is decoded as soon as
+  every active session waits on the LLM. The batches (and, with ``seed``, the samples) are then
+  the same from run to run, whatever the timing;
+- **window** (anything else, e.g. an evaluation): a batch is decoded ``max_wait_s`` after its
+  first request, or at once when ``max_batch`` requests wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import PrivateAttr
+
+from tapekit.core import LLMOutput, Prompt
+from tapekit.llm.base import LLMError, LLMEvent, TokenTrace
+from tapekit.llm.transformers import TransformersLLM, _eos_ids, _pad_id
+
+__all__ = ["BatchedTransformersLLM", "BatcherStats", "RequestBatcher"]
+
+
+@dataclass
+class BatcherStats:
+    """What the batcher did: batches decoded, requests, sampled tokens, seconds in ``generate``."""
+
+    batches: int = 0
+    requests: int = 0
+    output_tokens: int = 0
+    generate_s: float = 0.0
+    largest_batch: int = 0
+
+    @property
+    def mean_batch(self) -> float:
+        """Requests per batch."""
+        return self.requests / self.batches if self.batches else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Sampled tokens per second of ``generate``."""
+        return self.output_tokens / self.generate_s if self.generate_s else 0.0
+
+
+@dataclass
+class _Request:
+    ids: list[int]
+    future: asyncio.Future[tuple[list[int], list[float]]]
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass
+class RequestBatcher:
+    """Collects requests and decodes them in batches (see the module docstring)."""
+
+    max_batch: int = 256
+    max_wait_s: float = 0.01
+    seed: int | None = None
+    stats: BatcherStats = field(default_factory=BatcherStats)
+    _pending: list[_Request] = field(default_factory=list)
+    _active: int | None = None
+    _flushes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _timer: asyncio.TimerHandle | None = None
+    _llm: Any = None
+
+    def expect(self, sessions: int, seed: int | None = None) -> None:
+        """Lockstep mode for ``sessions`` concurrent sessions; ``seed`` reseeds the sampling
+        (the k-th batch after this call is sampled with ``seed + k``)."""
+        if sessions < 0:
+            raise ValueError(f"RequestBatcher.expect: sessions must be >= 0, got {sessions}")
+        with self._lock:
+            self._active = sessions
+            self._flushes = 0
+            if seed is not None:
+                self.seed = seed
+
+    def finished(self) -> None:
+        """One lockstep session ended (it will send no more requests)."""
+        with self._lock:
+            if self._active is None or self._active <= 0:
+                raise RuntimeError("RequestBatcher.finished: no active session (call expect first)")
+            self._active -= 1
+        self._maybe_flush()
+
+    def release(self) -> None:
+        """Back to window mode."""
+        with self._lock:
+            self._active = None
+        self._maybe_flush()
+
+    async def submit(self, llm: BatchedTransformersLLM, ids: list[int]) -> tuple[list[int], list[float]]:
+        """Queue one prompt; returns its sampled ids and their log-probabilities."""
+        loop = asyncio.get_running_loop()
+        request = _Request(ids, loop.create_future(), loop)
+        with self._lock:
+            self._pending.append(request)
+            self._llm = llm
+            first = len(self._pending) == 1
+        if first and self._active is None:
+            self._timer = loop.call_later(self.max_wait_s, self._maybe_flush, True)
+        self._maybe_flush()
+        return await request.future
+
+    def _ready(self, timed_out: bool) -> bool:
+        n = len(self._pending)
+        if n == 0:
+            return False
+        if n >= self.max_batch:
+            return True
+        if self._active is not None:
+            return n >= self._active
+        return timed_out
+
+    def _maybe_flush(self, timed_out: bool = False) -> None:
+        with self._lock:
+            if not self._ready(timed_out):
+                return
+            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            seed = None if self.seed is None else self.seed + self._flushes
+            self._flushes += 1
+            llm = self._llm
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        thread = threading.Thread(target=self._decode, args=(llm, batch, seed), daemon=True)
+        thread.start()
+
+    def _decode(self, llm: BatchedTransformersLLM, batch: list[_Request], seed: int | None) -> None:
+        started = time.perf_counter()
+        try:
+            results = llm.generate_batch([r.ids for r in batch], seed)
+        except BaseException as e:
+            for r in batch:
+                r.loop.call_soon_threadsafe(_fail, r.future, e)
+            return
+        elapsed = time.perf_counter() - started
+        with self._lock:
+            self.stats.batches += 1
+            self.stats.requests += len(batch)
+            self.stats.output_tokens += sum(len(ids) for ids, _ in results)
+            self.stats.generate_s += elapsed
+            self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
+        for r, result in zip(batch, results, strict=True):
+            r.loop.call_soon_threadsafe(_resolve, r.future, result)
+
+
+def _resolve(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
+class BatchedTransformersLLM(TransformersLLM):
+    """:class:`~tapekit.llm.transformers.TransformersLLM` whose concurrent requests are decoded
+    together by its :attr:`batcher` (one per LLM; the settings of this LLM apply to every row).
+
+    ``generate_lock`` (optional, shared with a trainer) is held while a batch decodes, so the
+    weights never change under a running ``generate``. Streaming gives one chunk per request
+    (the whole answer).
+    """
+
+    _batcher: RequestBatcher = PrivateAttr(default_factory=RequestBatcher)
+    _generate_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @property
+    def batcher(self) -> RequestBatcher:
+        """The request batcher of this LLM."""
+        return self._batcher
+
+    def use_generate_lock(self, lock: threading.Lock) -> None:
+        """Hold ``lock`` while decoding (share it with whatever updates the weights)."""
+        self._generate_lock = lock
+
+    def generate_batch(
+        self, prompts: list[list[int]], seed: int | None = None
+    ) -> list[tuple[list[int], list[float]]]:
+        """Decode ``prompts`` (token ids) in one left-padded ``generate``; for each, the sampled
+        ids (cut after its first end-of-turn token) and their sampling log-probabilities."""
+        import torch
+
+        if not prompts or any(not p for p in prompts):
+            raise LLMError("BatchedTransformersLLM.generate_batch: empty batch or empty prompt")
+        model, tokenizer = self.load()
+        pad = _pad_id(tokenizer)
+        if pad is None:
+            raise LLMError("BatchedTransformersLLM: the tokenizer has neither a pad nor an eos token")
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attention[i, width - len(p) :] = 1
+        kwargs = self.generate_kwargs()
+        sampling = bool(kwargs.get("do_sample"))
+        stops = _eos_ids(model, tokenizer)
+        with self._generate_lock, torch.no_grad():
+            if sampling and seed is not None:
+                torch.manual_seed(seed)
+            out = model.generate(
+                input_ids=input_ids.to(model.device),
+                attention_mask=attention.to(model.device),
+                pad_token_id=pad,
+                return_dict_in_generate=True,
+                output_scores=sampling,
+                output_logits=not sampling,
+                **kwargs,
+            )
+        rows = out.scores if sampling else out.logits
+        sequences = out.sequences[:, width:].cpu()
+        table = torch.log_softmax(torch.stack(list(rows), dim=1).float(), dim=-1).cpu() if rows else None
+        results: list[tuple[list[int], list[float]]] = []
+        for i in range(len(prompts)):
+            ids = [int(t) for t in sequences[i].tolist()]
+            end = next((k + 1 for k, t in enumerate(ids) if t in stops), len(ids))
+            ids = ids[:end]
+            if table is None or not ids:
+                results.append((ids, []))
+                continue
+            picked = table[i, : len(ids)].gather(1, torch.tensor(ids).view(-1, 1)).view(-1)
+            results.append((ids, [float(x) for x in picked.tolist()]))
+        return results
+
+    async def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
+        model, tokenizer = self.load()
+        ids = self.prompt_ids(prompt)
+        output_ids, logprobs = await self._batcher.submit(self, ids)
+        stops = _eos_ids(model, tokenizer)
+        finish = "stop" if output_ids and output_ids[-1] in stops else "length"
+        content = tokenizer.decode(output_ids, skip_special_tokens=True)
+        if content:
+            yield LLMEvent(chunk=content)
+        yield LLMEvent(
+            output=LLMOutput(content=content or None),
+            prompt_tokens=len(ids),
+            output_tokens=len(output_ids),
+            tokens=TokenTrace(
+                prompt_ids=ids,
+                output_ids=output_ids,
+                output_logprobs=logprobs,
+                tokenizer=self.tokenizer_fingerprint(),
+                policy_version=self.policy_version,
+                finish_reason=finish,
+            ),
+        )

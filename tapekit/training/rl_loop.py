@@ -1,0 +1,454 @@
+"""The on-policy RL loop: curriculum -> rollouts -> samples -> GRPO step, sync or asynchronous.
+
+Per step: the task sampler (uniform, fixed order, or SEC) picks ``tasks_per_step`` tasks,
+:func:`~tapekit.training.rollouts.collect_rollouts` runs ``group_size`` sampled attempts of each
+through the batch runner on a :class:`~tapekit.training._batched_llm.BatchedTransformersLLM`
+(one batched ``generate`` per round of all the tapes), every tape is scored and stored, the
+token-exact samples go to :func:`~tapekit.training.rl.make_rl_batch` and one
+:func:`~tapekit.training.rl.grpo_step` (groups with zero advantage are left out of the forward
+pass: they give no gradient). The sampler is fed each category's mean |advantage|.
+
+- ``mode="sync"``: rollouts on the live model, then training; the policy lag is 0.
+- ``mode="async"``: a producer thread makes the rollouts of the next steps on a copy of the
+  model (the trainer publishes its weights after every step; the producer loads the newest
+  before each step's rollouts), while the trainer trains on older ones. The producer never runs
+  more than ``max_staleness`` versions ahead, and the trainer refuses a batch older than that.
+
+Every step appends one JSON record to ``output_dir/rl_log.jsonl`` and (sync mode) writes an
+atomic checkpoint; ``resume=True`` continues from the newest one, with the same results as an
+unbroken run with the same seeds (sync mode: the rollouts are seeded per step and batched in
+lockstep, so they do not depend on timing).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tapekit.evaluate import Task
+from tapekit.training.advantages import mean_abs_by_key
+from tapekit.training.config import LoraSettings
+from tapekit.training.rl import RLConfig, RLStepStats, grpo_step, make_rl_batch
+from tapekit.training.rollouts import RolloutBatch, collect_rollouts, rollout_rows
+
+__all__ = ["RLRunConfig", "RLRunResult", "RLSetup", "make_sampler", "train_rl"]
+
+LOG = "rl_log.jsonl"
+
+
+class RLRunConfig(BaseModel):
+    """Settings of an RL run (``tapekit train rl CONFIG`` reads them from YAML/JSON).
+
+    ``setup`` (CLI) names a ``module:attr`` callable returning an :class:`RLSetup`; ``model`` a
+    local model directory. ``tasks_per_step`` x ``group_size`` rollouts per step, sampled at
+    ``temperature`` with at most ``max_tokens`` per call. ``curriculum``: ``"sec"``,
+    ``"uniform"`` or ``"fixed"`` (``fixed_order``, ``steps_per_category``). The GRPO fields are
+    those of :class:`~tapekit.training.rl.RLConfig`. ``lora`` None trains every weight.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    setup: str | None = None
+    model: str | None = None
+    output_dir: str = "tapekit-rl"
+    run_name: str = "rl"
+    steps: int = Field(20, gt=0)
+    tasks_per_step: int = Field(8, gt=0)
+    group_size: int = Field(8, gt=1)
+    temperature: float = Field(1.0, gt=0)
+    max_tokens: int = Field(64, gt=0)
+    max_loops: int | None = 8
+    learning_rate: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    clip_low: float = 0.2
+    clip_high: float | None = None
+    kl_coef: float = Field(0.0, ge=0)
+    scale_rewards: bool = True
+    aggregation: Literal["token", "sequence", "constant"] = "token"
+    max_grad_norm: float = 1.0
+    micro_batch_size: int | None = None
+    curriculum: Literal["sec", "uniform", "fixed"] = "sec"
+    sec_alpha: float = Field(0.5, gt=0, le=1)
+    sec_temperature: float = Field(0.2, gt=0)
+    fixed_order: list[str] | None = None
+    steps_per_category: int = Field(5, gt=0)
+    mode: Literal["sync", "async"] = "sync"
+    max_staleness: int = Field(1, ge=0)
+    lora: LoraSettings | None = None
+    seed: int = 0
+    resume: bool = False
+    checkpoint: bool = True
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+
+    def grpo(self, pad_id: int) -> RLConfig:
+        """The :class:`RLConfig` of one step."""
+        return RLConfig(
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
+            kl_coef=self.kl_coef,
+            aggregation=self.aggregation,
+            max_tokens=self.max_tokens if self.aggregation == "constant" else None,
+            scale_rewards=self.scale_rewards,
+            temperature=self.temperature,
+            micro_batch_size=self.micro_batch_size,
+            max_grad_norm=self.max_grad_norm,
+            pad_id=pad_id,
+        )
+
+
+@dataclass
+class RLSetup:
+    """The task side of an RL run: ``agent_for(llm)`` builds the agent on the policy LLM,
+    ``environment`` runs its actions, ``tasks`` carry a ``category``, ``scorers`` score a tape
+    (all reported), ``reward`` names the one that is the reward."""
+
+    agent_for: Callable[[Any], Any]
+    environment: Any
+    tasks: Sequence[Task]
+    scorers: Mapping[str, Callable[..., Any]]
+    reward: str
+
+
+@dataclass
+class RLRunResult:
+    """What :func:`train_rl` did: one record per step, the rollouts refused as too stale, the
+    final policy version and the wall time."""
+
+    history: list[dict[str, Any]] = field(default_factory=list)
+    refused: int = 0
+    policy_version: int = 0
+    seconds: float = 0.0
+
+    @property
+    def steps_per_hour(self) -> float:
+        """Training steps per hour of wall time."""
+        return 3600.0 * len(self.history) / self.seconds if self.seconds else 0.0
+
+
+def make_sampler(
+    config: RLRunConfig, tasks: Sequence[Task], log_fn: Callable[..., None] | None = None
+) -> Any:
+    """The task sampler that ``config.curriculum`` names, seeded by ``config.seed``."""
+    from tapekit.training.curriculum import FixedOrderSampler, SECSampler, UniformSampler
+
+    common: dict[str, Any] = {"seed": config.seed, "log_fn": log_fn}
+    if config.curriculum == "sec":
+        return SECSampler(tasks, alpha=config.sec_alpha, temperature=config.sec_temperature, **common)
+    if config.curriculum == "fixed":
+        order = config.fixed_order or sorted({t.category for t in tasks})
+        return FixedOrderSampler(tasks, order, steps_per_category=config.steps_per_category, **common)
+    return UniformSampler(tasks, **common)
+
+
+def _policy_llm(model: Any, tokenizer: Any, config: RLRunConfig) -> Any:
+    from tapekit.training._batched_llm import BatchedTransformersLLM
+
+    llm = BatchedTransformersLLM.from_model(
+        model, tokenizer, model_name="rl-policy", temperature=config.temperature, max_tokens=config.max_tokens
+    )
+    return llm
+
+
+def _record(
+    step: int,
+    version: int,
+    rollouts: RolloutBatch,
+    stats: RLStepStats | None,
+    full: Any,
+    sampler: Any,
+    seconds: float,
+    scorer_names: Sequence[str],
+) -> dict[str, Any]:
+    rewards = rollouts.rewards
+    mean = sum(rewards) / len(rewards)
+    record: dict[str, Any] = {
+        "step": step,
+        "policy_version": version,
+        "rollout_version": rollouts.policy_version,
+        "policy_lag": version - rollouts.policy_version,
+        "reward_mean": mean,
+        "reward_std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5,
+        **{f"score_{n}": sum(rollouts.scores(n)) / len(rewards) for n in scorer_names},
+        "zero_adv_share": full.groups.zero_share if full is not None else 1.0,
+        "groups": len({t.metadata.result["task_id"] for t in rollouts.tapes}),
+        "rollout_seconds": rollouts.seconds,
+        "rollout_tokens_per_s": rollouts.tokens_per_s,
+        "failed_rollouts": rollouts.failed,
+        "step_seconds": seconds,
+        "sampler_values": sampler.values(),
+        "sampler_probs": sampler.probabilities(),
+        "categories": _task_counts(rollouts.tasks),
+    }
+    if stats is not None:
+        keep = ("loss", "clip_fraction", "ratio_mean", "kl", "tokens", "tokens_per_s", "grad_norm")
+        record.update(
+            {f"train_{k}" if k in ("tokens", "tokens_per_s") else k: getattr(stats, k) for k in keep}
+        )
+    else:
+        record.update(
+            loss=0.0, clip_fraction=0.0, ratio_mean=1.0, kl=0.0, train_tokens=0, train_tokens_per_s=0.0
+        )
+    return record
+
+
+def _task_counts(tasks: Sequence[Task]) -> dict[str, int]:
+    """How many distinct tasks of each category a step drew."""
+    unique = {t.id: t.category for t in tasks}
+    return {c: sum(1 for v in unique.values() if v == c) for c in sorted(set(unique.values()))}
+
+
+def _train_on(
+    model: Any, optimizer: Any, rows: list[dict[str, Any]], rl: RLConfig, version: int, ref_model: Any
+) -> tuple[RLStepStats | None, Any, dict[str, float]]:
+    """One GRPO step on the rows of the groups that have a signal; the full batch's groups
+    (for the stats and the sampler's arm rewards) either way."""
+    if not rows:
+        return None, None, {}
+    full = make_rl_batch(rows, rl)
+    arm_rewards = (
+        mean_abs_by_key(full.groups.group_mean_abs, full.group_category) if full.group_category else {}
+    )
+    zero = set(full.groups.zero_groups)
+    live = [r for r in rows if r[rl.group_key] not in zero]
+    if not live:
+        return None, full, arm_rewards
+    stats = grpo_step(
+        model, optimizer, make_rl_batch(live, rl), rl, ref_model=ref_model, policy_version=version
+    )
+    return stats, full, arm_rewards
+
+
+class _Run:
+    """The state of one run (model, optimiser, sampler, store, log) shared by both modes."""
+
+    def __init__(
+        self,
+        setup: RLSetup,
+        model: Any,
+        tokenizer: Any,
+        config: RLRunConfig,
+        store: Any,
+        on_step: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
+        import torch
+
+        self.setup, self.model, self.tokenizer, self.config, self.store = (
+            setup,
+            model,
+            tokenizer,
+            config,
+            store,
+        )
+        self.on_step = on_step
+        self.out = Path(config.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+        self.sampler = make_sampler(config, setup.tasks)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.rl = config.grpo(int(pad or 0))
+        self.ref_model = copy.deepcopy(model).eval() if config.kl_coef > 0 else None
+        self.result = RLRunResult()
+        self.step = 0
+        self.attempt = 0
+        self.lock = threading.Lock()
+
+    def resume(self) -> None:
+        from tapekit.training._rl_checkpoint import load_latest, restore_rng
+
+        ckpt = load_latest(self.out)
+        if ckpt is None:
+            return
+        self.model.load_state_dict(ckpt.state["model"])
+        self.optimizer.load_state_dict(ckpt.state["optimizer"])
+        restore_rng(ckpt.state)
+        self.sampler.load_state_dict(ckpt.sampler)
+        self.step = int(ckpt.meta["step"])
+        self.result.history = list(ckpt.meta["history"])
+        self.result.refused = int(ckpt.meta.get("refused", 0))
+        self.attempt = int(ckpt.meta.get("attempt", 0)) + 1
+        self._rewrite_log()
+
+    def _rewrite_log(self) -> None:
+        path = self.out / LOG
+        tmp = path.with_name(LOG + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.result.history))
+        tmp.replace(path)
+
+    def rollouts(self, llm: Any, step: int, version: int) -> RolloutBatch:
+        with self.lock:
+            tasks = self.sampler.sample(self.config.tasks_per_step)
+        llm.policy_version = str(version)
+        batch = collect_rollouts(
+            self.setup.agent_for(llm),
+            self.setup.environment,
+            tasks,
+            self.setup.scorers,
+            reward=self.setup.reward,
+            group_size=self.config.group_size,
+            step=step,
+            policy_version=version,
+            store=self.store,
+            run=self.config.run_name,
+            attempt=self.attempt,
+            max_loops=self.config.max_loops,
+            batcher=llm.batcher,
+            seed=self.config.seed * 1_000_003 + step * 7919,
+        )
+        batch.rows = rollout_rows(batch, self.store, self.tokenizer)
+        return batch
+
+    def train(self, batch: RolloutBatch, started: float) -> None:
+        version = self.step  # one optimiser step per RL step: the version is the step count
+        stats, full, arm_rewards = _train_on(
+            self.model, self.optimizer, batch.rows, self.rl, version, self.ref_model
+        )
+        with self.lock:
+            self.sampler.update(arm_rewards)
+            record = _record(
+                self.step,
+                version,
+                batch,
+                stats,
+                full,
+                self.sampler,
+                time.perf_counter() - started,
+                list(self.setup.scorers),
+            )
+        self.step += 1
+        self.result.history.append(record)
+        with (self.out / LOG).open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.on_step is not None:
+            self.on_step(record)
+
+    def checkpoint(self) -> None:
+        from tapekit.training._rl_checkpoint import save_checkpoint
+
+        if not self.config.checkpoint:
+            return
+        meta = {"history": self.result.history, "refused": self.result.refused, "attempt": self.attempt}
+        save_checkpoint(self.out, self.step, self.model, self.optimizer, self.sampler, meta)
+
+    def run_sync(self) -> None:
+        llm = _policy_llm(self.model, self.tokenizer, self.config)
+        while self.step < self.config.steps:
+            started = time.perf_counter()
+            self.model.eval()
+            batch = self.rollouts(llm, self.step, self.step)
+            self.train(batch, started)
+            self.checkpoint()
+
+    def run_async(self) -> None:
+        """Producer thread (rollouts on a copy of the policy) and trainer (this thread)."""
+        k = self.config.max_staleness
+        actor = copy.deepcopy(self.model).eval()
+        llm = _policy_llm(actor, self.tokenizer, self.config)
+        published: dict[str, Any] = {"version": self.step, "weights": None}
+        changed = threading.Condition()
+        batches: queue.Queue[RolloutBatch | BaseException] = queue.Queue()
+        stop = threading.Event()
+
+        def produce() -> None:
+            step = self.step
+            try:
+                while not stop.is_set() and step < self.config.steps:
+                    with changed:  # never more than k versions ahead of the trainer
+                        oldest = step - k
+                        changed.wait_for(lambda: stop.is_set() or published["version"] >= oldest)  # noqa: B023
+                        version, weights = published["version"], published["weights"]
+                        published["weights"] = None
+                    if stop.is_set():
+                        return
+                    if weights is not None:
+                        actor.load_state_dict(weights)
+                    batches.put(self.rollouts(llm, step, version))
+                    step += 1
+            except BaseException as e:
+                batches.put(e)
+
+        producer = threading.Thread(target=produce, name="tapekit-rl-rollouts", daemon=True)
+        producer.start()
+        try:
+            while self.step < self.config.steps:
+                started = time.perf_counter()
+                item = batches.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if self.step - item.policy_version > k:
+                    self.result.refused += 1
+                    continue
+                self.train(item, started)
+                weights = {n: t.detach().clone() for n, t in self.model.state_dict().items()}
+                with changed:
+                    published["version"], published["weights"] = self.step, weights
+                    changed.notify_all()
+                self.checkpoint()
+        finally:
+            stop.set()
+            with changed:
+                changed.notify_all()
+            producer.join(timeout=60)
+
+
+def _with_lora(model: Any, lora: LoraSettings) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    target: Any = lora.target_modules
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=target,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def train_rl(
+    setup: RLSetup,
+    model: Any,
+    tokenizer: Any,
+    config: RLRunConfig,
+    *,
+    store: Any = None,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> RLRunResult:
+    """Run ``config.steps`` RL steps on ``model`` (trained in place; wrapped in a LoRA adapter
+    first when ``config.lora`` is set) and return the per-step records.
+
+    ``store`` receives the rollout tapes and their LLM calls (default: an SQLite store
+    ``output_dir/rollouts.db``). ``on_step`` sees each step's record as it is logged.
+    """
+    from tapekit.store import open_store
+
+    if config.lora is not None:
+        model = _with_lora(model, config.lora)
+    owned = store is None
+    if owned:
+        Path(config.output_dir).mkdir(parents=True, exist_ok=True)
+        store = open_store(str(Path(config.output_dir) / "rollouts.db"))
+    run = _Run(setup, model, tokenizer, config, store, on_step)
+    if config.resume:
+        run.resume()
+    started = time.perf_counter()
+    try:
+        if config.mode == "async":
+            run.run_async()
+        else:
+            run.run_sync()
+    finally:
+        if owned:
+            store.close()
+    run.result.seconds = time.perf_counter() - started
+    run.result.policy_version = run.step
+    return run.result

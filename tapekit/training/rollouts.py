@@ -1,0 +1,212 @@
+"""Rollouts for on-policy RL: G attempts per task through the batch runner, scored and stored.
+
+:func:`collect_rollouts` runs one RL step's rollouts: for each task, ``group_size`` copies of
+its start tape run through :func:`tapekit.batch.abatch` (multi-turn, tools and forks work as
+in any batch) on an agent whose LLM samples (temperature > 0). With a
+:class:`~tapekit.training._batched_llm.BatchedTransformersLLM`, the batcher runs in lockstep
+with the batch: every LLM round of all the tapes is one batched ``generate``.
+
+Every tape is scored by every scorer (strict and lenient side by side, say); the reward is the
+score of one named scorer. The tape's ``metadata.result`` records the scores, the reward, the
+task, its category, the RL step and the policy version, and the tape is stored under the tags
+``rl:<run>``, ``rl:<run>:step:<n>``, ``rl:<run>:policy:<v>`` and ``rl:<run>:task:<id>`` (so
+the Studio lists one task's rollouts across steps). :func:`rollout_rows` turns the tapes into
+token-exact samples (:func:`~tapekit.training.samples.make_samples`, ids from the store) with
+the ``task_id``, ``category`` and ``policy_version`` columns that
+:func:`~tapekit.training.rl.make_rl_batch` reads.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tapekit.core import Tape
+from tapekit.evaluate import Score, Task
+
+__all__ = ["RolloutBatch", "collect_rollouts", "rollout_rows", "rollout_tags", "score_value"]
+
+
+@dataclass
+class RolloutBatch:
+    """One step's rollouts: the scored tapes (``group_size`` per task, in task order), each
+    tape's task, the policy version that sampled them, and timing."""
+
+    step: int
+    policy_version: int
+    tapes: list[Tape[Any, Any]]
+    tasks: list[Task]
+    reward_name: str
+    seconds: float = 0.0
+    output_tokens: int = 0
+    llm_calls: int = 0
+    failed: int = 0
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def rewards(self) -> list[float]:
+        """The reward of each tape."""
+        return [float(t.metadata.result["reward"]) for t in self.tapes]
+
+    def scores(self, name: str) -> list[float]:
+        """Each tape's value under scorer ``name``."""
+        return [float(t.metadata.result["scores"][name]) for t in self.tapes]
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Sampled tokens per second of the rollout."""
+        return self.output_tokens / self.seconds if self.seconds else 0.0
+
+
+def rollout_tags(run: str, step: int, policy_version: int, task_id: str) -> list[str]:
+    """The store tags of one rollout tape."""
+    return [
+        f"rl:{run}",
+        f"rl:{run}:step:{step}",
+        f"rl:{run}:policy:{policy_version}",
+        f"rl:{run}:task:{task_id}",
+    ]
+
+
+async def score_value(scorer: Callable[..., Any], tape: Tape[Any, Any], task: Task) -> float:
+    """A scorer's value for ``tape`` as a float (a :class:`Score`, a bool, or an awaitable)."""
+    out = scorer(tape, task)
+    if inspect.isawaitable(out):
+        out = await out
+    if isinstance(out, Score):
+        return float(out.value)
+    if isinstance(out, bool | int | float):
+        return float(out)
+    raise TypeError(
+        f"scorer {getattr(scorer, '__name__', scorer)!r} returned {type(out).__name__}, not a Score"
+    )
+
+
+def _start(task: Task, g: int, step: int, run: str) -> Tape[Any, Any]:
+    """The start tape of attempt ``g`` (its id names run, step, task and attempt: deterministic)."""
+    tape = task.start_tape()
+    return tape.with_metadata(id=f"{run}.s{step}.{task.id}.g{g}", parent_id=tape.metadata.id)
+
+
+async def acollect_rollouts(
+    agent: Any,
+    environment: Any,
+    tasks: Sequence[Task],
+    scorers: Mapping[str, Callable[..., Any]],
+    *,
+    reward: str,
+    group_size: int,
+    step: int,
+    policy_version: int,
+    store: Any,
+    run: str = "rl",
+    attempt: int = 0,
+    max_loops: int | None = None,
+    batcher: Any = None,
+    seed: int | None = None,
+) -> RolloutBatch:
+    """The async form of :func:`collect_rollouts`."""
+    from tapekit.batch import abatch
+
+    if reward not in scorers:
+        raise ValueError(f"collect_rollouts: reward {reward!r} is not one of the scorers {sorted(scorers)}")
+    if group_size < 1:
+        raise ValueError(f"collect_rollouts: group_size must be >= 1, got {group_size}")
+    if not tasks:
+        raise ValueError("collect_rollouts: no tasks")
+    if store is None:
+        raise ValueError("collect_rollouts: a store is needed (the samples read the token ids from it)")
+    starts, owners = [], []
+    for task in tasks:
+        for g in range(group_size):
+            starts.append(_start(task, g, step, run))
+            owners.append(task)
+    name = f"rl-{run}-step{step}-a{attempt}"
+    started = time.perf_counter()
+    if batcher is not None:
+        batcher.expect(len(starts), seed)
+    finals: list[Tape[Any, Any] | None] = [None] * len(starts)
+    out = RolloutBatch(step, policy_version, [], list(owners), reward)
+    try:
+        results = abatch(
+            agent,
+            environment,
+            starts,
+            store=store,
+            name=name,
+            max_loops=max_loops,
+            max_concurrency=len(starts),
+        )
+        async for result in results:
+            finals[result.index] = result.tape
+            out.output_tokens += result.output_tokens
+            out.llm_calls += result.llm_calls
+            out.failed += result.error is not None
+            if batcher is not None:
+                batcher.finished()
+    finally:
+        if batcher is not None:
+            batcher.release()
+    out.seconds = time.perf_counter() - started
+    for i, (tape, task) in enumerate(zip(finals, owners, strict=True)):
+        assert tape is not None
+        scores = {n: await score_value(s, tape, task) for n, s in scorers.items()}
+        record: dict[str, Any] = {
+            "scores": scores,
+            "reward": scores[reward],
+            "task_id": task.id,
+            "category": task.category,
+            "rl_step": step,
+            "policy_version": policy_version,
+            "attempt": i % group_size,
+        }
+        tape = tape.with_metadata(result=record)
+        store.save_tape(tape, tags=rollout_tags(run, step, policy_version, task.id))
+        out.tapes.append(tape)
+    store.flush()
+    return out
+
+
+def collect_rollouts(
+    agent: Any,
+    environment: Any,
+    tasks: Sequence[Task],
+    scorers: Mapping[str, Callable[..., Any]],
+    **options: Any,
+) -> RolloutBatch:
+    """Run ``group_size`` attempts of every task, score and store them (see the module doc).
+
+    Options: ``reward`` (the scorer whose value is the reward), ``group_size``, ``step``,
+    ``policy_version``, ``store`` (required: the tapes and their LLM calls go there), ``run``
+    (the run's name, in ids and tags), ``attempt`` (a restarted step's rollouts get new ids),
+    ``max_loops``, ``batcher`` (a lockstep :class:`RequestBatcher`) and ``seed`` (its sampling
+    seed for this step).
+    """
+    from tapekit._sync import run_sync
+
+    return run_sync(acollect_rollouts(agent, environment, tasks, scorers, **options))
+
+
+def rollout_rows(rollouts: RolloutBatch, store: Any, tokenizer: Any) -> list[dict[str, Any]]:
+    """Token-exact samples of the rollouts (ids and sampling log-probs from the store), each
+    row with ``task_id``, ``category`` and ``policy_version``; tapes without a sample (no LLM
+    call, e.g. a failure before the first) are left out."""
+    from tapekit.training.samples import make_samples
+
+    samples = make_samples(rollouts.tapes, llm_calls=store, tokenizer=tokenizer, reward=_reward)
+    by_id = {t.metadata.id: t.metadata.result for t in rollouts.tapes}
+    rows = []
+    for row in samples.dataset:
+        result = by_id[row["tape_id"]]
+        row["task_id"] = result["task_id"]
+        row["category"] = result["category"] or "default"
+        row["policy_version"] = result["policy_version"]
+        rows.append(row)
+    return rows
+
+
+def _reward(tape: Tape[Any, Any]) -> float:
+    return float(tape.metadata.result["reward"])
