@@ -1,0 +1,204 @@
+"""Teacher -> student distillation for the form filler (section 5.4, "Agent Distillation").
+
+1. :func:`for_student` prepares a teacher tape for the student: the teacher's intermediate
+   ``gather_values`` / ``verify_values`` notes are left out (the student does not write them)
+   and the simulated users' steps lose their ``agent`` label (the behaviour stays in their
+   facts): to ``reuse``, a step made by an agent is one the student must reproduce.
+2. :func:`student_samples`: ``student.reuse`` of every prepared tape, rendered with the
+   student's tokenizer and chat template by :func:`tapekit.training.make_samples`; each
+   distinct (prompt, output) pair once (sibling branches of a tree share their past turns).
+3. :func:`tiny_student` / :func:`train_student` / :func:`student_llm`: a tiny model (its
+   tokenizer trained on the student's conversations and the forms) fully fine-tuned, or
+   SmolLM2-135M with LoRA, then loaded back with ``TransformersLLM``.
+4. :func:`continue_branches`: the agent's next turn on partial dialogues (the starts of a test
+   tree's branches), through the batch runner; GREADTH scores these continuations.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from examples.form_filler.agents import STUDENT_TEMPLATES, make_student
+from examples.form_filler.environment import FormFillerEnvironment
+from examples.form_filler.render import turn_context
+from examples.form_filler.schema import FormSet
+from examples.form_filler.steps import GatherValuesThought, VerifyValuesThought
+from examples.form_filler.tree import Branch
+from tapekit import Agent, FunctionLLM, ReconstructionError, Tape
+from tapekit.batch import batch
+from tapekit.core import StepSequence
+from tapekit.dialog import UserStep
+
+__all__ = [
+    "StudentConfig",
+    "continue_branches",
+    "for_student",
+    "student_llm",
+    "student_samples",
+    "tiny_student",
+    "tokenizer_texts",
+    "train_student",
+]
+
+
+def for_student(tape: Tape[Any, Any]) -> Tape[Any, Any]:
+    """``tape`` without the teacher's gather/verify notes, user steps made by no agent."""
+    steps = []
+    for step in tape.steps:
+        if isinstance(step, GatherValuesThought | VerifyValuesThought):
+            continue
+        if isinstance(step, UserStep) and step.metadata.agent:
+            step = step.model_copy(update={"metadata": step.metadata.model_copy(update={"agent": ""})})
+        steps.append(step)
+    return tape.model_copy(update={"steps": StepSequence(steps)})
+
+
+def reusable(tapes: Iterable[Tape[Any, Any]], student: Agent) -> list[Tape[Any, Any]]:
+    """The prepared tapes that ``student.reuse`` can adapt (others are left out and counted)."""
+    out, failed = [], 0
+    for tape in tapes:
+        prepared = for_student(tape)
+        try:
+            student.reuse(prepared)
+        except (ReconstructionError, ValueError):
+            failed += 1
+            continue
+        out.append(prepared)
+    if failed:
+        print(f"note: {failed} teacher tapes could not be adapted to the student: left out")
+    return out
+
+
+def student_samples(tapes: list[Tape[Any, Any]], student: Agent, tokenizer: Any) -> Any:
+    """The student's training rows (a ``datasets.Dataset``) from prepared teacher tapes,
+    each distinct row once."""
+    from tapekit.training.samples import make_samples
+
+    rows = make_samples(tapes, reuse_with=student, tokenizer=tokenizer, merge=False).dataset
+    seen: set[tuple[int, ...]] = set()
+    keep = []
+    for i, ids in enumerate(rows["input_ids"]):
+        key = tuple(ids)
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+    return rows.select(keep)
+
+
+def tokenizer_texts(tapes: list[Tape[Any, Any]], forms: FormSet) -> list[str]:
+    """What the tiny tokenizer learns from: the student's prompts and outputs on the prepared
+    tapes, and every company's forms as the student's prompt shows them."""
+    student = make_student(FunctionLLM(fn=lambda prompt: "[]"))
+    texts = ["system", "user", "assistant", *STUDENT_TEMPLATES.values()]
+    for tape in tapes:
+        _, calls = student.reuse(tape)
+        for call in calls:
+            texts += [m["content"] for m in call.prompt.messages] + [call.output.content or ""]
+    for company in [*forms.train, *forms.test]:
+        for form in company.forms:
+            texts.append(turn_context(_with_schema(company, form.name)).form_compact)
+    return texts
+
+
+def _with_schema(company: Any, form: str) -> Tape[Any, Any]:
+    env = FormFillerEnvironment(company)
+    return Tape(steps=StepSequence([env.inspect(form)]))
+
+
+@dataclass
+class StudentConfig:
+    """How the student is made and trained (``kind``: ``tiny`` or ``smollm2``)."""
+
+    kind: str = "tiny"
+    out: Path = Path("form-filler-out")
+    steps: int = 300
+    batch_size: int = 8
+    learning_rate: float = 3e-3
+    hidden: int = 128
+    layers: int = 4
+    vocab: int = 1024
+    max_length: int = 1024
+    max_tokens: int = 160
+    seed: int = 0
+
+
+def tiny_student(config: StudentConfig, texts: list[str]) -> tuple[Any, Any, Path]:
+    """A fresh tiny model and tokenizer (trained on ``texts``), saved under ``config.out``."""
+    from tapekit.training.tiny import TinyConfig, make_tiny
+
+    path = config.out / "tiny-base"
+    tiny = TinyConfig(
+        vocab_size=config.vocab,
+        hidden_size=config.hidden,
+        num_layers=config.layers,
+        num_heads=4,
+        intermediate_size=3 * config.hidden,
+        max_positions=config.max_length,
+        seed=config.seed,
+    )
+    model, tokenizer = make_tiny(texts, tiny, path)
+    return model, tokenizer, path
+
+
+def train_student(config: StudentConfig, rows: Any, model: Any, tokenizer: Any) -> tuple[Path, float]:
+    """SFT: full for the tiny model, LoRA for SmolLM2; returns the result's path and seconds."""
+    from tapekit.training import SFTConfig, train_sft
+    from tapekit.training.config import LoraSettings
+
+    lora = config.kind != "tiny"
+    sft = SFTConfig(
+        output_dir=str(config.out / f"sft-{config.kind}"),
+        lora=LoraSettings(r=16, alpha=32) if lora else None,
+        learning_rate=config.learning_rate,
+        max_steps=config.steps,
+        batch_size=config.batch_size,
+        max_length=config.max_length,
+        warmup_ratio=0.05,
+        lr_scheduler="linear",
+        logging_steps=max(1, config.steps // 10),
+        device="cpu",
+        dtype="float32",
+        seed=config.seed,
+    )
+    started = time.perf_counter()
+    final = train_sft(rows, model=model, tokenizer=tokenizer, config=sft)
+    return final, time.perf_counter() - started
+
+
+def student_llm(config: StudentConfig, model_path: str | None, adapter_path: str | None = None) -> Any:
+    """The student's greedy ``TransformersLLM`` (``model_path`` None: the embedded SmolLM2)."""
+    from tapekit.llm.transformers import TransformersLLM
+
+    return TransformersLLM(
+        model_name=f"{config.kind}-student",
+        model_path=model_path,
+        adapter_path=adapter_path,
+        device="cpu",
+        max_tokens=config.max_tokens,
+    )
+
+
+def continue_branches(
+    agent: Agent, branches: list[Branch], forms: FormSet, store: Any = None, name: str = "eval"
+) -> list[Tape[Any, Any]]:
+    """``agent``'s next turn on each branch's start (the dialogue up to the user's message),
+    one batch per company; the tapes in the order of ``branches``."""
+    out: dict[int, Tape[Any, Any]] = {}
+    for company in sorted({b.company for b in branches}):
+        indexed = [(i, b) for i, b in enumerate(branches) if b.company == company]
+        results = batch(
+            agent,
+            FormFillerEnvironment(forms.company(company)),
+            [b.start for _, b in indexed],
+            store=store,
+            name=f"{name}/{company}",
+            max_loops=8,
+            max_concurrency=4,
+        )
+        for (i, _), result in zip(indexed, results, strict=True):
+            out[i] = result.tape
+    return [out[i] for i in range(len(branches))]
