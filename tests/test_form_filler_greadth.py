@@ -78,11 +78,15 @@ def _last(tape: Tape[Any, Any]) -> Any:
     return labels
 
 
-def _ask(slot: str) -> list[Step]:
+def _ask(slot: str, said: str = "") -> list[Step]:
+    """Ask for ``slot``, after saying ``said`` (what the turn changed)."""
     return [
         RequestFunctionParametersThought(function=COUPON, parameters=[slot]),
-        PromptUserForTextMessageAction(prompt=f"What is the {slot}?"),
+        PromptUserForTextMessageAction(prompt=f"{said}What is the {slot}?"),
     ]
+
+
+SET_PERCENTAGE = "I set the discount type to percentage. "
 
 
 def _rules(labels: Any) -> dict[str, bool]:
@@ -111,7 +115,7 @@ def test_good_turn_passes_every_rule() -> None:
     tape = _act(
         tape, UpdateFunctionParametersThought(function=COUPON, assign={"discount_type": "percentage"})
     )
-    labels = _last(_act(tape, *_ask("coupon_code")))
+    labels = _last(_act(tape, *_ask("coupon_code", SET_PERCENTAGE)))
     assert labels.valid and labels.greadth and labels.labels == ALL_TRUE
     assert _rules(labels) == {
         "required_not_skipped": True,
@@ -121,9 +125,22 @@ def test_good_turn_passes_every_rule() -> None:
         "moves_forward": True,
         "requests_known_slot": True,
         "requests_open_slot": True,
+        "acknowledges_changes": True,
     }
-    assert labels.rules == {**dict.fromkeys(CRITERIA, True), "responsive": None, "transparent": None}
-    assert labels.source("accurate") == "rule" and labels.source("transparent") == "default"
+    assert labels.rules == {**dict.fromkeys(CRITERIA, True), "responsive": None}
+    assert labels.source("accurate") == "rule" and labels.source("responsive") == "default"
+
+
+def test_transparency_needs_each_change_named() -> None:
+    tape = _user("UserHappyPath", _asked_discount())
+    tape = _act(
+        tape, UpdateFunctionParametersThought(function=COUPON, assign={"discount_type": "percentage"})
+    )
+    silent = _last(_act(tape, *_ask("coupon_code")))
+    assert silent.labels == {**ALL_TRUE, "transparent": False}
+    assert silent.failed_rules()[0].detail == "the message does not mention: discount_type"
+    by_value = _last(_act(tape, *_ask("coupon_code", "Percentage it is. ")))
+    assert by_value.labels == ALL_TRUE
 
 
 def test_first_turn_imports_the_users_form_or_not() -> None:
@@ -172,7 +189,7 @@ def test_invalid_value_must_be_refused() -> None:
 def test_required_slot_skipped() -> None:
     tape = _user("UserSkipsUnskipable", _asked_discount())
     skip = UpdateFunctionParametersThought(function=COUPON, skip=["discount_type"])
-    labels = _last(_act(tape, skip, *_ask("coupon_code")))
+    labels = _last(_act(tape, skip, *_ask("coupon_code", "I skipped the discount type. ")))
     assert (
         _rules(labels)["required_not_skipped"] is False and _rules(labels)["refuses_required_skip"] is False
     )
@@ -213,7 +230,7 @@ def test_asking_for_a_filled_slot_or_one_the_form_lacks() -> None:
     update = UpdateFunctionParametersThought(function=COUPON, assign={"discount_type": "percentage"})
     again = _last(_act(tape, update, *_ask("discount_type")))
     assert _rules(again)["requests_open_slot"] is False and again.labels == {**ALL_TRUE, "helpful": False}
-    ghost = _last(_act(tape, update, *_ask("colour")))
+    ghost = _last(_act(tape, update, *_ask("colour", SET_PERCENTAGE)))
     assert _rules(ghost)["requests_known_slot"] is False
     assert ghost.labels == {**ALL_TRUE, "grounded": False, "helpful": False}
 
@@ -234,7 +251,7 @@ def test_values_the_user_gave_and_did_not_give() -> None:
     partial = UpdateFunctionParametersThought(
         function=COUPON, assign={"discount_type": given["discount_type"]}
     )
-    labels = _last(_act(tape, partial, *_ask("coupon_code")))
+    labels = _last(_act(tape, partial, *_ask("coupon_code", f"Noted: {given['discount_type']}. ")))
     assert _rules(labels)["values_filled"] is False and labels.labels == {**ALL_TRUE, "accurate": False}
     happy = _user("UserHappyPath", _asked_discount())
     made_up = {"discount_type": "percentage", "coupon_code": "FREE100"}
@@ -305,12 +322,21 @@ def test_happy_path_dialogue_labels() -> None:
     labels = label_turns([_happy_path_tape()])
     assert [t.behavior for t in labels] == ["(unlabelled)"] + ["UserHappyPath"] * 5
     assert [t.ending for t in labels] == ["prompt_user_for_text_message"] * 5 + ["call_function"]
-    assert [t.greadth for t in labels] == [True, True, True, True, False, True]
-    # the test assistant asks to confirm while urgency (default) and additional_notes (optional)
-    # were never asked for or skipped: not helpful
-    (failed,) = labels[4].failed_rules()
-    assert failed.rule == "confirms_when_complete" and failed.detail.endswith("urgency, additional_notes")
-    assert labels[4].labels == {**ALL_TRUE, "helpful": False}
+    assert [t.greadth for t in labels] == [True, False, False, False, False, True]
+    # the test assistant fills each answer and asks for the next slot without a word about the
+    # value it set ("What is the order_number?"): not transparent
+    for turn in labels[1:5]:
+        assert turn.labels["transparent"] is False and "acknowledges_changes" in {
+            f.rule for f in turn.failed_rules()
+        }
+    assert [t.labels for t in labels[1:4]] == [{**ALL_TRUE, "transparent": False}] * 3
+    # and it asks to confirm while urgency (default) and additional_notes (optional) were never
+    # asked for or skipped: not helpful
+    failed = {f.rule: f.detail for f in labels[4].failed_rules()}
+    assert failed.keys() == {"confirms_when_complete", "acknowledges_changes"}
+    assert failed["confirms_when_complete"].endswith("urgency, additional_notes")
+    assert failed["acknowledges_changes"] == "the message does not mention: delivery_date"
+    assert labels[4].labels == {**ALL_TRUE, "helpful": False, "transparent": False}
     assert labels[0].rules["accurate"] is True and "intent" not in _rules(labels[0])  # no facts: not judged
     assert _rules(labels[5]) == {
         "required_not_skipped": True,
@@ -425,7 +451,7 @@ def test_report_tables_costs_and_json(tmp_path: Path) -> None:
     good = _act(
         _user("UserHappyPath", _asked_discount()),
         UpdateFunctionParametersThought(function=COUPON, assign={"discount_type": "percentage"}),
-        *_ask("coupon_code"),
+        *_ask("coupon_code", SET_PERCENTAGE),
     )
     wrong = _act(_user("UserInvalidValue", _asked_discount()), *_ask("coupon_code"))
     good, good_calls = _with_calls(good, "big", 1000, 100)
@@ -472,10 +498,10 @@ def test_report_tables_costs_and_json(tmp_path: Path) -> None:
     summary = json.loads(report.to_json())["summary"]
     assert summary["teacher"]["scores"]["greadth"]["value"] == 0.5
     assert summary["teacher"]["sources"]["transparent"] == {
-        "rule": 0,
+        "rule": 1,  # good changed a slot and said so
         "judge": 0,
         "rule+judge": 0,
-        "default": 2,
+        "default": 1,  # wrong changed nothing
         "invalid": 0,
     }
     unmeasured = greadth_report({"student": [good]}, n_bootstrap=0)

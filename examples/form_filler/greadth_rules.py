@@ -51,7 +51,9 @@ Criteria (a rule marked *facts* needs the simulated user's ground truth on the u
   ``exits_after_confirmation`` (exits only after asking whether the user wants to leave).
 - **Grounded** (and Helpful): ``requests_known_slot`` (asks only for the form's slots);
   Grounded: ``offers_known_forms`` (offers only forms the environment listed).
-- **Transparent**: no rule; whether the message acknowledges every change is the judge's call.
+- **Transparent**: ``acknowledges_changes`` (a text check: a message names each slot filled,
+  changed or skipped in the turn, by its value or by its name, with or without underscores,
+  ignoring case); how well it does so is the judge's call.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from examples.form_filler.schema import FunctionSchema, check_value
+from examples.form_filler.schema import check_value
 from examples.form_filler.state import FormState, form_state
 from examples.form_filler.steps import (
     AnswerFromFunctionSchemaThought,
@@ -452,6 +454,23 @@ def _endings(ctx: _Context) -> Iterator[Finding]:
         yield Finding(rule="exits_after_confirmation", criteria=("helpful",), passed=ok, detail=detail)
 
 
+def _transparent(ctx: _Context) -> Iterator[Finding]:
+    message = ctx.turn.message.casefold()
+    if not isinstance(ctx.turn.ending, PromptUserForTextMessageAction):
+        return
+    changed = {n: v for u in ctx.of(UpdateFunctionParametersThought) for n, v in u.assign.items()}
+    changed |= {n: None for u in ctx.of(UpdateFunctionParametersThought) for n in u.skip}
+    if changed:
+        silent = [
+            n
+            for n, v in changed.items()
+            if n.casefold() not in message
+            and n.replace("_", " ").casefold() not in message
+            and (v is None or _norm(v) not in message)
+        ]
+        yield from _verdict("acknowledges_changes", ("transparent",), silent, "the message does not mention")
+
+
 def check_turn(turn: AgentTurn) -> list[Finding]:
     """Every rule's finding on ``turn`` (fatal ones first)."""
     tape = turn.tape
@@ -464,7 +483,7 @@ def check_turn(turn: AgentTurn) -> list[Finding]:
         given=_given_so_far(tape, turn.user_at),
     )
     findings = [*_fatal(ctx)]
-    for rules in (_accurate, _refusals, _plan):
+    for rules in (_accurate, _refusals, _plan, _transparent):
         findings.extend(rules(ctx))
     return findings
 
@@ -476,8 +495,3 @@ def rule_labels(findings: Sequence[Finding]) -> dict[str, bool | None]:
         for criterion in finding.criteria:
             labels[criterion] = finding.passed and labels[criterion] is not False
     return labels
-
-
-def selected_schema(turn: AgentTurn) -> FunctionSchema | None:
-    """The form selected at the end of ``turn`` (what the judge shows as documentation)."""
-    return form_state(turn.tape.steps[: turn.end]).schema

@@ -20,7 +20,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from examples.form_filler.greadth_rules import CRITERIA, AgentTurn, selected_schema
+from examples.form_filler.greadth_rules import CRITERIA, AgentTurn
+from examples.form_filler.schema import FunctionSchema
+from examples.form_filler.state import form_state
 from examples.form_filler.steps import (
     CallFunctionAction,
     ExitAction,
@@ -160,6 +162,11 @@ def _history_line(step: Step) -> str | None:
     if isinstance(step, FunctionSchemaObservation):
         return f"(The assistant imported the documentation of {step.function}.)"
     return None
+
+
+def selected_schema(turn: AgentTurn) -> FunctionSchema | None:
+    """The form selected at the end of ``turn`` (the documentation the judge is shown)."""
+    return form_state(turn.tape.steps[: turn.end]).schema
 
 
 def render_turn(turn: AgentTurn) -> dict[str, str]:
