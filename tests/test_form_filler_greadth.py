@@ -205,6 +205,10 @@ def test_submission_with_missing_values_is_an_invalid_continuation() -> None:
     assert [f.rule for f in labels.findings if f.fatal] == ["failed_submission"]
     assert "coupon_code: required but missing" in labels.failed_rules()[0].detail
     assert _rules(labels)["submits_after_confirmation"] is False  # and it was not confirmed either
+    retried = _last(
+        _act(tape, update, CallFunctionAction(function=COUPON), CallFunctionAction(function=COUPON))
+    )
+    assert [f.rule for f in retried.findings if f.fatal] == ["failed_submission"]  # once, not per retry
 
 
 def test_unparsable_output_and_agent_error_zero_every_criterion() -> None:

@@ -472,7 +472,7 @@ def _transparent(ctx: _Context) -> Iterator[Finding]:
 
 
 def check_turn(turn: AgentTurn) -> list[Finding]:
-    """Every rule's finding on ``turn`` (fatal ones first)."""
+    """Every rule's findings on ``turn``, each once (fatal ones first)."""
     tape = turn.tape
     ctx = _Context(
         turn=turn,
@@ -485,7 +485,7 @@ def check_turn(turn: AgentTurn) -> list[Finding]:
     findings = [*_fatal(ctx)]
     for rules in (_accurate, _refusals, _plan, _transparent):
         findings.extend(rules(ctx))
-    return findings
+    return list(dict.fromkeys(findings))  # a retried failure is one finding
 
 
 def rule_labels(findings: Sequence[Finding]) -> dict[str, bool | None]:
