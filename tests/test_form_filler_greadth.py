@@ -101,10 +101,8 @@ def test_turns_are_the_steps_between_user_messages() -> None:
     turns = agent_turns(tape)
     assert [(t.user_at, t.end) for t in turns] == [(1, 8), (8, len(tape))]
     assert [t.behavior for t in turns] == ["UserInitMessageShort", "UserHappyPath"]
-    assert (
-        turns[1].message == "What is the coupon_code?"
-        and turns[1].ending.kind == "prompt_user_for_text_message"
-    )
+    assert turns[1].message == "What is the coupon_code?"
+    assert isinstance(turns[1].ending, PromptUserForTextMessageAction)
     assert agent_turns(tape, last_only=True) == turns[1:]
     unanswered = agent_turns(_user("UserHappyPath", _asked_discount()))
     assert [(t.user_at, t.end) for t in unanswered] == [(1, 8)]  # the last message has no answer yet
