@@ -14,8 +14,9 @@ When to decode:
 
 - **lockstep** (the RL rollouts use it): :meth:`RequestBatcher.expect` says how many sessions
   are active and :meth:`RequestBatcher.finished` when one ends; a batch is decoded as soon as
-  every active session waits on the LLM. The batches (and, with ``seed``, the samples) are then
-  the same from run to run, whatever the timing;
+  every active session waits on the LLM. The rows are sorted by prompt ids, so the batches
+  (and, with ``seed``, the samples) are the same from run to run whatever the timing: identical
+  prompts get the same outputs, only perhaps in another order;
 - **window** (anything else, e.g. an evaluation): a batch is decoded ``max_wait_s`` after its
   first request, or at once when ``max_batch`` requests wait.
 """
@@ -134,6 +135,7 @@ class RequestBatcher:
             if not self._ready(timed_out):
                 return
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            batch.sort(key=lambda r: r.ids)  # rows in an order that does not depend on arrival
             seed = None if self.seed is None else self.seed + self._flushes
             self._flushes += 1
             llm = self._llm

@@ -1,7 +1,8 @@
-"""``tapekit train sft|dpo CONFIG [flags]``: the trainers from the command line.
+"""``tapekit train sft|dpo|rl CONFIG [flags]``: the trainers from the command line.
 
-A config file (YAML or JSON, the fields of :class:`~tapekit.training.config.SFTConfig` or
-:class:`~tapekit.training.config.DPOConfig`) with flags on top; ``--set key=value`` reaches any
+A config file (YAML or JSON, the fields of :class:`~tapekit.training.config.SFTConfig`,
+:class:`~tapekit.training.config.DPOConfig` or :class:`~tapekit.training.rl_loop.RLRunConfig`)
+with flags on top; ``--set key=value`` reaches any
 field (``--set lora.r=8``). Runs as well under ``accelerate launch`` (one process per device).
 Only typer is imported here; the trainers load when a command runs.
 """
@@ -17,7 +18,7 @@ __all__ = ["train_app"]
 
 train_app = typer.Typer(
     name="train",
-    help="Fine-tune a model on samples made from tapes (SFT, DPO); needs the train extra.",
+    help="Fine-tune a model on samples made from tapes (SFT, DPO) or by RL on its rollouts (train extra).",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -115,3 +116,63 @@ def dpo_command(
 ) -> None:
     """Direct preference optimisation on (prompt, chosen, rejected) pairs made from tapes."""
     _run("dpo", config, _overrides(model, dataset, output_dir, max_steps, lora, resume, set_))
+
+
+def _rl(config_file: Path | None, overrides: dict[str, Any]) -> None:
+    try:
+        from tapekit._loading import load_object
+        from tapekit.training._common import TrainingError
+        from tapekit.training.config import load_config
+        from tapekit.training.rl_loop import RLRunConfig, RLSetup, train_rl
+
+        config = load_config(RLRunConfig, config_file, overrides)  # type: ignore[type-var]
+        if config.setup is None or config.model is None:
+            raise TrainingError(
+                "tapekit train rl needs `setup` (module:attr) and `model` (a model directory)"
+            )
+        setup = load_object(config.setup)()
+        if not isinstance(setup, RLSetup):
+            raise TrainingError(f"setup {config.setup!r} must return an RLSetup, got {type(setup).__name__}")
+        from tapekit.training.tiny import load_tiny
+
+        model, tokenizer = load_tiny(config.model)
+        result = train_rl(setup, model, tokenizer, config, on_step=_echo_step)
+        final = Path(config.output_dir) / "final"
+        model.save_pretrained(final)
+        tokenizer.save_pretrained(final)
+    except ImportError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    except (TrainingError, ValueError, FileNotFoundError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"saved {final} ({len(result.history)} steps, policy version {result.policy_version})")
+
+
+def _echo_step(record: dict[str, Any]) -> None:
+    probs = " ".join(f"{c}={p:.2f}" for c, p in record["sampler_probs"].items())
+    typer.echo(
+        f"step={record['step']} reward={record['reward_mean']:.3f} zero_adv={record['zero_adv_share']:.2f} "
+        f"clip={record['clip_fraction']:.3f} kl={record['kl']:.4f} lag={record['policy_lag']} probs: {probs}"
+    )
+
+
+@train_app.command("rl")
+def rl_command(
+    config: Path | None = _CONFIG,
+    model: str | None = _MODEL,
+    output_dir: str | None = _OUTPUT,
+    steps: int | None = typer.Option(None, "--steps", help="RL steps"),
+    resume: bool = _RESUME,
+    set_: list[str] = _SET,
+) -> None:
+    """On-policy RL (GRPO) on the agent's own rollouts, with a curriculum; resumable."""
+    from tapekit.training.config import parse_overrides
+
+    overrides = parse_overrides(set_)
+    for key, value in (("model", model), ("output_dir", output_dir), ("steps", steps)):
+        if value is not None:
+            overrides[key] = value
+    if resume:
+        overrides["resume"] = True
+    _rl(config, overrides)

@@ -19,6 +19,7 @@ the ``task_id``, ``category`` and ``policy_version`` columns that
 from __future__ import annotations
 
 import inspect
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,10 +86,11 @@ async def score_value(scorer: Callable[..., Any], tape: Tape[Any, Any], task: Ta
     )
 
 
-def _start(task: Task, g: int, step: int, run: str) -> Tape[Any, Any]:
-    """The start tape of attempt ``g`` (its id names run, step, task and attempt: deterministic)."""
+def _start(task: Task, k: int, g: int, step: int, run: str) -> Tape[Any, Any]:
+    """The start tape of attempt ``g`` at the step's ``k``-th task (an id naming run, step,
+    position, task and attempt: deterministic, and unique when a task is drawn twice)."""
     tape = task.start_tape()
-    return tape.with_metadata(id=f"{run}.s{step}.{task.id}.g{g}", parent_id=tape.metadata.id)
+    return tape.with_metadata(id=f"{run}.s{step}.t{k}.{task.id}.g{g}", parent_id=tape.metadata.id)
 
 
 async def acollect_rollouts(
@@ -120,9 +122,9 @@ async def acollect_rollouts(
     if store is None:
         raise ValueError("collect_rollouts: a store is needed (the samples read the token ids from it)")
     starts, owners = [], []
-    for task in tasks:
+    for k, task in enumerate(tasks):
         for g in range(group_size):
-            starts.append(_start(task, g, step, run))
+            starts.append(_start(task, k, g, step, run))
             owners.append(task)
     name = f"rl-{run}-step{step}-a{attempt}"
     started = time.perf_counter()
@@ -151,8 +153,7 @@ async def acollect_rollouts(
         if batcher is not None:
             batcher.release()
     out.seconds = time.perf_counter() - started
-    for i, (tape, task) in enumerate(zip(finals, owners, strict=True)):
-        assert tape is not None
+    for i, (tape, task) in enumerate(zip(_canonical(finals, group_size), owners, strict=True)):
         scores = {n: await score_value(s, tape, task) for n, s in scorers.items()}
         record: dict[str, Any] = {
             "scores": scores,
@@ -167,6 +168,22 @@ async def acollect_rollouts(
         store.save_tape(tape, tags=rollout_tags(run, step, policy_version, task.id))
         out.tapes.append(tape)
     store.flush()
+    return out
+
+
+def _content(tape: Tape[Any, Any]) -> str:
+    return json.dumps([s.model_dump(mode="json", exclude={"metadata"}) for s in tape.steps], sort_keys=True)
+
+
+def _canonical(tapes: list[Tape[Any, Any] | None], group_size: int) -> list[Tape[Any, Any]]:
+    """The tapes with each group's attempts sorted by content: which of a task's interchangeable
+    attempts got which sample depends on timing, the sorted group does not."""
+    out: list[Tape[Any, Any]] = []
+    for start in range(0, len(tapes), group_size):
+        group = tapes[start : start + group_size]
+        if any(t is None for t in group):
+            raise RuntimeError("collect_rollouts: the batch runner returned no tape for some attempt")
+        out += sorted((t for t in group if t is not None), key=_content)
     return out
 
 

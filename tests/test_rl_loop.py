@@ -1,0 +1,242 @@
+"""The RL loop end to end on a tiny model: batched rollouts with exact sampling log-probs, RL
+tapes stored with their step and policy version (and resumable and replayable like any tape),
+sync and asynchronous runs, and ``tapekit train rl`` killed mid-step and resumed to the same
+weights and records as an unbroken run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or importlib.util.find_spec("datasets") is None,
+    reason="needs torch and datasets (the train extra)",
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMING = {"rollout_seconds", "rollout_tokens_per_s", "step_seconds", "train_tokens_per_s"}
+
+
+@pytest.fixture(autouse=True)
+def _threads() -> None:
+    import torch
+
+    torch.set_num_threads(2)
+
+
+def _config(tmp_path: Path, **changes: Any) -> Any:
+    from tapekit.training.rl_loop import RLRunConfig
+
+    values: dict[str, Any] = {
+        "output_dir": str(tmp_path / "out"),
+        "steps": 3,
+        "tasks_per_step": 3,
+        "group_size": 4,
+        "max_tokens": 12,
+        "max_loops": 2,
+        "learning_rate": 3e-3,
+        "seed": 1,
+    }
+    return RLRunConfig(**{**values, **changes})
+
+
+def test_batched_generate_records_the_sampling_logprobs_of_each_row() -> None:
+    import torch
+
+    from tapekit.training._batched_llm import BatchedTransformersLLM
+    from tapekit.training.grpo_loss import token_logprobs
+    from tests.rl_toy import PROBLEMS, make_model
+
+    model, tokenizer = make_model()
+    llm = BatchedTransformersLLM.from_model(model, tokenizer, temperature=1.0, max_tokens=10)
+    prompts = [tokenizer(p.question, add_special_tokens=False)["input_ids"] for p in PROBLEMS[:6]]
+    assert len({len(p) for p in prompts}) > 1  # rows of different lengths: left padding is used
+    results = llm.generate_batch(prompts, seed=5)
+    for prompt, (ids, logprobs) in zip(prompts, results, strict=True):
+        assert 0 < len(ids) <= 10 and len(logprobs) == len(ids)
+        x = torch.tensor([prompt + ids])
+        with torch.no_grad():  # the same tokens alone, unpadded: the same log-probs
+            alone = token_logprobs(model(input_ids=x).logits, x, 1.0)[0, len(prompt) :]
+        assert alone.tolist() == pytest.approx(logprobs, abs=1e-4)
+    assert llm.generate_batch(prompts, seed=5) == results  # seeded: the same samples
+    assert llm.generate_batch(prompts, seed=6) != results
+
+
+def test_rollouts_are_scored_stored_tagged_and_become_rl_rows(tmp_path: Path) -> None:
+    from tapekit import open_store
+    from tapekit.training._batched_llm import BatchedTransformersLLM
+    from tapekit.training.rl import RLConfig, grpo_step, make_rl_batch
+    from tapekit.training.rollouts import collect_rollouts, rollout_rows
+    from tests.rl_toy import make_model, make_setup
+
+    model, tokenizer = make_model()
+    setup = make_setup()
+    llm = BatchedTransformersLLM.from_model(model, tokenizer, temperature=1.0, max_tokens=12)
+    store = open_store(str(tmp_path / "rollouts.db"))
+    tasks = list(setup.tasks[:3])
+    batch = collect_rollouts(
+        setup.agent_for(llm),
+        setup.environment,
+        tasks,
+        setup.scorers,
+        reward="digits",
+        group_size=4,
+        step=7,
+        policy_version=5,
+        store=store,
+        run="toy",
+        max_loops=2,
+        batcher=llm.batcher,
+        seed=3,
+    )
+    assert len(batch.tapes) == 12 and batch.failed == 0
+    assert llm.batcher.stats.largest_batch == 12  # lockstep: all 12 first turns in one generate
+    for tape, task in zip(batch.tapes, batch.tasks, strict=True):
+        result = tape.metadata.result
+        assert result["task_id"] == task.id and result["rl_step"] == 7 and result["policy_version"] == 5
+        assert set(result["scores"]) == {"strict", "lenient", "digits"}
+        assert result["reward"] == result["scores"]["digits"]
+    assert len(store.list_tapes(tag="rl:toy:step:7")) == 12
+    assert len(store.list_tapes(tag="rl:toy:policy:5")) == 12
+    assert len(store.list_tapes(tag=f"rl:toy:task:{tasks[0].id}")) == 4
+    stored = store.get_tape(batch.tapes[0].metadata.id)
+    assert stored.metadata.result == batch.tapes[0].metadata.result
+    rows = rollout_rows(batch, store, tokenizer)
+    assert rows and all(r["has_logprobs"] and r["source"] == "ids" and r["policy_version"] == 5 for r in rows)
+    assert {r["task_id"] for r in rows} == {t.id for t in tasks}
+    config = RLConfig(pad_id=tokenizer.pad_token_id)
+    optimizer = __import__("torch").optim.SGD(model.parameters(), lr=0.0)
+    stats = grpo_step(model, optimizer, make_rl_batch(rows, config), config, policy_version=5)
+    assert stats.ratio_mean == pytest.approx(1.0, abs=1e-4)  # the stored log-probs are the policy's
+    assert stats.policy_lag_mean == 0
+    store.close()
+
+
+def test_rl_tapes_resume_and_replay_like_any_tape(tmp_path: Path) -> None:
+    from tapekit import open_store, replay_tape
+    from tapekit.batch import batch as run_batch
+    from tapekit.llm import ReplayLLM
+    from tapekit.training.rl_loop import train_rl
+    from tests.rl_toy import make_model, make_setup
+
+    model, tokenizer = make_model()
+    setup = make_setup()
+    store = open_store(str(tmp_path / "rollouts.db"))
+    train_rl(setup, model, tokenizer, _config(tmp_path, steps=1, max_loops=4), store=store)
+    ids = store.list_tapes(tag="rl:rl:step:0")
+    tapes = [store.get_tape(i) for i in ids]
+    tape = max(tapes, key=len)  # the longest rollout
+    calls = [store.get_llm_call(s.metadata.prompt_id) for s in tape.steps if s.metadata.prompt_id]
+    calls = [c for c in {c.prompt.id: c for c in calls if c is not None}.values()]
+    assert calls and all(c.tokens is not None and c.tokens.policy_version == "0" for c in calls)
+    agent = setup.agent_for(ReplayLLM(calls=calls))
+    replayed = replay_tape(agent, tape, llm_calls=calls)
+    assert replayed.ok, replayed.diff
+    # resume: cut the rollout after its last observation and continue it in a batch
+    cut = max(i for i, s in enumerate(tape.steps) if not s.metadata.agent) + 1
+    prefix = tape.model_copy(update={"steps": tape.steps[:cut]})
+    (resumed,) = run_batch(agent, setup.environment, [prefix], store=store, name="resume", max_loops=4)
+    assert resumed.ok, resumed.error
+    assert [s.model_dump(exclude={"metadata"}) for s in resumed.tape.steps] == [
+        s.model_dump(exclude={"metadata"}) for s in tape.steps
+    ]
+    store.close()
+
+
+def test_sync_runs_repeat_exactly_and_async_bounds_the_lag(tmp_path: Path) -> None:
+    import torch
+
+    from tapekit.training.rl_loop import train_rl
+    from tests.rl_toy import make_model, make_setup
+
+    runs = []
+    for name in ("a", "b"):
+        model, tokenizer = make_model()
+        result = train_rl(make_setup(), model, tokenizer, _config(tmp_path / name))
+        runs.append((model, [{k: v for k, v in r.items() if k not in TIMING} for r in result.history]))
+    (model_a, records_a), (model_b, records_b) = runs
+    assert records_a == records_b
+    assert all(torch.equal(a, b) for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True))
+    fresh, _ = make_model()
+    assert not all(torch.equal(a, b) for a, b in zip(model_a.parameters(), fresh.parameters(), strict=True))
+    assert all(r["policy_lag"] == 0 for r in records_a)
+    assert {"reward_mean", "zero_adv_share", "clip_fraction", "kl", "sampler_probs", "score_strict"} <= set(
+        records_a[0]
+    )
+    model, tokenizer = make_model()
+    result = train_rl(make_setup(), model, tokenizer, _config(tmp_path / "c", steps=4, mode="async"))
+    assert [r["step"] for r in result.history] == [0, 1, 2, 3]
+    assert all(0 <= r["policy_lag"] <= 1 for r in result.history) and result.refused == 0
+    assert any(r["policy_lag"] == 1 for r in result.history)  # the producer ran ahead
+
+
+def _cli(config: Path, *extra: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "2"}
+    code = "import torch; torch.set_num_threads(2); from tapekit.cli import app; app()"
+    return subprocess.Popen(
+        [sys.executable, "-c", code, "train", "rl", str(config), *extra],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _records(out: Path) -> list[dict[str, Any]]:
+    lines = (out / "rl_log.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines]
+
+
+def test_train_rl_cli_killed_mid_step_resumes_to_the_same_result(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from tapekit.training.config import load_config
+    from tapekit.training.rl_loop import RLRunConfig, train_rl
+    from tapekit.training.tiny import load_tiny
+    from tests.rl_toy import make_model, make_setup
+
+    make_model(tmp_path / "model")
+    settings = {
+        "setup": "tests.rl_toy:make_setup",
+        "model": "model",
+        "steps": 5,
+        "tasks_per_step": 3,
+        "group_size": 4,
+        "max_tokens": 12,
+        "max_loops": 2,
+        "learning_rate": 3e-3,
+        "seed": 2,
+    }
+    for name in ("whole", "killed"):
+        (tmp_path / f"{name}.json").write_text(json.dumps({**settings, "output_dir": name}))
+    # the unbroken run, in this process (what the CLI does, without its start-up time)
+    model, tokenizer = load_tiny(tmp_path / "model")
+    train_rl(make_setup(), model, tokenizer, load_config(RLRunConfig, tmp_path / "whole.json"))  # type: ignore[type-var]
+    model.save_pretrained(tmp_path / "whole" / "final")
+    killed = _cli(tmp_path / "killed.json")
+    log = tmp_path / "killed" / "rl_log.jsonl"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 1):
+        time.sleep(0.02)
+    time.sleep(0.1)  # into the next step: rollouts or training, whatever is running
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert killed.returncode == -signal.SIGKILL
+    done = len(log.read_text().splitlines())
+    assert 1 <= done < 5, "the run must be killed before its end"
+    resumed = _cli(tmp_path / "killed.json", "--resume")
+    out, _ = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, out.decode()
+    assert _records(tmp_path / "killed") == _records(tmp_path / "whole")
+    a = load_file(str(tmp_path / "whole" / "final" / "model.safetensors"))
+    b = load_file(str(tmp_path / "killed" / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
