@@ -117,12 +117,13 @@ class StudentConfig:
     out: Path = Path("form-filler-out")
     steps: int = 300
     batch_size: int = 8
-    learning_rate: float = 3e-3
+    learning_rate: float = 5e-3
     hidden: int = 128
     layers: int = 4
-    vocab: int = 1024
-    max_length: int = 1024
-    max_tokens: int = 160
+    vocab: int = 2048
+    max_length: int = 512
+    max_tokens: int = 200
+    packing: bool = False
     seed: int = 0
 
 
@@ -157,6 +158,7 @@ def train_student(config: StudentConfig, rows: Any, model: Any, tokenizer: Any) 
         max_steps=config.steps,
         batch_size=config.batch_size,
         max_length=config.max_length,
+        packing=config.packing,
         warmup_ratio=0.05,
         lr_scheduler="linear",
         logging_steps=max(1, config.steps // 10),

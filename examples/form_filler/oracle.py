@@ -19,13 +19,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from examples.form_filler.schema import FunctionSchema, check_value
 from tapekit.core import Prompt
+from tapekit.llm.base import LLMEvent
+from tapekit.llm.scripted import FunctionLLM
 
-__all__ = ["Oracle", "Reading", "read_message", "sections_of"]
+__all__ = ["Oracle", "OracleLLM", "Reading", "read_message", "sections_of"]
 
 _ORDINALS = ["first", "second", "third", "fourth", "fifth", "sixth"]
 _PURPOSE = re.compile(r"(?:like|need|want) to (.+?)(?:;|\.$|$)")
@@ -164,7 +167,7 @@ def _request(schema: FunctionSchema, slot: str) -> str:
         text += " (YYYY-MM-DD)"
     if not schema.is_required(slot):
         default = f" (default: {parameter.default})" if parameter.default is not None else ""
-        text += f" It is optional{default}, you can skip it."
+        text += f" Optional{default}, you can skip it."
     return text
 
 
@@ -363,7 +366,39 @@ def _answer(schema: FunctionSchema, s: dict[str, str]) -> str:
         filled, skipped = json.loads(s["filled"]), json.loads(s["skipped"])
         done = ", ".join(f"{_label(k)}: {v}" for k, v in filled.items()) or "nothing yet"
         todo = [_label(n) for n in schema.parameters.properties if n not in filled and n not in skipped]
-        return f"So far you gave {done}; still to fill: {', '.join(todo) or 'nothing'}."
+        return f"Filled: {done}. Missing: {', '.join(todo) or 'nothing'}."
     if reading.about is None:
         return "Sorry, the form's documentation does not answer that."
     return f"About the {_label(reading.about)}: {schema.parameter(reading.about).description}."
+
+
+def _tokens(text: str) -> int:
+    return (len(text) + 3) // 4
+
+
+class OracleLLM(FunctionLLM):
+    """:class:`Oracle` as a tapekit LLM that reports token counts as an API would, estimated at
+    four characters per token (it has no tokenizer), so the cost table has figures to price."""
+
+    model_name: str = "oracle"
+    fn: Any = None
+    stream_chunks: bool = False
+    error_rate: float = 0.0
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Make the oracle from ``error_rate``."""
+        super().model_post_init(context)
+        if self.fn is None:
+            self.fn = Oracle(self.error_rate)
+
+    def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
+        return _counted(super()._astream(prompt), prompt)
+
+
+async def _counted(events: AsyncIterator[LLMEvent], prompt: Prompt) -> AsyncIterator[LLMEvent]:
+    n_prompt = sum(_tokens(str(m.get("content") or "")) for m in prompt.messages)
+    async for event in events:
+        if event.output is not None:
+            n_out = _tokens(event.output.content or "")
+            event = event.model_copy(update={"prompt_tokens": n_prompt, "output_tokens": n_out})
+        yield event
