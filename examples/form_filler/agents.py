@@ -11,7 +11,8 @@ Student, 3 nodes (``STUDENT_TEMPLATES``: short prompts, the form in a compact fo
 
     is_form_selected (no LLM) -> intent_discovery | respond
 
-Each LLM node writes a JSON list of steps (``render.py``); a node that writes an action routes
+Each LLM node writes a JSON list of steps (``render.py``; once a form is selected, a
+``function`` field naming it may be left out); a node that writes an action routes
 the next turn back to ``is_form_selected``. An output that cannot be parsed, or that does not
 end the turn where it must (``generate``, ``respond`` and ``intent_discovery`` end with one
 action), becomes an :class:`~tapekit.structured.LLMOutputParsingFailure` step and a
@@ -226,10 +227,10 @@ class FormNode(Node):
         messages = [{"role": "system", "content": agent.templates.get("system", SYSTEM)}]
         return Prompt(messages=[*messages, {"role": "user", "content": user}])
 
-    def parse(self, text: str) -> list[Step]:
-        """The steps of ``text``; :class:`StepParsingError` when they are not what this node
-        may write."""
-        steps = parse_step_list(text.strip(), self.step_classes, allow_empty=self.allow_empty)
+    def parse(self, text: str, function: str = "") -> list[Step]:
+        """The steps of ``text`` (``function``: the selected form, for the ``function`` fields
+        left out); :class:`StepParsingError` when they are not what this node may write."""
+        steps = parse_step_list(text.strip(), self.step_classes, self.allow_empty, function)
         actions = [i for i, s in enumerate(steps) if isinstance(s, Action)]
         if self.ends_turn and actions != [len(steps) - 1]:
             raise StepParsingError("the output must end with exactly one action (and have no other)")
@@ -242,7 +243,7 @@ class FormNode(Node):
         turn), or a parsing failure and a stop."""
         text = llm_stream.get_text()
         try:
-            steps = self.parse(text)
+            steps = self.parse(text, _selected(tape.steps))
         except StepParsingError as e:
             yield LLMOutputParsingFailure(error=str(e), raw=text)
             yield StopStep(reason="unparsable output")
@@ -262,7 +263,13 @@ class FormNode(Node):
         if failure is not None:
             return LLMOutput(content=failure.raw)
         written = [_written_query(s, tape, index) for s in run if not isinstance(s, StopStep)]
-        return LLMOutput(content=steps_json(written))
+        return LLMOutput(content=steps_json(written, _selected(tape.steps[:index])))
+
+
+def _selected(steps: Any) -> str:
+    """The name of the form selected on ``steps`` ('' if none)."""
+    schema = form_state(steps).schema
+    return schema.name if schema is not None else ""
 
 
 def _last_user_text(steps: Any) -> str:

@@ -119,7 +119,7 @@ class StudentConfig:
     batch_size: int = 8
     learning_rate: float = 5e-3
     hidden: int = 128
-    layers: int = 4
+    layers: int = 2
     vocab: int = 2048
     max_length: int = 512
     max_tokens: int = 200

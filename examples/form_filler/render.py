@@ -51,16 +51,22 @@ def step_json(step: Step) -> dict[str, Any]:
     return {"kind": step.kind, **fields}
 
 
-def steps_json(steps: Sequence[Step]) -> str:
-    """The JSON list an LLM writes for ``steps`` (routing steps left out)."""
+def steps_json(steps: Sequence[Step], function: str = "") -> str:
+    """The JSON list an LLM writes for ``steps`` (routing steps left out; ``function`` fields
+    equal to ``function``, the selected form, left out too)."""
     chosen = [step_json(s) for s in steps if not isinstance(s, SetNextNode)]
+    if function:
+        chosen = [{k: v for k, v in c.items() if not (k == "function" and v == function)} for c in chosen]
     return json.dumps(chosen, ensure_ascii=False, separators=(",", ":"))
 
 
-def parse_step_list(text: str, step_classes: Sequence[type[Step]], allow_empty: bool = False) -> list[Step]:
+def parse_step_list(
+    text: str, step_classes: Sequence[type[Step]], allow_empty: bool = False, function: str = ""
+) -> list[Step]:
     """The steps in ``text``, a JSON list of step objects of ``step_classes``;
     :class:`~tapekit.structured.StepParsingError` says what is wrong (an empty list only with
-    ``allow_empty``)."""
+    ``allow_empty``). ``function``: the selected form, the value of a ``function`` field left
+    out (the dialogue is about one form)."""
     by_kind = {cls.model_fields["kind"].default: cls for cls in step_classes}
     try:
         data = json.loads(text)
@@ -77,8 +83,11 @@ def parse_step_list(text: str, step_classes: Sequence[type[Step]], allow_empty: 
         cls = by_kind.get(item.get("kind"))  # type: ignore[arg-type]
         if cls is None:
             raise StepParsingError(f"step {i} has kind {item.get('kind')!r}; allowed: {', '.join(by_kind)}")
+        fields = {k: v for k, v in item.items() if k != "metadata"}
+        if function and "function" in cls.model_fields and "function" not in fields:
+            fields["function"] = function
         try:
-            steps.append(cls.model_validate({k: v for k, v in item.items() if k != "metadata"}))
+            steps.append(cls.model_validate(fields))
         except Exception as e:  # pydantic's ValidationError, or a validator failing otherwise
             raise StepParsingError(f"step {i} ({cls.__name__}) is invalid: {e}") from e
     return steps

@@ -225,7 +225,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         settings.train_tree = TreeSettings(intents=10, beam_width=20)
         settings.test_tree = TreeSettings(intents=10, beam_width=10, seed=1)
         settings.n_eval = 38
-        settings.student.steps = 250 if kind == "tiny" else 40
+        settings.student.steps = 400 if kind == "tiny" else 40
     if args.steps is not None:
         settings.student.steps = args.steps
     for name, value in (("layers", args.layers), ("hidden", args.hidden), ("learning_rate", args.lr)):
