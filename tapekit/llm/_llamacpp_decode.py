@@ -1,13 +1,21 @@
 """LlamaCppLLM's decoding loop: the chat-template prompt tokenised once, then token by token
 through ``Llama.generate`` with llama-cpp-python's own chat-completion sampler settings, so that
 the ids fed and sampled (and their log-probabilities) are known exactly.
+
+Prompt-prefix reuse: llama.cpp keeps the KV cache between calls, so a prompt that starts like the
+previous prompt only needs its new suffix evaluated. llama.cpp computes a token's keys and values
+identically whether its batch holds 2 or 200 tokens, but not when the batch holds one token (the
+sampling loop feeds the sampled tokens one at a time). So only positions that were evaluated as
+part of a prompt (a batch) are reused, and the suffix fed is always at least 2 tokens: the logits
+and the cache are then bit for bit those of a cold evaluation of the whole prompt
+(tests/test_llamacpp_reuse.py checks this on real prompts).
 """
 
 from __future__ import annotations
 
 import codecs
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +36,7 @@ _DEFAULTS: dict[str, Any] = {
     "seed": None,
 }
 _PENALTY_WINDOW = 64  # Llama.last_n_tokens_size
+_MIN_FED = 2  # a suffix of one token is evaluated differently from the same token inside a batch
 
 
 @dataclass(frozen=True)
@@ -48,7 +57,30 @@ class _Finished:
     reason: str
 
 
+def reusable_prefix(cached: Sequence[int], prompt_ids: Sequence[int], n_batch: int) -> int:
+    """How many leading tokens of ``prompt_ids`` to keep from the KV cache, whose first
+    ``len(cached)`` positions hold ``cached`` as a cold evaluation would: their common prefix,
+    shortened so that every batch of the suffix (``Llama.eval`` feeds ``n_batch`` at a time) has
+    at least two tokens (0: evaluate the whole prompt)."""
+    limit = min(len(cached), len(prompt_ids) - _MIN_FED)
+    n = 0
+    while n < limit and cached[n] == prompt_ids[n]:
+        n += 1
+    if n and (len(prompt_ids) - n) % n_batch == 1:
+        n -= 1
+    return n
+
+
+def exact_after(n_prompt: int, keep: int, n_batch: int) -> int:
+    """How many leading positions of the cache hold what a cold evaluation would hold, once a
+    prompt of ``n_prompt`` tokens is evaluated from position ``keep`` (a last batch of one token
+    is not)."""
+    return n_prompt - 1 if (n_prompt - keep) % n_batch == 1 else n_prompt
+
+
 def _decode(llama: Any, llm: Any, prompt_text: str, prompt: Prompt) -> Iterator[_Sampled | _Finished]:
+    """Decode ``prompt_text``; ``llm._kv_exact`` is how many leading positions of the cache hold
+    batch-evaluated prompt tokens (``llama.input_ids``), kept up to date here."""
     import numpy as np
 
     settings = _settings(llm.parameters, llm.model_name)
@@ -58,6 +90,14 @@ def _decode(llama: Any, llm: Any, prompt_text: str, prompt: Prompt) -> Iterator[
         raise LLMError(
             f"the prompt has {len(prompt_ids)} tokens, more than the context (n_ctx={llama.n_ctx()})"
         )
+    n_batch = llama.n_batch
+    cached = llama.input_ids[: llm._kv_exact].tolist()
+    keep = reusable_prefix(cached, prompt_ids, n_batch) if llm.reuse_prefix else 0
+    llm._kv_exact = keep  # positions from ``keep`` on are overwritten below
+    if keep:
+        llama.n_tokens = keep  # Llama.eval drops the cache from here on and feeds the suffix
+    else:
+        llama.reset()
     limit = min(settings["max_tokens"] or room, room)
     seed = settings["seed"]
     llama.set_seed(seed if seed is not None else random.Random(llama._seed).randint(0, 2**32))
@@ -70,7 +110,8 @@ def _decode(llama: Any, llm: Any, prompt_text: str, prompt: Prompt) -> Iterator[
     history: list[int] = []
     reason = "length"
     tokens = llama.generate(
-        prompt_ids,
+        prompt_ids[keep:],
+        reset=False,  # the cache up to ``keep`` is kept, not matched again by llama-cpp-python
         top_k=settings["top_k"],
         top_p=settings["top_p"],
         min_p=settings["min_p"],
@@ -82,6 +123,7 @@ def _decode(llama: Any, llm: Any, prompt_text: str, prompt: Prompt) -> Iterator[
         grammar=grammar,
     )
     for token in tokens:
+        llm._kv_exact = exact_after(len(prompt_ids), keep, n_batch)  # the prompt is evaluated
         token = int(token)
         logits = np.ctypeslib.as_array(llama._ctx.get_logits_ith(-1), shape=(n_vocab,))
         logprob = _logprob(logits, token, history, settings, sampled_with_grammar=grammar is not None)

@@ -64,13 +64,18 @@ class LlamaCppLLM(LLM):
 
     ``model_path`` defaults to the embedded SmolLM2; ``parameters`` go to every
     ``create_chat_completion`` call (``temperature``, ``max_tokens``, ``seed``, ``top_k``, ...).
+    ``n_threads`` (default: llama-cpp-python's, half the CPUs) decodes; ``n_threads_batch``
+    evaluates prompts (default: ``n_threads``; llama-cpp-python's own default is every CPU,
+    which on a busy machine is several times slower than one thread).
     A prompt's ``response_schema`` constrains decoding to that JSON schema (llama.cpp turns
     it into a grammar), so the output always parses.
 
-    By default the context is reset before every call, so that the same prompt always gives
-    the same output: reusing a cached prompt prefix is faster but changes the numerics
-    slightly, which breaks exact replay and resumption. ``reuse_prefix=True`` trades that for
-    speed.
+    The KV cache is kept between calls (``reuse_prefix``, on by default): a prompt that starts
+    like the previous one (the chat template's preamble and system message, or the previous
+    turn of the conversation) only has its new tokens evaluated. Only positions that llama.cpp
+    computed exactly as a cold evaluation of the new prompt would are reused (see
+    :mod:`tapekit.llm._llamacpp_decode`), so outputs, token ids and log-probabilities are the
+    same with and without it; ``reuse_prefix=False`` evaluates every prompt from scratch.
 
     Most small models' chat templates know nothing of tool calls, so by default assistant tool
     calls and tool results are shown to the model as plain text (:func:`plain_messages`);
@@ -81,15 +86,17 @@ class LlamaCppLLM(LLM):
     model_path: str | None = None
     n_ctx: int = 4096
     n_threads: int | None = None
+    n_threads_batch: int | None = None
     seed: int = 0
     parameters: dict[str, Any] = {"temperature": 0.0, "max_tokens": 256}
-    reuse_prefix: bool = False
+    reuse_prefix: bool = True
     native_tools: bool = False
     policy_version: str | None = None
     _llama: Any = PrivateAttr(None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _formatter: Any = PrivateAttr(None)  # the compiled chat template; False if the file has none
     _fingerprint: str | None = PrivateAttr(None)
+    _kv_exact: int = PrivateAttr(0)  # leading cache positions reusable as they are (see _decode)
 
     def load(self) -> Any:
         """The ``llama_cpp.Llama`` object, loaded on first use."""
@@ -107,6 +114,7 @@ class LlamaCppLLM(LLM):
                     model_path=path,
                     n_ctx=self.n_ctx,
                     n_threads=self.n_threads,
+                    n_threads_batch=self.n_threads_batch or self.n_threads,
                     seed=self.seed,
                     verbose=False,
                 )
@@ -165,9 +173,9 @@ class LlamaCppLLM(LLM):
         llama = self.load()
         rendered = self.render_prompt(prompt)
         with self._lock:
-            if not self.reuse_prefix:
-                llama.reset()
             if rendered is None:
+                llama.reset()  # llama-cpp-python's own prefix matching is not exact
+                self._kv_exact = 0
                 yield from llama.create_chat_completion(**self._request(prompt), stream=True)
                 return
             yield from _decode(llama, self, rendered[0], prompt)
