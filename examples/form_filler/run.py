@@ -50,6 +50,7 @@ from examples.form_filler.distill import (
 from examples.form_filler.greadth import GreadthReport, greadth_report
 from examples.form_filler.oracle import OracleLLM
 from examples.form_filler.schema import FormSet, check_form_set, load_form_set
+from examples.form_filler.synthetic import synthetic_companies
 from examples.form_filler.tree import Branch, TreeSettings, grow_tree
 from tapekit import FunctionLLM
 
@@ -63,6 +64,8 @@ class Settings:
     train_tree: TreeSettings = field(default_factory=lambda: TreeSettings(intents=20, beam_width=60))
     test_tree: TreeSettings = field(default_factory=lambda: TreeSettings(intents=10, beam_width=30, seed=1))
     n_eval: int = 190
+    synthetic: int = 0
+    synthetic_tree: TreeSettings = field(default_factory=lambda: TreeSettings(intents=10, beam_width=20, seed=2))
     student: StudentConfig = field(default_factory=StudentConfig)
     error_rate: float = 0.0
     teacher_url: str | None = None
@@ -152,12 +155,16 @@ def run(settings: Settings) -> GreadthReport:
     started = time.perf_counter()
     train = grow_trees(teacher, forms.train, settings.train_tree, store, "train-tree")
     test = grow_trees(teacher, forms.test, settings.test_tree, store, "test-tree")
+    if settings.synthetic:
+        made_up = synthetic_companies(settings.synthetic, avoid=forms)
+        train += grow_trees(teacher, made_up, settings.synthetic_tree, store, "synthetic-tree")
     behaviors = {b.behavior for b in train} & {b.behavior for b in test}
     _line(
         stage="trees",
         train_branches=len(train),
         test_branches=len(test),
         behaviours_in_both=len(behaviors),
+        synthetic_companies=settings.synthetic,
         seconds=f"{time.perf_counter() - started:.0f}",
     )
     chosen = eval_branches(test, settings.n_eval)
@@ -204,6 +211,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--hidden", type=int, help="tiny student: hidden size")
     parser.add_argument("--lr", type=float, help="learning rate")
     parser.add_argument("--batch-size", type=int, help="samples per SFT step")
+    parser.add_argument("--synthetic", type=int, help="made-up training companies added to the bundled 3")
+    parser.add_argument("--vocab", type=int, help="tiny student: tokenizer vocabulary size")
     parser.add_argument("--eval", type=int, help="partial test dialogues to continue")
     parser.add_argument("--beam", type=int, help="beam width of the training trees")
     parser.add_argument("--error-rate", type=float, default=0.0, help="the oracle teacher's deliberate slips")
@@ -228,7 +237,10 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         settings.student.steps = 400 if kind == "tiny" else 40
     if args.steps is not None:
         settings.student.steps = args.steps
-    for name, value in (("layers", args.layers), ("hidden", args.hidden), ("learning_rate", args.lr)):
+    if args.synthetic is not None:
+        settings.synthetic = args.synthetic
+    tiny_options = (("layers", args.layers), ("hidden", args.hidden), ("vocab", args.vocab))
+    for name, value in (*tiny_options, ("learning_rate", args.lr)):
         if value is not None:
             setattr(settings.student, name, value)
     if args.batch_size is not None:
