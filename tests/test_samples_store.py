@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,23 +30,49 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 def _call(pid: str, tokens: TokenTrace | None) -> LLMCall:
-    return LLMCall(prompt=Prompt(id=pid, messages=[{"role": "user", "content": "hi"}]),
-                   output=LLMOutput(content="hello"), model="m", tokens=tokens)
+    return LLMCall(
+        prompt=Prompt(id=pid, messages=[{"role": "user", "content": "hi"}]),
+        output=LLMOutput(content="hello"),
+        model="m",
+        tokens=tokens,
+    )
 
 
 TRACE = TokenTrace(
-    prompt_ids=[1, 2, 49151, 0], output_ids=[7, 2], output_logprobs=[-0.25, -1.5],
-    tokenizer="tk1-49152-abc", policy_version="v3", finish_reason="stop",
+    prompt_ids=[1, 2, 49151, 0],
+    output_ids=[7, 2],
+    output_logprobs=[-0.25, -1.5],
+    tokenizer="tk1-49152-abc",
+    policy_version="v3",
+    finish_reason="stop",
 )
 
 
 def test_codec_round_trips_and_is_compact() -> None:
     meta, data = encode_tokens(TRACE)
-    assert data is not None and len(data) == 4 * 6 + 4 * 2  # int32 ids, float32 logprobs
+    assert data is not None and len(data) == 2 * 6 + 4 * 2  # uint16 ids, float32 logprobs
     assert decode_tokens(meta, data) == TRACE
+    big = TRACE.model_copy(update={"prompt_ids": [1, 65536, 3, 0], "output_ids": [-1, 2]})
+    meta, data = encode_tokens(big)
+    assert data is not None and len(data) == 4 * 6 + 4 * 2  # an id over 65,535: int32 ids
+    assert decode_tokens(meta, data) == big
     no_logprobs = TRACE.model_copy(update={"output_logprobs": None})
     assert decode_tokens(*encode_tokens(no_logprobs)) == no_logprobs
     assert encode_tokens(None) == (None, None) and decode_tokens(None, None) is None
+
+
+def test_codec_reads_rows_written_before_the_id_width_was_recorded() -> None:
+    from array import array
+
+    meta = (
+        '{"n_prompt":4,"n_output":2,"logprobs":true,"tokenizer":"tk1-49152-abc",'
+        '"policy_version":"v3","finish_reason":"stop"}'
+    )
+    data = array("i", [1, 2, 49151, 0, 7, 2]).tobytes() + array("f", [-0.25, -1.5]).tobytes()
+    assert sys.byteorder == "little"  # the stored form is little-endian
+    assert decode_tokens(meta, data) == TRACE
+    with pytest.raises(ValueError, match="id_bytes=3"):
+        decode_tokens(meta.replace('"n_output":2,', '"n_output":2,"id_bytes":3,'), data)
 
 
 def test_stored_calls_keep_their_token_ids(store_url: str) -> None:

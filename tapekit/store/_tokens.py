@@ -1,10 +1,12 @@
 """The compact form of :class:`~tapekit.llm.base.TokenTrace` in the store's ``llm_calls`` table.
 
 ``token_data`` (BLOB in SQLite, BYTEA in PostgreSQL) holds the prompt ids and output ids as
-little-endian int32, then the output log-probabilities as little-endian float32;
-``token_meta`` (TEXT) is a short JSON object with the counts and the strings (tokenizer
-fingerprint, policy version, finish reason). A call without ids has NULL in both.
-Encoding and decoding are one ``array`` conversion each: no per-token Python work.
+little-endian unsigned 16-bit integers when every id fits (vocabularies of up to 65,536 tokens)
+and as little-endian int32 otherwise, then the output log-probabilities as little-endian
+float32; ``token_meta`` (TEXT) is a short JSON object with the counts, the width of an id
+(``id_bytes``: 2 or 4; rows written before it existed have int32 ids and no such key) and the
+strings (tokenizer fingerprint, policy version, finish reason). A call without ids has NULL in
+both. Encoding and decoding are one ``array`` conversion each: no per-token Python work.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 from array import array
+from functools import lru_cache
 from typing import Any
 
 from tapekit.llm.base import TokenTrace
@@ -19,6 +22,7 @@ from tapekit.llm.base import TokenTrace
 __all__ = ["decode_tokens", "encode_tokens"]
 
 _SWAP = sys.byteorder != "little"
+_ID_TYPES = {2: "H", 4: "i"}  # id_bytes -> array typecode
 
 
 def _bytes(values: array[Any]) -> bytes:
@@ -28,25 +32,40 @@ def _bytes(values: array[Any]) -> bytes:
     return values.tobytes()
 
 
+def _ids(trace: TokenTrace) -> array[int]:
+    """The prompt ids then the output ids, as uint16 when they all fit, else as int32."""
+    try:
+        ids = array("H", trace.prompt_ids)
+        ids.extend(trace.output_ids)
+    except OverflowError:  # an id >= 65,536 (or negative)
+        ids = array("i", trace.prompt_ids)
+        ids.extend(trace.output_ids)
+    return ids
+
+
+@lru_cache(maxsize=256)
+def _meta_tail(tokenizer: str | None, policy_version: str | None, finish_reason: str | None) -> str:
+    """The strings of ``token_meta`` as the end of its JSON object (they repeat from call to
+    call, so they are encoded once)."""
+    strings = {"tokenizer": tokenizer, "policy_version": policy_version, "finish_reason": finish_reason}
+    return json.dumps(strings, separators=(",", ":"))[1:]
+
+
 def encode_tokens(trace: TokenTrace | None) -> tuple[str | None, bytes | None]:
     """``(token_meta, token_data)`` for a trace (``(None, None)`` for none)."""
     if trace is None:
         return None, None
-    ids = array("i", trace.prompt_ids)
-    ids.extend(trace.output_ids)
+    ids = _ids(trace)
     data = _bytes(ids)
     logprobs = trace.output_logprobs
     if logprobs is not None:
         data += _bytes(array("f", logprobs))
-    meta = {
-        "n_prompt": len(trace.prompt_ids),
-        "n_output": len(trace.output_ids),
-        "logprobs": logprobs is not None,
-        "tokenizer": trace.tokenizer,
-        "policy_version": trace.policy_version,
-        "finish_reason": trace.finish_reason,
-    }
-    return json.dumps(meta, separators=(",", ":")), data
+    meta = (
+        f'{{"n_prompt":{len(trace.prompt_ids)},"n_output":{len(trace.output_ids)},'
+        f'"logprobs":{"true" if logprobs is not None else "false"},"id_bytes":{ids.itemsize},'
+        + _meta_tail(trace.tokenizer, trace.policy_version, trace.finish_reason)
+    )
+    return meta, data
 
 
 def decode_tokens(meta: str | None, data: Any) -> TokenTrace | None:
@@ -55,13 +74,17 @@ def decode_tokens(meta: str | None, data: Any) -> TokenTrace | None:
         return None
     info = json.loads(meta)
     n_prompt, n_output = info["n_prompt"], info["n_output"]
+    width = info.get("id_bytes", 4)
+    if width not in _ID_TYPES:
+        raise ValueError(f"token_meta has id_bytes={width!r}; expected 2 or 4")
     raw = bytes(data)
-    ids = array("i")
-    ids.frombytes(raw[: 4 * (n_prompt + n_output)])
+    n_ids = width * (n_prompt + n_output)
+    ids = array(_ID_TYPES[width])
+    ids.frombytes(raw[:n_ids])
     logprobs: list[float] | None = None
     if info["logprobs"]:
         values = array("f")
-        values.frombytes(raw[4 * (n_prompt + n_output) :])
+        values.frombytes(raw[n_ids:])
         if _SWAP:
             values.byteswap()
         logprobs = values.tolist()
