@@ -101,11 +101,14 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from tapekit.llm.llamacpp import LlamaCppLLM
     from tapekit.store import SQLiteStore
 
-    llm = LlamaCppLLM(parameters={"temperature": 0.0, "max_tokens": 5}, n_ctx=256, n_threads=2)
+    # one thread: on 2 shared cores two llama.cpp threads mostly wait for each other
+    llm = LlamaCppLLM(parameters={"temperature": 0.0, "max_tokens": 5}, n_ctx=256, n_threads=1)
     agent = Agent.create("calc", llms=llm, nodes=[Ask(), Answer()], max_iterations=4)
     starts = [Tape(steps=[Question(a=i % 97, b=i // 97)]) for i in range(N_TAPES)]
     store = SQLiteStore(Path(tmp_path_factory.mktemp("e2e")) / "tapes.db")
-    results = batch(agent, Calculator(), starts, store=store, max_concurrency=4)
+    # one tape at a time: a tape's second call then finds its first call's prompt in the KV cache
+    # (LlamaCppLLM reuses the prefix); interleaved tapes would only share the template's preamble
+    results = batch(agent, Calculator(), starts, store=store, max_concurrency=1)
     store.flush()
     tapes = [r.tape for r in results]
     yield llm, tapes, store
