@@ -54,20 +54,51 @@ def test_tree_tapes_load_from_the_store_and_open_in_the_studio(tmp_path: Path) -
             assert step.status_code == 200 and "Task: respond." in step.text and "oracle" in step.text
 
 
-def test_quick_study_tunes_the_student_above_zero_shot(tmp_path: Path, capsys: Any) -> None:
-    """The whole ``--quick`` study (about 6.5 minutes on 2 busy cores)."""
+def test_synthetic_companies_are_valid_deterministic_and_new() -> None:
+    from examples.form_filler.schema import FormSet, check_form_set
+    from examples.form_filler.synthetic import synthetic_companies
+
+    made = synthetic_companies(12, seed=3, avoid=FORMS)
+    assert [c.model_dump() for c in made] == [c.model_dump() for c in synthetic_companies(12, 3, FORMS)]
+    assert check_form_set(FormSet(train=made, test=[]), forms_per_company=10, all_kinds=True) == []
+    names = [f.name for c in made for f in c.forms]
+    assert len(set(names)) == len(names), "every made-up form has its own name"
+    bundled = {f.name for c in [*FORMS.train, *FORMS.test] for f in c.forms}
+    assert not bundled & set(names)
+    slots = {p for c in made for f in c.forms for p in f.parameters.properties}
+    assert len(slots) > 200, "slot names vary across forms"
+    assert made[0].model_dump() != synthetic_companies(1, seed=4)[0].model_dump()
+    with pytest.raises(ValueError, match="n must be"):
+        synthetic_companies(-1)
+
+
+# The CI setting of the one command: the --quick pipeline with fewer made-up training
+# companies, narrower training trees, fewer SFT steps and one test continuation per behaviour
+# (about 3 minutes on 2 busy cores; docs/form_filler.md quotes the full --quick run).
+CI_ARGS = ["--quick", "--synthetic", "15", "--beam", "6", "--steps", "200", "--eval", "19"]
+
+
+def test_small_study_tunes_the_student_above_zero_shot(tmp_path: Path, capsys: Any) -> None:
+    """Forms -> trees (all 19 behaviours) -> distillation -> GREADTH: the teacher passes every
+    turn, the untrained student none, and the tuned student parses more turns and scores clearly
+    higher on the six criteria."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("trl")
     from examples.form_filler import run
 
-    report = run.run(run.parse_args(["--quick", "--out", str(tmp_path)]))
+    report = run.run(run.parse_args([*CI_ARGS, "--out", str(tmp_path)]))
     assert report.score(run.TEACHER).value == 1.0
     zero, tuned = report.score(run.ZERO_SHOT).value, report.score(run.TUNED).value
     assert zero == 0.0 and tuned >= zero, (zero, tuned)
+    summary = report.summary()
+    assert summary[run.ZERO_SHOT]["invalid"] == 19, "an untrained tiny model writes no valid JSON"
+    assert summary[run.TUNED]["invalid"] <= 15, summary[run.TUNED]["invalid"]
     criteria = ["grounded", "responsive", "accurate", "disciplined", "transparent", "helpful"]
     mean = {a: sum(report.score(a, c).value for c in criteria) / 6 for a in (run.ZERO_SHOT, run.TUNED)}
     assert mean[run.TUNED] >= mean[run.ZERO_SHOT] + 0.1, mean
     out = capsys.readouterr().out
-    assert re.search(r"stage=trees train_branches=\d+ test_branches=\d+ behaviours_in_both=19", out)
+    assert re.search(
+        r"stage=trees train_branches=\d+ test_branches=\d+ behaviours_in_both=19 synthetic_companies=15", out
+    )
     assert (tmp_path / "greadth.json").exists()

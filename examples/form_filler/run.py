@@ -65,7 +65,9 @@ class Settings:
     test_tree: TreeSettings = field(default_factory=lambda: TreeSettings(intents=10, beam_width=30, seed=1))
     n_eval: int = 190
     synthetic: int = 0
-    synthetic_tree: TreeSettings = field(default_factory=lambda: TreeSettings(intents=10, beam_width=20, seed=2))
+    synthetic_tree: TreeSettings = field(
+        default_factory=lambda: TreeSettings(intents=10, beam_width=6, seed=2)
+    )
     student: StudentConfig = field(default_factory=StudentConfig)
     error_rate: float = 0.0
     teacher_url: str | None = None
@@ -234,7 +236,10 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         settings.train_tree = TreeSettings(intents=10, beam_width=20)
         settings.test_tree = TreeSettings(intents=10, beam_width=10, seed=1)
         settings.n_eval = 38
-        settings.student.steps = 400 if kind == "tiny" else 40
+        settings.student.steps = 500 if kind == "tiny" else 40
+        settings.synthetic = 40
+        if kind == "tiny":  # smaller pieces of names (copied, not remembered), longer rows
+            settings.student.vocab, settings.student.max_length = 1024, 640
     if args.steps is not None:
         settings.student.steps = args.steps
     if args.synthetic is not None:

@@ -19,36 +19,50 @@ from examples.form_filler.schema import Company, FormSet, check_form_set
 
 __all__ = ["synthetic_companies"]
 
-_VERBS = (
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+_VERBS = _words(
     "book request order report register renew cancel update submit schedule claim reserve approve "
     "transfer return replace extend reset open close record assign log apply file"
-).split()
-_NOUNS = (
+)
+_NOUNS = _words(
     "badge laptop locker parcel permit visa pass shift desk room vehicle license refund invoice "
     "ticket budget grant course exam review audit sample delivery pallet crate meter "
     "voucher stipend bonus trip seminar workshop cable printer monitor sensor pump valve filter "
     "kiosk uniform helmet tablet phone router server backup account mailbox folder contract "
     "lease deposit pension benefit coupon garden boat drone bike scooter trailer canteen "
     "battery antenna engine harbour warehouse studio camera poster banner keycard"
-).split()
-_ADJECTIVES = (
+)
+_ADJECTIVES = _words(
     "annual weekly spare remote mobile shared temporary private guest external internal "
     "night weekend urgent bulk custom digital paper small large green blue silver golden "
     "junior senior regional local"
-).split()
-_VALUES = (
+)
+_VALUES = _words(
     "basic plus premium standard express economy deluxe compact full partial single double "
     "monthly quarterly yearly north south east west morning evening red amber green online "
     "onsite phone letter card cash points low medium high small large tiny huge bronze silver "
     "gold platinum alpha beta gamma delta manual automatic indoor outdoor short long"
-).split()
-_GLOSSES = (
-    "the usual case", "the cheapest option", "the fastest option", "most people",
-    "approved requests only", "teams", "visitors", "requests handled by hand", "anything else",
-    "long requests", "short requests", "extra checks",
 )
-_FIRST = "Dana Omar Priya Lena Hugo Mira Tariq Ines Noah Yuki Aron Sofia Kemal Rosa Ivan".split()
-_PLACES = "Leeds Porto Kyoto Lagos Quito Oslo Perth Lima Riga Turin Dakar Hanoi Bergen Cork".split()
+_GLOSSES = (
+    "the usual case",
+    "the cheapest option",
+    "the fastest option",
+    "most people",
+    "approved requests only",
+    "teams",
+    "visitors",
+    "requests handled by hand",
+    "anything else",
+    "long requests",
+    "short requests",
+    "extra checks",
+)
+_FIRST = _words("Dana Omar Priya Lena Hugo Mira Tariq Ines Noah Yuki Aron Sofia Kemal Rosa Ivan")
+_PLACES = _words("Leeds Porto Kyoto Lagos Quito Oslo Perth Lima Riga Turin Dakar Hanoi Bergen Cork")
 _DAYS = "day of the request", "start date", "day it is needed", "due date", "day of the visit"
 
 
@@ -97,7 +111,9 @@ def _spec(rng: random.Random, taken: set[str]) -> FormSpec:
     )
 
 
-def synthetic_companies(n: int, seed: int = 0, avoid: FormSet | None = None, forms: int = 10) -> list[Company]:
+def synthetic_companies(
+    n: int, seed: int = 0, avoid: FormSet | None = None, forms: int = 10
+) -> list[Company]:
     """``n`` made-up training companies of ``forms`` random forms each, deterministically from
     ``seed``; no form is named like a form of ``avoid`` (the bundled set, say). ``ValueError``
     if ``n`` or ``forms`` is negative or a generated company is invalid."""
