@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from examples.math.agents import (
+    SHORT_SYSTEM,
+    STUDENT_SYSTEM,
     MathAnswer,
     MathPlan,
     Oracle,
@@ -114,6 +116,44 @@ def test_the_student_reuses_a_teacher_tape_one_turn_per_calculator_call() -> Non
     assert [s.llm_dict() for s in replay.steps] == [s.llm_dict() for s in adapted.steps]
 
 
+def test_student_system_message_short_by_default_and_instructions_on_request() -> None:
+    problem = make_problems(3, seed=0)[0]
+    seen: list[Any] = []
+
+    def answer(prompt: Any) -> str:
+        seen.append(prompt.messages[0])
+        return f"Answer: {problem.answer}"
+
+    for agent, system in (
+        (make_student(FunctionLLM(fn=answer)), SHORT_SYSTEM),
+        (make_student(FunctionLLM(fn=answer), STUDENT_SYSTEM), STUDENT_SYSTEM),
+    ):
+        tape = main_loop(agent, start_tape(problem), calculator_environment()).get_final_tape()
+        assert seen[-1] == {"role": "system", "content": system}
+        assert student_messages(tape, system)[0] == seen[-1]
+    assert len(SHORT_SYSTEM) < len(STUDENT_SYSTEM) and "Plan:" in STUDENT_SYSTEM
+
+
+def test_tiny_tokenizer_texts_are_the_rendered_turns() -> None:
+    from examples.math_distill import tokenizer_texts
+
+    problem = next(p for p in make_problems(30, seed=2) if len(p.operations) == 2)
+    teacher = make_teacher(FunctionLLM(fn=Oracle([problem])))
+    tape = main_loop(teacher, start_tape(problem), calculator_environment()).get_final_tape()
+    adapted, _ = make_student(FunctionLLM(fn=lambda prompt: "unused")).reuse(tape)
+    texts = tokenizer_texts([adapted])
+    (a, op1, b, r1), (_, op2, c, r2) = problem.steps()
+    assert texts == [
+        f"system\n{SHORT_SYSTEM}",
+        f"user\n{problem.question}",
+        f"assistant\nPlan: {problem.expression}\ncalculator: {a}{op1}{b}",
+        f"user\n[tool result] {r1}",
+        f"assistant\ncalculator: {r1}{op2}{c}",
+        f"user\n[tool result] {r2}",
+        f"assistant\nAnswer: {r2}",
+    ]
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -173,7 +213,9 @@ def test_quick_run_shows_the_tiny_student_improving(tmp_path: Path) -> None:
     assert set(stages) == {"teacher", "zero_shot", "sft"}, done.stdout
     assert stages["teacher"] == (1.0, 1.0)
     assert stages["zero_shot"][0] < 0.05
-    assert stages["sft"][0] >= stages["zero_shot"][0] + 0.2, done.stdout
+    # measured 0.56 (0.93 / 0.53 / 0.20 by level); full runs of the same recipe landed between
+    # 0.44 and 0.59, so 0.3 leaves a margin for run-to-run spread
+    assert stages["sft"][0] >= 0.3, done.stdout
     assert stages["sft"][1] >= stages["sft"][0]
     assert "math distillation" in done.stdout  # the table
     assert (tmp_path / "tapes.db").is_file()

@@ -56,6 +56,7 @@ __all__ = [
     "ACT_INSTRUCTION",
     "ANSWER_INSTRUCTION",
     "PLAN_INSTRUCTION",
+    "SHORT_SYSTEM",
     "STUDENT_SYSTEM",
     "MathAnswer",
     "MathPlan",
@@ -83,6 +84,11 @@ STUDENT_SYSTEM = (
     "Solve the word problem. First write 'Plan: <expression>', then call the calculator with "
     "'calculator: <a op b>' one operation at a time, then write 'Answer: <number>'."
 )
+
+# The student's default system message. A student that learns the format from its samples
+# needs no instructions (and a shorter prompt is a faster training step); STUDENT_SYSTEM spells
+# the format out for a model that is also evaluated zero-shot (SmolLM2).
+SHORT_SYSTEM = "Solve with the calculator."
 
 _CALL = re.compile(r"^calculator: (.+)$")
 _ANSWER = re.compile(r"^Answer: (-?\d+)$")
@@ -233,10 +239,10 @@ def _result_text(step: ToolResult) -> str:
     return f"Error: {step.error}" if step.error else str(step.content)
 
 
-def student_messages(tape: Tape[Any, Any]) -> list[dict[str, Any]]:
-    """The student's chat: system, the question, then its turns (as it wrote them) and the
+def student_messages(tape: Tape[Any, Any], system: str = SHORT_SYSTEM) -> list[dict[str, Any]]:
+    """The student's chat: ``system``, the question, then its turns (as it wrote them) and the
     tool results."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": STUDENT_SYSTEM}]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
     steps = list(tape.steps)
     i = 0
     while i < len(steps):
@@ -259,10 +265,11 @@ class SolveNode(Node):
     """The student's only node: plan, calculator calls and the answer, one turn per call."""
 
     name: str = "solve"
+    system: str = SHORT_SYSTEM
 
     def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
         """The whole conversation so far, in the student's own text format."""
-        return Prompt(messages=student_messages(tape))
+        return Prompt(messages=student_messages(tape, self.system))
 
     def generate_steps(self, agent: Agent, tape: Tape[Any, Any], llm_stream: LLMStream) -> Iterator[Step]:
         """Parse the text; loop back to this node after tool calls."""
@@ -411,9 +418,9 @@ def make_teacher(llm: Any) -> Agent:
     return Agent.create("teacher", llms=llm, nodes=[PlanNode(), ActNode(), AnswerNode()])
 
 
-def make_student(llm: Any) -> Agent:
-    """The single-node student on ``llm``."""
-    return Agent.create("student", llms=llm, nodes=[SolveNode()])
+def make_student(llm: Any, system: str = SHORT_SYSTEM) -> Agent:
+    """The single-node student on ``llm``, whose prompts start with ``system``."""
+    return Agent.create("student", llms=llm, nodes=[SolveNode(system=system)])
 
 
 def start_tape(problem: Problem) -> Tape[Any, Any]:
