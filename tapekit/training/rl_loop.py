@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,7 +52,10 @@ class RLRunConfig(BaseModel):
     local model directory. ``tasks_per_step`` x ``group_size`` rollouts per step, sampled at
     ``temperature`` with at most ``max_tokens`` per call. ``curriculum``: ``"sec"``,
     ``"uniform"`` or ``"fixed"`` (``fixed_order``, ``steps_per_category``). The GRPO fields are
-    those of :class:`~tapekit.training.rl.RLConfig`. ``lora`` None trains every weight.
+    those of :class:`~tapekit.training.rl.RLConfig`. Each step's rollouts are used for
+    ``ppo_epochs`` passes of ``minibatches`` optimiser steps each (minibatches of whole groups;
+    after the first step the ratio to the sampling log-probs leaves 1 and the clipping acts).
+    ``lora`` None trains every weight.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -76,6 +79,8 @@ class RLRunConfig(BaseModel):
     aggregation: Literal["token", "sequence", "constant"] = "token"
     max_grad_norm: float = 1.0
     micro_batch_size: int | None = None
+    ppo_epochs: int = Field(1, gt=0)
+    minibatches: int = Field(1, gt=0)
     curriculum: Literal["sec", "uniform", "fixed"] = "sec"
     sec_alpha: float = Field(0.5, gt=0, le=1)
     sec_temperature: float = Field(0.2, gt=0)
@@ -206,11 +211,55 @@ def _task_counts(tasks: Sequence[Task]) -> dict[str, int]:
     return {c: sum(1 for v in unique.values() if v == c) for c in sorted(set(unique.values()))}
 
 
+def _minibatches(rows: list[dict[str, Any]], key: str, n: int) -> list[list[dict[str, Any]]]:
+    """``rows`` split into at most ``n`` parts of whole groups (groups dealt round-robin in
+    order of appearance, so the split is deterministic)."""
+    order: dict[Any, int] = {}
+    for row in rows:
+        order.setdefault(row[key], len(order))
+    parts: list[list[dict[str, Any]]] = [[] for _ in range(min(n, len(order)))]
+    for row in rows:
+        parts[order[row[key]] % len(parts)].append(row)
+    return parts
+
+
+def _merge_stats(all_stats: list[RLStepStats]) -> RLStepStats:
+    """The stats of several optimiser steps on one batch: clip fraction, ratio, KL and loss
+    averaged over the steps (token-weighted), tokens and grad norm of the whole."""
+    if len(all_stats) == 1:
+        return all_stats[0]
+    tokens = sum(s.tokens for s in all_stats) or 1
+
+    def mean(name: str) -> float:
+        return sum(getattr(s, name) * s.tokens for s in all_stats) / tokens
+
+    seconds = sum(s.tokens / s.tokens_per_s for s in all_stats if s.tokens_per_s > 0)
+    return replace(
+        all_stats[0],
+        loss=sum(s.loss for s in all_stats) / len(all_stats),
+        clip_fraction=mean("clip_fraction"),
+        clip_low_fraction=mean("clip_low_fraction"),
+        clip_high_fraction=mean("clip_high_fraction"),
+        ratio_mean=mean("ratio_mean"),
+        kl=mean("kl"),
+        tokens=sum(s.tokens for s in all_stats),
+        tokens_per_s=sum(s.tokens for s in all_stats) / seconds if seconds else 0.0,
+        grad_norm=max(s.grad_norm for s in all_stats),
+    )
+
+
 def _train_on(
-    model: Any, optimizer: Any, rows: list[dict[str, Any]], rl: RLConfig, version: int, ref_model: Any
+    model: Any,
+    optimizer: Any,
+    rows: list[dict[str, Any]],
+    rl: RLConfig,
+    version: int,
+    ref_model: Any,
+    epochs: int = 1,
+    minibatches: int = 1,
 ) -> tuple[RLStepStats | None, Any, dict[str, float]]:
-    """One GRPO step on the rows of the groups that have a signal; the full batch's groups
-    (for the stats and the sampler's arm rewards) either way."""
+    """``epochs`` x ``minibatches`` GRPO steps on the rows of the groups that have a signal;
+    the full batch's groups (for the stats and the sampler's arm rewards) either way."""
     if not rows:
         return None, None, {}
     full = make_rl_batch(rows, rl)
@@ -221,10 +270,13 @@ def _train_on(
     live = [r for r in rows if r[rl.group_key] not in zero]
     if not live:
         return None, full, arm_rewards
-    stats = grpo_step(
-        model, optimizer, make_rl_batch(live, rl), rl, ref_model=ref_model, policy_version=version
-    )
-    return stats, full, arm_rewards
+    parts = [make_rl_batch(part, rl) for part in _minibatches(live, rl.group_key, minibatches)]
+    stats = [
+        grpo_step(model, optimizer, part, rl, ref_model=ref_model, policy_version=version)
+        for _ in range(epochs)
+        for part in parts
+    ]
+    return _merge_stats(stats), full, arm_rewards
 
 
 class _Run:
@@ -308,9 +360,16 @@ class _Run:
         return batch
 
     def train(self, batch: RolloutBatch, started: float) -> None:
-        version = self.step  # one optimiser step per RL step: the version is the step count
+        version = self.step  # one policy version per RL step: the version is the step count
         stats, full, arm_rewards = _train_on(
-            self.model, self.optimizer, batch.rows, self.rl, version, self.ref_model
+            self.model,
+            self.optimizer,
+            batch.rows,
+            self.rl,
+            version,
+            self.ref_model,
+            self.config.ppo_epochs,
+            self.config.minibatches,
         )
         with self.lock:
             self.sampler.update(arm_rewards)
