@@ -661,3 +661,25 @@ def test_a_bad_jsonl_line_names_the_file_and_line_and_the_import_stores_nothing(
         assert store.count_tapes() == 0 and store.list_llm_calls() == []  # nothing stored
     store.import_jsonl(tmp_path / "a.jsonl")  # the store is fine
     assert store.count_tapes() == 2 and len(store.list_llm_calls()) == 3
+
+
+@pytest.mark.skipif(PG_UNAVAILABLE is not None, reason=f"PostgreSQL backend: {PG_UNAVAILABLE}")
+def test_postgres_opens_without_ddl_and_upgrades_an_old_schema(pg_cluster: TempPostgres) -> None:
+    import psycopg
+
+    from tapekit.store._sql import TOKEN_COLUMNS
+
+    url = pg_cluster.create_database()
+    with PostgresStore(url) as store:
+        # a complete schema: a second store opens without DDL (DDL's table locks deadlocked a
+        # live writer in another process), so nothing is left to add
+        assert store._missing_schema() == []
+    with psycopg.connect(url, autocommit=True) as admin:  # a database made before token ids
+        for name in TOKEN_COLUMNS:
+            admin.execute(f"ALTER TABLE llm_calls DROP COLUMN {name}")
+        admin.execute("DROP INDEX tapes_author")
+    with PostgresStore(url) as store:
+        assert store._missing_schema() == []
+        store.save_tape(Tape(steps=[UserStep(content="after the upgrade")]), tags=["t"])
+        store.flush()
+        assert len(store.list_tapes(tag="t")) == 1

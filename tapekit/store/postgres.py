@@ -24,6 +24,7 @@ from tapekit.store._sql import SCHEMA, TOKEN_COLUMNS, SQLTapeStore
 
 __all__ = ["PostgresStore"]
 
+_CREATED = re.compile(r"IF NOT EXISTS (\w+)")  # the table or index a SCHEMA statement makes
 _RETRIES = 10  # about 10 s of backoff in all
 
 
@@ -77,14 +78,41 @@ class PostgresStore(SQLTapeStore):
             raise ConnectionError(f"cannot connect to PostgreSQL at {self.location}: {e}") from e
 
     def _create_schema(self) -> None:
-        with self._read_lock, self._read.transaction():
-            # one creator at a time: CREATE ... IF NOT EXISTS races between sessions
-            self._read.execute("SELECT pg_advisory_xact_lock(7316206)")
-            for statement in SCHEMA:
-                self._read.execute(statement)
-            for name, kind in TOKEN_COLUMNS.items():  # databases made before token ids were kept
-                pg_kind = "BYTEA" if kind == "BLOB" else kind
-                self._read.execute(f"ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS {name} {pg_kind}")
+        with self._read_lock:
+            missing_columns = self._missing_schema()
+            if missing_columns == []:  # everything exists: no DDL, whose locks deadlock live writers
+                return
+            with self._read.transaction():
+                # one creator at a time: CREATE ... IF NOT EXISTS races between sessions
+                self._read.execute("SELECT pg_advisory_xact_lock(7316206)")
+                for statement in SCHEMA:
+                    self._read.execute(statement)
+                for name in self._missing_columns():  # databases made before token ids were kept
+                    pg_kind = "BYTEA" if TOKEN_COLUMNS[name] == "BLOB" else TOKEN_COLUMNS[name]
+                    self._read.execute(f"ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS {name} {pg_kind}")
+
+    def _missing_schema(self) -> list[str] | None:
+        """The token columns ``llm_calls`` lacks, or None when a table or index is missing.
+
+        Checked before any DDL: ``CREATE INDEX IF NOT EXISTS`` and ``ALTER TABLE ... IF NOT
+        EXISTS`` take table locks even when there is nothing to do, and a second process opening
+        the store while another one writes then deadlocks with its writer.
+        """
+        names = [m.group(1) for m in (_CREATED.search(statement) for statement in SCHEMA) if m]
+        row = self._read.execute(
+            "SELECT bool_and(to_regclass(n) IS NOT NULL) FROM unnest(%s::text[]) AS n", [names]
+        ).fetchone()
+        if not row or not row[0]:
+            return None
+        return self._missing_columns()
+
+    def _missing_columns(self) -> list[str]:
+        rows = self._read.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = 'llm_calls'"
+        ).fetchall()
+        have = {r[0] for r in rows}
+        return [name for name in TOKEN_COLUMNS if name not in have]
 
     def _writer_connect(self) -> _Conn:
         return _Conn(self._connect())
