@@ -67,3 +67,22 @@ def test_several_steps_per_batch_move_the_ratio_and_clip(tmp_path: Path) -> None
     assert trained[0]["train_tokens"] == 3 * one[0]["train_tokens"]
     assert any(r["clip_fraction"] > 0 for r in trained)
     assert any(abs(r["ratio_mean"] - 1.0) > 1e-4 for r in trained)
+
+
+@needs_torch
+def test_negative_scale_shrinks_only_the_negative_advantages() -> None:
+    from tapekit.training.rl import RLConfig, make_rl_batch
+
+    rows = [
+        {"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "tape_id": f"t{i}", "task_id": "q", "reward": r}
+        for i, r in enumerate([1.0, 0.0, 0.0, 0.0])
+    ]
+    plain = make_rl_batch(rows, RLConfig(scale_rewards=False)).advantages.tolist()
+    assert plain == pytest.approx([0.75, -0.25, -0.25, -0.25])
+    half = make_rl_batch(rows, RLConfig(scale_rewards=False, negative_scale=0.5)).advantages.tolist()
+    assert half == pytest.approx([0.75, -0.125, -0.125, -0.125])
+    none = make_rl_batch(rows, RLConfig(scale_rewards=False, negative_scale=0.0))
+    assert none.advantages.tolist() == pytest.approx([0.75, 0.0, 0.0, 0.0])
+    assert none.groups.zero_groups == []  # the group still has a signal (and counts as such)
+    with pytest.raises(ValueError, match="negative_scale"):
+        RLConfig(negative_scale=1.5)

@@ -43,7 +43,10 @@ class RLConfig:
     ``scale_rewards=False`` is Dr. GRPO (advantages not divided by the group's std);
     ``temperature`` must be the sampling temperature; ``micro_batch_size`` splits the forward and
     backward passes (one optimiser step per batch either way); ``max_grad_norm`` <= 0 disables
-    gradient clipping; ``group_key`` names the column grouping the G rollouts of one task.
+    gradient clipping; ``group_key`` names the column grouping the G rollouts of one task;
+    ``negative_scale`` multiplies the negative advantages (1.0: plain GRPO; 0.0: only the
+    rollouts better than their group's mean are reinforced, as in rejection-sampling
+    fine-tuning; in between: a softer push away from the worse ones).
     """
 
     clip_low: float = 0.2
@@ -57,6 +60,7 @@ class RLConfig:
     max_grad_norm: float = 1.0
     group_key: str = "task_id"
     pad_id: int = 0
+    negative_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.aggregation not in AGGREGATIONS:
@@ -69,6 +73,8 @@ class RLConfig:
             raise ValueError(f"RLConfig.kl_coef must be >= 0, got {self.kl_coef}")
         if self.micro_batch_size is not None and self.micro_batch_size <= 0:
             raise ValueError(f"RLConfig.micro_batch_size must be positive, got {self.micro_batch_size}")
+        if not 0.0 <= self.negative_scale <= 1.0:
+            raise ValueError(f"RLConfig.negative_scale must be in [0, 1], got {self.negative_scale}")
 
 
 @dataclass
@@ -174,7 +180,8 @@ def make_rl_batch(rows: Iterable[Mapping[str, Any]], config: RLConfig) -> RLBatc
         _check_row(i, row, config.group_key)
     tape_keys, tape_groups, rewards = _tape_rewards(data, config.group_key)
     groups = group_advantages(rewards, tape_groups, scale_rewards=config.scale_rewards)
-    tape_adv = dict(zip(tape_keys, groups.advantages, strict=True))
+    scale = config.negative_scale
+    tape_adv = {k: a if a >= 0 else a * scale for k, a in zip(tape_keys, groups.advantages, strict=True)}
     width = max(len(r["input_ids"]) for r in data)
     shape = (len(data), width)
     input_ids = torch.full(shape, config.pad_id, dtype=torch.long)

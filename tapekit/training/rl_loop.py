@@ -79,6 +79,7 @@ class RLRunConfig(BaseModel):
     aggregation: Literal["token", "sequence", "constant"] = "token"
     max_grad_norm: float = 1.0
     micro_batch_size: int | None = None
+    negative_scale: float = Field(1.0, ge=0, le=1)
     ppo_epochs: int = Field(1, gt=0)
     minibatches: int = Field(1, gt=0)
     curriculum: Literal["sec", "uniform", "fixed"] = "sec"
@@ -107,6 +108,7 @@ class RLRunConfig(BaseModel):
             micro_batch_size=self.micro_batch_size,
             max_grad_norm=self.max_grad_norm,
             pad_id=pad_id,
+            negative_scale=self.negative_scale,
         )
 
 
