@@ -75,7 +75,7 @@ def test_synthetic_companies_are_valid_deterministic_and_new() -> None:
 # The CI setting of the one command: the --quick pipeline with fewer made-up training
 # companies, narrower training trees, fewer SFT steps and one test continuation per behaviour
 # (about 3 minutes on 2 busy cores; docs/form_filler.md quotes the full --quick run).
-CI_ARGS = ["--quick", "--synthetic", "15", "--beam", "6", "--steps", "200", "--eval", "19"]
+CI_ARGS = ["--quick", "--synthetic", "15", "--beam", "6", "--steps", "320", "--eval", "19"]
 
 
 def test_small_study_tunes_the_student_above_zero_shot(tmp_path: Path, capsys: Any) -> None:

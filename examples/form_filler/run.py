@@ -1,6 +1,9 @@
 """The form-filling case study end to end (section 5 of the paper), in one command.
 
-1. Forms: the bundled companies (3 training, 3 test, 10 forms each), checked.
+1. Forms: the bundled companies (3 training, 3 test, 10 forms each), checked; with
+   ``--synthetic N`` (``--quick``: 40) also N made-up training companies
+   (:func:`~examples.form_filler.synthetic.synthetic_companies`, random form and slot names, so
+   the student learns to copy names from its prompt rather than remember the training forms).
 2. Dialogue trees: the multi-node teacher talks with the 19 simulated user behaviours at every
    company (beam search over behaviours and forms, at most 18 messages), through the batch
    runner into a SQLite store (rerunning with the same ``--out`` resumes).
