@@ -74,7 +74,7 @@ def test_synthetic_companies_are_valid_deterministic_and_new() -> None:
 
 # The CI setting of the one command: the --quick pipeline with fewer made-up training
 # companies, narrower training trees, fewer SFT steps and one test continuation per behaviour
-# (about 3 minutes on 2 busy cores; docs/form_filler.md quotes the full --quick run).
+# (3.5 minutes at load ~3 on 2 cores; docs/form_filler.md quotes the full --quick run).
 CI_ARGS = ["--quick", "--synthetic", "15", "--beam", "6", "--steps", "320", "--eval", "19"]
 
 
@@ -93,10 +93,10 @@ def test_small_study_tunes_the_student_above_zero_shot(tmp_path: Path, capsys: A
     assert zero == 0.0 and tuned >= zero, (zero, tuned)
     summary = report.summary()
     assert summary[run.ZERO_SHOT]["invalid"] == 19, "an untrained tiny model writes no valid JSON"
-    assert summary[run.TUNED]["invalid"] <= 15, summary[run.TUNED]["invalid"]
+    assert summary[run.TUNED]["invalid"] <= 16, summary[run.TUNED]["invalid"]  # measured: 14
     criteria = ["grounded", "responsive", "accurate", "disciplined", "transparent", "helpful"]
     mean = {a: sum(report.score(a, c).value for c in criteria) / 6 for a in (run.ZERO_SHOT, run.TUNED)}
-    assert mean[run.TUNED] >= mean[run.ZERO_SHOT] + 0.1, mean
+    assert mean[run.TUNED] >= mean[run.ZERO_SHOT] + 0.1, mean  # measured: 0.149 vs 0
     out = capsys.readouterr().out
     assert re.search(
         r"stage=trees train_branches=\d+ test_branches=\d+ behaviours_in_both=19 synthetic_companies=15", out
