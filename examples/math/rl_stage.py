@@ -39,13 +39,17 @@ class RLStageSettings:
     max_steps: int = 200
     tasks_per_step: int = 8
     group_size: int = 8
-    learning_rate: float = 5e-4  # measured: 2e-3 collapsed the policy within 6 steps
+    learning_rate: float = 3e-4  # measured: 1e-3 x 4 steps per batch and 2e-3 x 1 collapsed it
     temperature: float = 1.0
     max_tokens: int = 48
     curriculum: str = "sec"
     sec_temperature: float = 0.2
     sec_alpha: float = 0.5
     scale_rewards: bool = True
+    ppo_epochs: int = 4  # optimiser steps per batch of rollouts (the ratio and clipping act)
+    negative_scale: float = 1.0
+    minibatches: int = 1
+    max_grad_norm: float = 1.0
     mode: str = "sync"
     max_staleness: int = 1
     eval_every: int = 0  # steps between held-out evaluations (0: before and after only)
@@ -159,6 +163,10 @@ def rl_stage(
         sec_temperature=settings.sec_temperature,
         sec_alpha=settings.sec_alpha,
         scale_rewards=settings.scale_rewards,
+        ppo_epochs=settings.ppo_epochs,
+        negative_scale=settings.negative_scale,
+        minibatches=settings.minibatches,
+        max_grad_norm=settings.max_grad_norm,
         mode=settings.mode,  # type: ignore[arg-type]
         max_staleness=settings.max_staleness,
         seed=settings.seed,
@@ -227,13 +235,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=300.0)
     parser.add_argument("--curriculum", choices=["sec", "uniform", "fixed"], default="sec")
     parser.add_argument("--mode", choices=["sync", "async"], default="sync")
-    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--tasks", type=int, default=8, help="tasks per step")
     parser.add_argument("--group", type=int, default=8, help="rollouts per task")
     parser.add_argument("--train", type=int, default=1500)
     parser.add_argument("--heldout", type=int, default=150)
     parser.add_argument("--eval-every", type=int, default=0)
     parser.add_argument("--sec-temperature", type=float, default=0.2)
+    parser.add_argument("--sec-alpha", type=float, default=0.5)
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    parser.add_argument("--epochs", type=int, default=4, help="passes over each step's rollouts")
+    parser.add_argument("--minibatches", type=int, default=1, help="optimiser steps per pass")
+    parser.add_argument("--negative-scale", type=float, default=1.0, help="weight of negative advantages")
+    parser.add_argument("--dr-grpo", action="store_true", help="advantages not divided by the std")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("rl-out"))
@@ -253,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         group_size=args.group,
         eval_every=args.eval_every,
         sec_temperature=args.sec_temperature,
+        sec_alpha=args.sec_alpha,
+        temperature=args.temperature,
+        ppo_epochs=args.epochs,
+        negative_scale=args.negative_scale,
+        minibatches=args.minibatches,
+        scale_rewards=not args.dr_grpo,
         seed=args.seed,
         out=args.out,
         system=STUDENT_SYSTEM if args.long_system else None,
