@@ -19,7 +19,9 @@ Offline (default) the teacher's LLM is the programmatic :class:`~examples.form_f
 and the student a tiny model trained here (``--student tiny``, full fine-tuning) or the
 embedded SmolLM2-135M (``--student smollm2``, LoRA). For real: ``--teacher-url URL
 --teacher-model NAME`` (any OpenAI-compatible server) and ``--student-model PATH`` (a local
-Hugging Face model to tune with LoRA).
+Hugging Face model to tune with LoRA); ``--user-url URL --user-model NAME`` has an LLM word the
+simulated users' turns (:class:`~examples.form_filler.llm_user.LLMUser`; the behaviours'
+programs still decide what each turn says).
 
 Run: ``python examples/form_filler/run.py --quick`` (< 10 minutes on 2 CPU cores).
 """
@@ -51,6 +53,7 @@ from examples.form_filler.distill import (
     train_student,
 )
 from examples.form_filler.greadth import GreadthReport, greadth_report
+from examples.form_filler.llm_user import LLMUser
 from examples.form_filler.oracle import OracleLLM
 from examples.form_filler.schema import FormSet, check_form_set, load_form_set
 from examples.form_filler.synthetic import synthetic_companies
@@ -76,6 +79,8 @@ class Settings:
     teacher_url: str | None = None
     teacher_model: str | None = None
     student_model: str | None = None
+    user_url: str | None = None
+    user_model: str | None = None
     threads: int = 1
 
 
@@ -97,11 +102,32 @@ def teacher_agent(settings: Settings) -> Any:
     return make_teacher(llm)
 
 
-def grow_trees(teacher: Any, companies: list[Any], tree: TreeSettings, store: Any, name: str) -> list[Branch]:
-    """Every branch of the trees of ``companies``."""
+def user_llm(settings: Settings) -> LLMUser | None:
+    """The LLM that words the users' turns (``--user-url``), or None: the programs do."""
+    if settings.user_url is None:
+        return None
+    from tapekit.llm.openai_compat import OpenAICompatibleLLM
+
+    llm = OpenAICompatibleLLM(
+        model_name=settings.user_model or "default",
+        base_url=settings.user_url,
+        parameters={"temperature": 0.7},
+    )
+    return LLMUser(llm)
+
+
+def grow_trees(
+    teacher: Any,
+    companies: list[Any],
+    tree: TreeSettings,
+    store: Any,
+    name: str,
+    users: LLMUser | None = None,
+) -> list[Branch]:
+    """Every branch of the trees of ``companies`` (``users``: see :func:`user_llm`)."""
     branches: list[Branch] = []
     for company in companies:
-        branches += grow_tree(teacher, company, tree, store=store, name=name).branches
+        branches += grow_tree(teacher, company, tree, store=store, name=name, user_llm=users).branches
     return branches
 
 
@@ -156,13 +182,13 @@ def run(settings: Settings) -> GreadthReport:
         raise ValueError(f"the bundled forms are invalid: {problems[:3]}")
     _line(stage="forms", train=len(forms.train), test=len(forms.test), forms_per_company=10)
 
-    teacher = teacher_agent(settings)
+    teacher, users = teacher_agent(settings), user_llm(settings)
     started = time.perf_counter()
-    train = grow_trees(teacher, forms.train, settings.train_tree, store, "train-tree")
-    test = grow_trees(teacher, forms.test, settings.test_tree, store, "test-tree")
+    train = grow_trees(teacher, forms.train, settings.train_tree, store, "train-tree", users)
+    test = grow_trees(teacher, forms.test, settings.test_tree, store, "test-tree", users)
     if settings.synthetic:
         made_up = synthetic_companies(settings.synthetic, avoid=forms)
-        train += grow_trees(teacher, made_up, settings.synthetic_tree, store, "synthetic-tree")
+        train += grow_trees(teacher, made_up, settings.synthetic_tree, store, "synthetic-tree", users)
     behaviors = {b.behavior for b in train} & {b.behavior for b in test}
     _line(
         stage="trees",
@@ -226,10 +252,15 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--teacher-url", help="an OpenAI-compatible endpoint for the teacher")
     parser.add_argument("--teacher-model", help="the teacher's model name at --teacher-url")
     parser.add_argument("--student-model", help="a local Hugging Face model for the student (LoRA)")
+    parser.add_argument("--user-url", help="an OpenAI-compatible endpoint whose LLM words the users' turns")
+    parser.add_argument("--user-model", help="the users' model name at --user-url")
     args = parser.parse_args(argv)
     settings = Settings(error_rate=args.error_rate, threads=args.threads)
     settings.teacher_url, settings.teacher_model = args.teacher_url, args.teacher_model
     settings.student_model = args.student_model
+    settings.user_url, settings.user_model = args.user_url, args.user_model
+    if args.user_model and not args.user_url:
+        parser.error("--user-model needs --user-url")
     kind = "smollm2" if args.student_model or args.student == "smollm2" else "tiny"
     settings.student = StudentConfig(kind=kind, out=args.out)
     if kind != "tiny":

@@ -12,6 +12,10 @@ the agent stops or fails, or the dialogue reaches ``max_turns`` messages (``max_
 Every tape id is derived from the tree's name, the company, the root and the behaviours along
 the path, and the batch runner skips what the store already holds, so running the same tree
 again (after a crash, say) recomputes nothing that finished and gives the same tree.
+
+With ``user_llm`` (an :class:`~examples.form_filler.llm_user.LLMUser`) an LLM words the users'
+turns (the behaviours' programs still decide what they say); the LLM's model name then enters
+the tape ids, so its tree and the programmatic one never share a store's tapes.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 from examples.form_filler.behaviors import BEHAVIOR_NAMES, applicable_behaviors
 from examples.form_filler.environment import FormFillerEnvironment
+from examples.form_filler.llm_user import LLMUser
 from examples.form_filler.schema import Company
 from examples.form_filler.state import form_state
 from examples.form_filler.steps import PromptUserForTextMessageAction
@@ -31,6 +36,7 @@ from examples.form_filler.users import UserBehavior, UserIntent, make_intent, re
 from tapekit import Agent, Tape
 from tapekit.batch import batch
 from tapekit.core import StepSequence, TapeMetadata
+from tapekit.dialog import UserStep
 
 __all__ = ["GREETING", "Branch", "Tree", "TreeSettings", "grow_tree", "root_tape"]
 
@@ -104,10 +110,19 @@ def root_tape(tree_name: str, company: Company, index: int) -> Tape[Any, Any]:
     return Tape(steps=StepSequence([greeting]), metadata=meta)
 
 
-def _child(tape: Tape[Any, Any], behavior: UserBehavior, intent: UserIntent, seed: int) -> Tape[Any, Any]:
-    user = respond(behavior, tape, intent, seed)
-    meta = TapeMetadata(id=_id(tape.metadata.id, behavior.name), parent_id=tape.metadata.id, author="user")
+def _child(tape: Tape[Any, Any], behavior: UserBehavior, user: UserStep, model: str | None) -> Tape[Any, Any]:
+    key = [tape.metadata.id, behavior.name] + ([model] if model is not None else [])
+    meta = TapeMetadata(id=_id(*key), parent_id=tape.metadata.id, author="user")
     return tape.model_copy(update={"steps": tape.steps.appended([user]), "metadata": meta})
+
+
+def _user_steps(
+    kept: list[tuple[Tape[Any, Any], UserIntent, UserBehavior]], seed: int, user_llm: LLMUser | None
+) -> list[UserStep]:
+    """The users' messages of the kept children: the programs', or worded by ``user_llm``."""
+    if user_llm is None:
+        return [respond(behavior, tape, intent, seed) for tape, intent, behavior in kept]
+    return user_llm.respond_many(kept, seed)
 
 
 def _waits_for_user(tape: Tape[Any, Any], max_turns: int) -> bool:
@@ -158,9 +173,11 @@ def grow_tree(
     settings: TreeSettings | None = None,
     store: Any = None,
     name: str = "tree",
+    user_llm: LLMUser | None = None,
 ) -> Tree:
     """The tree of ``agent``'s dialogues at ``company`` (see the module docstring); with a
-    ``store``, every branch is stored as it runs, and a rerun resumes."""
+    ``store``, every branch is stored as it runs, and a rerun resumes. ``user_llm`` words the
+    users' turns (None: the behaviours' programs do)."""
     settings = settings or TreeSettings()
     environment = FormFillerEnvironment(company)
     intents = [
@@ -175,7 +192,9 @@ def grow_tree(
     while frontier:
         level += 1
         kept = _beam(_draw(frontier, settings, used, name), settings.beam_width, used, forms)
-        starts = [_child(tape, behavior, intent, settings.seed) for tape, intent, behavior in kept]
+        users = _user_steps(kept, settings.seed, user_llm)
+        model = None if user_llm is None else user_llm.model
+        starts = [_child(tape, b, user, model) for (tape, _, b), user in zip(kept, users, strict=True)]
         results = batch(
             agent,
             environment,
