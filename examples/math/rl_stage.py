@@ -43,7 +43,7 @@ class RLStageSettings:
     temperature: float = 1.0
     max_tokens: int = 48
     curriculum: str = "sec"
-    sec_temperature: float = 0.2
+    sec_temperature: float = 0.1
     sec_alpha: float = 0.5
     scale_rewards: bool = True
     ppo_epochs: int = 4  # optimiser steps per batch of rollouts (the ratio and clipping act)
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train", type=int, default=1500)
     parser.add_argument("--heldout", type=int, default=150)
     parser.add_argument("--eval-every", type=int, default=0)
-    parser.add_argument("--sec-temperature", type=float, default=0.2)
+    parser.add_argument("--sec-temperature", type=float, default=0.1)
     parser.add_argument("--sec-alpha", type=float, default=0.5)
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     parser.add_argument("--epochs", type=int, default=4, help="passes over each step's rollouts")
