@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tapekit.training.rl_loop import _minibatches
+from tapekit.training.rl import group_minibatches
 
 needs_torch = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("datasets") is None,
@@ -24,14 +24,14 @@ def _rows(groups: list[str], per_group: int = 2) -> list[dict[str, Any]]:
 
 def test_minibatches_keep_groups_whole_and_split_deterministically() -> None:
     rows = _rows(["a", "b", "c", "d", "e"])
-    parts = _minibatches(rows, "task_id", 2)
+    parts = group_minibatches(rows, "task_id", 2)
     assert [[r["tape_id"] for r in p] for p in parts] == [
         ["a.0", "a.1", "c.0", "c.1", "e.0", "e.1"],
         ["b.0", "b.1", "d.0", "d.1"],
     ]
-    assert _minibatches(rows, "task_id", 2) == parts
-    assert len(_minibatches(rows, "task_id", 9)) == 5  # never more parts than groups
-    assert _minibatches(rows, "task_id", 1) == [rows]
+    assert group_minibatches(rows, "task_id", 2) == parts
+    assert len(group_minibatches(rows, "task_id", 9)) == 5  # never more parts than groups
+    assert group_minibatches(rows, "task_id", 1) == [rows]
 
 
 @needs_torch

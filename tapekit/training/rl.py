@@ -31,7 +31,16 @@ from tapekit.training.grpo_loss import AGGREGATIONS, Aggregation, policy_loss, t
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["RLBatch", "RLConfig", "RLStepStats", "grpo_step", "make_rl_batch", "reference_logprobs"]
+__all__ = [
+    "RLBatch",
+    "RLConfig",
+    "RLStepStats",
+    "group_minibatches",
+    "grpo_step",
+    "make_rl_batch",
+    "merge_stats",
+    "reference_logprobs",
+]
 
 
 @dataclass(frozen=True)
@@ -372,4 +381,41 @@ def grpo_step(
         category_mean_abs_adv=(
             mean_abs_by_key(batch.groups.group_mean_abs, batch.group_category) if batch.group_category else {}
         ),
+    )
+
+
+def group_minibatches(rows: list[dict[str, Any]], key: str, n: int) -> list[list[dict[str, Any]]]:
+    """``rows`` split into at most ``n`` parts of whole groups (groups dealt round-robin in
+    order of appearance, so the split is deterministic)."""
+    order: dict[Any, int] = {}
+    for row in rows:
+        order.setdefault(row[key], len(order))
+    parts: list[list[dict[str, Any]]] = [[] for _ in range(min(n, len(order)))]
+    for row in rows:
+        parts[order[row[key]] % len(parts)].append(row)
+    return parts
+
+
+def merge_stats(all_stats: list[RLStepStats]) -> RLStepStats:
+    """The stats of several optimiser steps on one batch: clip fraction, ratio, KL and loss
+    averaged over the steps (token-weighted), tokens and grad norm of the whole."""
+    if len(all_stats) == 1:
+        return all_stats[0]
+    tokens = sum(s.tokens for s in all_stats) or 1
+
+    def mean(name: str) -> float:
+        return sum(getattr(s, name) * s.tokens for s in all_stats) / tokens
+
+    seconds = sum(s.tokens / s.tokens_per_s for s in all_stats if s.tokens_per_s > 0)
+    return replace(
+        all_stats[0],
+        loss=sum(s.loss for s in all_stats) / len(all_stats),
+        clip_fraction=mean("clip_fraction"),
+        clip_low_fraction=mean("clip_low_fraction"),
+        clip_high_fraction=mean("clip_high_fraction"),
+        ratio_mean=mean("ratio_mean"),
+        kl=mean("kl"),
+        tokens=sum(s.tokens for s in all_stats),
+        tokens_per_s=sum(s.tokens for s in all_stats) / seconds if seconds else 0.0,
+        grad_norm=max(s.grad_norm for s in all_stats),
     )

@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,7 +37,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from tapekit.evaluate import Task
 from tapekit.training.advantages import mean_abs_by_key
 from tapekit.training.config import LoraSettings
-from tapekit.training.rl import RLConfig, RLStepStats, grpo_step, make_rl_batch
+from tapekit.training.rl import (
+    RLConfig,
+    RLStepStats,
+    group_minibatches,
+    grpo_step,
+    make_rl_batch,
+    merge_stats,
+)
 from tapekit.training.rollouts import RolloutBatch, collect_rollouts, rollout_rows
 
 __all__ = ["RLRunConfig", "RLRunResult", "RLSetup", "make_sampler", "train_rl"]
@@ -213,43 +220,6 @@ def _task_counts(tasks: Sequence[Task]) -> dict[str, int]:
     return {c: sum(1 for v in unique.values() if v == c) for c in sorted(set(unique.values()))}
 
 
-def _minibatches(rows: list[dict[str, Any]], key: str, n: int) -> list[list[dict[str, Any]]]:
-    """``rows`` split into at most ``n`` parts of whole groups (groups dealt round-robin in
-    order of appearance, so the split is deterministic)."""
-    order: dict[Any, int] = {}
-    for row in rows:
-        order.setdefault(row[key], len(order))
-    parts: list[list[dict[str, Any]]] = [[] for _ in range(min(n, len(order)))]
-    for row in rows:
-        parts[order[row[key]] % len(parts)].append(row)
-    return parts
-
-
-def _merge_stats(all_stats: list[RLStepStats]) -> RLStepStats:
-    """The stats of several optimiser steps on one batch: clip fraction, ratio, KL and loss
-    averaged over the steps (token-weighted), tokens and grad norm of the whole."""
-    if len(all_stats) == 1:
-        return all_stats[0]
-    tokens = sum(s.tokens for s in all_stats) or 1
-
-    def mean(name: str) -> float:
-        return sum(getattr(s, name) * s.tokens for s in all_stats) / tokens
-
-    seconds = sum(s.tokens / s.tokens_per_s for s in all_stats if s.tokens_per_s > 0)
-    return replace(
-        all_stats[0],
-        loss=sum(s.loss for s in all_stats) / len(all_stats),
-        clip_fraction=mean("clip_fraction"),
-        clip_low_fraction=mean("clip_low_fraction"),
-        clip_high_fraction=mean("clip_high_fraction"),
-        ratio_mean=mean("ratio_mean"),
-        kl=mean("kl"),
-        tokens=sum(s.tokens for s in all_stats),
-        tokens_per_s=sum(s.tokens for s in all_stats) / seconds if seconds else 0.0,
-        grad_norm=max(s.grad_norm for s in all_stats),
-    )
-
-
 def _train_on(
     model: Any,
     optimizer: Any,
@@ -272,13 +242,13 @@ def _train_on(
     live = [r for r in rows if r[rl.group_key] not in zero]
     if not live:
         return None, full, arm_rewards
-    parts = [make_rl_batch(part, rl) for part in _minibatches(live, rl.group_key, minibatches)]
+    parts = [make_rl_batch(part, rl) for part in group_minibatches(live, rl.group_key, minibatches)]
     stats = [
         grpo_step(model, optimizer, part, rl, ref_model=ref_model, policy_version=version)
         for _ in range(epochs)
         for part in parts
     ]
-    return _merge_stats(stats), full, arm_rewards
+    return merge_stats(stats), full, arm_rewards
 
 
 class _Run:
