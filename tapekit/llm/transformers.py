@@ -207,10 +207,16 @@ class TransformersLLM(LLM):
         if failure:
             raise LLMError(f"transformers model {self.model_name!r} failed: {failure[0]}") from failure[0]
         output_ids, logprobs = result[0]
-        stops = _eos_ids(model, tokenizer)
-        finish = "stop" if output_ids and output_ids[-1] in stops else "length"
-        content = "".join(pieces)
-        yield LLMEvent(
+        yield self.final_event(ids, output_ids, logprobs, "".join(pieces))
+
+    def final_event(
+        self, ids: list[int], output_ids: list[int], logprobs: list[float], content: str
+    ) -> LLMEvent:
+        """The stream's last event: the output, its token counts and its exact token trace
+        (``finish_reason`` is ``stop`` when the last sampled id ends the turn)."""
+        model, tokenizer = self.load()
+        finish = "stop" if output_ids and output_ids[-1] in _eos_ids(model, tokenizer) else "length"
+        return LLMEvent(
             output=LLMOutput(content=content or None),
             prompt_tokens=len(ids),
             output_tokens=len(output_ids),

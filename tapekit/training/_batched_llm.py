@@ -32,8 +32,8 @@ from typing import Any
 
 from pydantic import PrivateAttr
 
-from tapekit.core import LLMOutput, Prompt
-from tapekit.llm.base import LLMError, LLMEvent, TokenTrace
+from tapekit.core import Prompt
+from tapekit.llm.base import LLMError, LLMEvent
 from tapekit.llm.transformers import TransformersLLM, _eos_ids, _pad_id
 
 __all__ = ["BatchedTransformersLLM", "BatcherStats", "RequestBatcher"]
@@ -245,24 +245,10 @@ class BatchedTransformersLLM(TransformersLLM):
         return results
 
     async def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
-        model, tokenizer = self.load()
+        tokenizer = self.load()[1]
         ids = self.prompt_ids(prompt)
         output_ids, logprobs = await self._batcher.submit(self, ids)
-        stops = _eos_ids(model, tokenizer)
-        finish = "stop" if output_ids and output_ids[-1] in stops else "length"
         content = tokenizer.decode(output_ids, skip_special_tokens=True)
         if content:
             yield LLMEvent(chunk=content)
-        yield LLMEvent(
-            output=LLMOutput(content=content or None),
-            prompt_tokens=len(ids),
-            output_tokens=len(output_ids),
-            tokens=TokenTrace(
-                prompt_ids=ids,
-                output_ids=output_ids,
-                output_logprobs=logprobs,
-                tokenizer=self.tokenizer_fingerprint(),
-                policy_version=self.policy_version,
-                finish_reason=finish,
-            ),
-        )
+        yield self.final_event(ids, output_ids, logprobs, content)
