@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -302,6 +302,7 @@ def grpo_step(
     *,
     ref_model: Any = None,
     policy_version: int | None = None,
+    grad_sync: Callable[[], None] | None = None,
 ) -> RLStepStats:
     """One optimiser step of the clipped policy-gradient loss on ``batch``; returns its stats.
 
@@ -310,7 +311,9 @@ def grpo_step(
     ``config.kl_coef`` > 0, ``ref_model`` gives the reference log-probs. ``policy_version`` is the
     version being trained; the policy lag is it minus each sample's ``policy_version``.
     The model's train/eval mode is left as it is: keep dropout off (eval mode, or a model without
-    dropout) so that the ratio of a fresh sample is exactly 1.
+    dropout) so that the ratio of a fresh sample is exactly 1. ``grad_sync`` runs after the
+    backward passes and before the clipping (data-parallel runs average the gradients of the
+    processes there: :mod:`tapekit.training._rl_dist`).
     """
     import torch
 
@@ -353,6 +356,8 @@ def grpo_step(
         sums["high"] += out.clipped_high
         sums["kl"] += out.kl_sum
         sums["ratio"] += out.ratio_sum
+    if grad_sync is not None:
+        grad_sync()
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm).item()) if params else 0.0
