@@ -35,6 +35,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tapekit.evaluate import Task
+from tapekit.training._rl_dist import RLDist
 from tapekit.training.advantages import mean_abs_by_key
 from tapekit.training.config import LoraSettings
 from tapekit.training.rl import (
@@ -262,6 +263,7 @@ class _Run:
         config: RLRunConfig,
         store: Any,
         on_step: Callable[[dict[str, Any]], None] | None,
+        dist: RLDist | None = None,
     ) -> None:
         import torch
 
@@ -272,7 +274,7 @@ class _Run:
             config,
             store,
         )
-        self.on_step = on_step
+        self.on_step, self.dist = on_step, dist or RLDist()
         self.out = Path(config.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -300,7 +302,8 @@ class _Run:
         self.result.history = list(ckpt.meta["history"])
         self.result.refused = int(ckpt.meta.get("refused", 0))
         self.attempt = int(ckpt.meta.get("attempt", 0)) + 1
-        self._rewrite_log()
+        if self.dist.is_main:
+            self._rewrite_log()
 
     def _rewrite_log(self) -> None:
         path = self.out / LOG
@@ -310,7 +313,7 @@ class _Run:
 
     def rollouts(self, llm: Any, step: int, version: int) -> RolloutBatch:
         with self.lock:
-            tasks = self.sampler.sample(self.config.tasks_per_step)
+            tasks = self.dist.share(self.sampler.sample(self.config.tasks_per_step))
         llm.policy_version = str(version)
         batch = collect_rollouts(
             self.setup.agent_for(llm),
@@ -322,18 +325,19 @@ class _Run:
             step=step,
             policy_version=version,
             store=self.store,
-            run=self.config.run_name,
+            run=self.dist.run_name(self.config.run_name),
             attempt=self.attempt,
             max_loops=self.config.max_loops,
             batcher=llm.batcher,
-            seed=self.config.seed * 1_000_003 + step * 7919,
+            seed=self.dist.seed(self.config.seed * 1_000_003 + step * 7919),
         )
         batch.rows = rollout_rows(batch, self.store, self.tokenizer)
         return batch
 
     def train(self, batch: RolloutBatch, started: float) -> None:
         version = self.step  # one policy version per RL step: the version is the step count
-        stats, full, arm_rewards = _train_on(
+        train_on = self.dist.train_on if self.dist.world > 1 else _train_on
+        stats, full, arm_rewards = train_on(
             self.model,
             self.optimizer,
             batch.rows,
@@ -355,17 +359,19 @@ class _Run:
                 time.perf_counter() - started,
                 list(self.setup.scorers),
             )
+        record = self.dist.merge_record(record, batch, full)
         self.step += 1
         self.result.history.append(record)
-        with (self.out / LOG).open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        if self.dist.is_main:  # several processes: one log, rank 0's
+            with (self.out / LOG).open("a") as f:
+                f.write(json.dumps(record) + "\n")
         if self.on_step is not None:
             self.on_step(record)
 
     def checkpoint(self) -> None:
         from tapekit.training._rl_checkpoint import save_checkpoint
 
-        if not self.config.checkpoint:
+        if not self.config.checkpoint or not self.dist.is_main:
             return
         meta = {"history": self.result.history, "refused": self.result.refused, "attempt": self.attempt}
         save_checkpoint(self.out, self.step, self.model, self.optimizer, self.sampler, meta)
@@ -458,17 +464,22 @@ def train_rl(
     first when ``config.lora`` is set) and return the per-step records.
 
     ``store`` receives the rollout tapes and their LLM calls (default: an SQLite store
-    ``output_dir/rollouts.db``). ``on_step`` sees each step's record as it is logged.
+    ``output_dir/rollouts.db``). ``on_step`` sees each step's record as it is logged. Under
+    ``accelerate launch``/``torchrun`` the processes train data-parallel (see ``_rl_dist``).
     """
     from tapekit.store import open_store
 
+    dist = RLDist.from_env(config.device)
+    dist.check(config)
     if config.lora is not None:
         model = _with_lora(model, config.lora)
+    model = model.to(dist.device(config.device))
+    dist.sync_start(model)
     owned = store is None
     if owned:
         Path(config.output_dir).mkdir(parents=True, exist_ok=True)
-        store = open_store(str(Path(config.output_dir) / "rollouts.db"))
-    run = _Run(setup, model, tokenizer, config, store, on_step)
+        store = open_store(str(Path(config.output_dir) / dist.store_name()))
+    run = _Run(setup, model, tokenizer, config, store, on_step, dist)
     if config.resume:
         run.resume()
     started = time.perf_counter()
@@ -480,6 +491,7 @@ def train_rl(
     finally:
         if owned:
             store.close()
+    run.dist.finish(run.model, run.sampler, run.out)
     run.result.seconds = time.perf_counter() - started
     run.result.policy_version = run.step
     return run.result
