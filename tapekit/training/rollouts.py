@@ -23,7 +23,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from tapekit.core import Tape
 from tapekit.evaluate import Score, Task
@@ -109,6 +109,8 @@ async def acollect_rollouts(
     max_loops: int | None = None,
     batcher: Any = None,
     seed: int | None = None,
+    backend: Literal["local", "ray"] = "local",
+    ray_workers: int | None = None,
 ) -> RolloutBatch:
     """The async form of :func:`collect_rollouts`."""
     from tapekit.batch import abatch
@@ -121,6 +123,13 @@ async def acollect_rollouts(
         raise ValueError("collect_rollouts: no tasks")
     if store is None:
         raise ValueError("collect_rollouts: a store is needed (the samples read the token ids from it)")
+    if backend == "ray" and batcher is not None:
+        raise ValueError(
+            "collect_rollouts: backend='ray' cannot run an in-process policy (a batcher was given: "
+            "a BatchedTransformersLLM's model and lockstep batcher live in this process, and Ray "
+            "workers would sample from stale copies); serve the policy (vLLM or another "
+            "OpenAI-compatible server) and give the agent an OpenAI-compatible LLM, or use backend='local'"
+        )
     starts, owners = [], []
     for k, task in enumerate(tasks):
         for g in range(group_size):
@@ -141,6 +150,8 @@ async def acollect_rollouts(
             name=name,
             max_loops=max_loops,
             max_concurrency=len(starts),
+            backend=backend,
+            ray_workers=ray_workers,
         )
         async for result in results:
             finals[result.index] = result.tape
@@ -200,7 +211,11 @@ def collect_rollouts(
     ``policy_version``, ``store`` (required: the tapes and their LLM calls go there), ``run``
     (the run's name, in ids and tags), ``attempt`` (a restarted step's rollouts get new ids),
     ``max_loops``, ``batcher`` (a lockstep :class:`RequestBatcher`) and ``seed`` (its sampling
-    seed for this step).
+    seed for this step). ``backend="ray"`` (with ``ray_workers``) spreads the tapes over Ray
+    workers (:func:`tapekit.batch.abatch`): the agent is pickled to them, so its LLM must reach
+    the policy from another process (an OpenAI-compatible server such as vLLM), and the store
+    must be one they can open (an SQLite file on one machine, PostgreSQL across machines). An
+    in-process policy with a ``batcher`` is refused.
     """
     from tapekit._sync import run_sync
 
