@@ -38,6 +38,7 @@ from tapekit.evaluate import Task
 from tapekit.training._rl_dist import RLDist
 from tapekit.training.advantages import mean_abs_by_key
 from tapekit.training.config import LoraSettings
+from tapekit.training.policies import make_policy
 from tapekit.training.rl import (
     RLConfig,
     RLStepStats,
@@ -63,7 +64,8 @@ class RLRunConfig(BaseModel):
     those of :class:`~tapekit.training.rl.RLConfig`. Each step's rollouts are used for
     ``ppo_epochs`` passes of ``minibatches`` optimiser steps each (minibatches of whole groups;
     after the first step the ratio to the sampling log-probs leaves 1 and the clipping acts).
-    ``lora`` None trains every weight.
+    ``lora`` None trains every weight. ``rollout_servers`` etc.: rollouts on vLLM servers that load
+    each version's LoRA adapter (:func:`~tapekit.training.policies.make_policy`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -102,6 +104,11 @@ class RLRunConfig(BaseModel):
     resume: bool = False
     checkpoint: bool = True
     device: Literal["auto", "cpu", "cuda"] = "cpu"
+    rollout_servers: list[str] = Field(default_factory=list)
+    served_model: str | None = None
+    adapter_dir: str | None = None
+    lora_name_prefix: str | None = None
+    rollout_logprobs: Literal["raw", "processed"] = "raw"
 
     def grpo(self, pad_id: int) -> RLConfig:
         """The :class:`RLConfig` of one step."""
@@ -162,15 +169,6 @@ def make_sampler(
         order = config.fixed_order or sorted({t.category for t in tasks})
         return FixedOrderSampler(tasks, order, steps_per_category=config.steps_per_category, **common)
     return UniformSampler(tasks, **common)
-
-
-def _policy_llm(model: Any, tokenizer: Any, config: RLRunConfig) -> Any:
-    from tapekit.training._batched_llm import BatchedTransformersLLM
-
-    llm = BatchedTransformersLLM.from_model(
-        model, tokenizer, model_name="rl-policy", temperature=config.temperature, max_tokens=config.max_tokens
-    )
-    return llm
 
 
 def _record(
@@ -311,12 +309,12 @@ class _Run:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in self.result.history))
         tmp.replace(path)
 
-    def rollouts(self, llm: Any, step: int, version: int) -> RolloutBatch:
+    def rollouts(self, policy: Any, step: int) -> RolloutBatch:
         with self.lock:
             tasks = self.dist.share(self.sampler.sample(self.config.tasks_per_step))
-        llm.policy_version = str(version)
+        version = policy.activate()  # the newest published version samples (and is recorded)
         batch = collect_rollouts(
-            self.setup.agent_for(llm),
+            self.setup.agent_for(policy.llm),
             self.setup.environment,
             tasks,
             self.setup.scorers,
@@ -328,10 +326,10 @@ class _Run:
             run=self.dist.run_name(self.config.run_name),
             attempt=self.attempt,
             max_loops=self.config.max_loops,
-            batcher=llm.batcher,
+            batcher=policy.batcher,
             seed=self.dist.seed(self.config.seed * 1_000_003 + step * 7919),
         )
-        batch.rows = rollout_rows(batch, self.store, self.tokenizer)
+        batch.rows = rollout_rows(batch, self.store, self.tokenizer, exact=True)
         return batch
 
     def train(self, batch: RolloutBatch, started: float) -> None:
@@ -377,20 +375,23 @@ class _Run:
         save_checkpoint(self.out, self.step, self.model, self.optimizer, self.sampler, meta)
 
     def run_sync(self) -> None:
-        llm = _policy_llm(self.model, self.tokenizer, self.config)
+        policy = make_policy(self.model, self.tokenizer, self.config)
+        policy.publish(self.model, self.step)
         while self.step < self.config.steps:
             started = time.perf_counter()
             self.model.eval()
-            batch = self.rollouts(llm, self.step, self.step)
+            batch = self.rollouts(policy, self.step)
             self.train(batch, started)
+            policy.publish(self.model, self.step)
             self.checkpoint()
+        policy.close()
 
     def run_async(self) -> None:
         """Producer thread (rollouts on a copy of the policy) and trainer (this thread)."""
         k = self.config.max_staleness
-        actor = copy.deepcopy(self.model).eval()
-        llm = _policy_llm(actor, self.tokenizer, self.config)
-        published: dict[str, Any] = {"version": self.step, "weights": None}
+        policy = make_policy(self.model, self.tokenizer, self.config, copy_model=True)
+        policy.publish(self.model, self.step)
+        published: dict[str, Any] = {"version": self.step}
         changed = threading.Condition()
         batches: queue.Queue[RolloutBatch | BaseException] = queue.Queue()
         stop = threading.Event()
@@ -402,13 +403,9 @@ class _Run:
                     with changed:  # never more than k versions ahead of the trainer
                         oldest = step - k
                         changed.wait_for(lambda: stop.is_set() or published["version"] >= oldest)  # noqa: B023
-                        version, weights = published["version"], published["weights"]
-                        published["weights"] = None
                     if stop.is_set():
                         return
-                    if weights is not None:
-                        actor.load_state_dict(weights)
-                    batches.put(self.rollouts(llm, step, version))
+                    batches.put(self.rollouts(policy, step))
                     step += 1
             except BaseException as e:
                 batches.put(e)
@@ -425,9 +422,9 @@ class _Run:
                     self.result.refused += 1
                     continue
                 self.train(item, started)
-                weights = {n: t.detach().clone() for n, t in self.model.state_dict().items()}
+                policy.publish(self.model, self.step)
                 with changed:
-                    published["version"], published["weights"] = self.step, weights
+                    published["version"] = self.step
                     changed.notify_all()
                 self.checkpoint()
         finally:
@@ -435,6 +432,7 @@ class _Run:
             with changed:
                 changed.notify_all()
             producer.join(timeout=60)
+            policy.close()
 
 
 def _with_lora(model: Any, lora: LoraSettings) -> Any:

@@ -222,13 +222,20 @@ def collect_rollouts(
     return run_sync(acollect_rollouts(agent, environment, tasks, scorers, **options))
 
 
-def rollout_rows(rollouts: RolloutBatch, store: Any, tokenizer: Any) -> list[dict[str, Any]]:
+def rollout_rows(
+    rollouts: RolloutBatch, store: Any, tokenizer: Any, *, exact: bool = False
+) -> list[dict[str, Any]]:
     """Token-exact samples of the rollouts (ids and sampling log-probs from the store), each
     row with ``task_id``, ``category`` and ``policy_version``; tapes without a sample (no LLM
-    call, e.g. a failure before the first) are left out."""
+    call, e.g. a failure before the first) are left out.
+
+    ``exact=True`` refuses (:class:`~tapekit.training.TrainingError`) any call stored without
+    token ids and sampling log-probs (never re-tokenised) or sampled by another policy version
+    than the batch's."""
     from tapekit.training.samples import make_samples
 
-    samples = make_samples(rollouts.tapes, llm_calls=store, tokenizer=tokenizer, reward=_reward)
+    calls = _ExactCalls(store, str(rollouts.policy_version)) if exact else store
+    samples = make_samples(rollouts.tapes, llm_calls=calls, tokenizer=tokenizer, reward=_reward)
     by_id = {t.metadata.id: t.metadata.result for t in rollouts.tapes}
     rows = []
     for row in samples.dataset:
@@ -242,3 +249,32 @@ def rollout_rows(rollouts: RolloutBatch, store: Any, tokenizer: Any) -> list[dic
 
 def _reward(tape: Tape[Any, Any]) -> float:
     return float(tape.metadata.result["reward"])
+
+
+class _ExactCalls:
+    """A store's LLM calls, each checked to carry the ids and sampling log-probs of ``version``."""
+
+    def __init__(self, store: Any, version: str) -> None:
+        self.store = store
+        self.version = version
+
+    def get_llm_call(self, prompt_id: str) -> Any:
+        from tapekit.training._common import TrainingError
+
+        call = self.store.get_llm_call(prompt_id)
+        if call is None:
+            return None
+        trace = call.tokens
+        where = f"LLM call {prompt_id} (model {call.model!r})"
+        if trace is None or trace.output_logprobs is None:
+            missing = "token ids" if trace is None else "sampling log-probs"
+            raise TrainingError(
+                f"{where} came back without {missing}: RL trains on the tokens the policy sampled and "
+                "does not re-tokenise (an OpenAI-compatible server must return them: vLLM >= 0.10.2)"
+            )
+        if trace.policy_version != self.version:
+            raise TrainingError(
+                f"{where} was sampled by policy version {trace.policy_version!r}, "
+                f"not the rollouts' version {self.version!r}"
+            )
+        return call

@@ -1,0 +1,391 @@
+"""Rollout policies: where the RL loop samples its rollouts, and how each new version gets there.
+
+The trainer :meth:`~RolloutPolicy.publish` es every version of the policy it makes (once
+before the first step, then after every step); the rollout side :meth:`~RolloutPolicy.activate`
+s the newest published version before a step's rollouts and learns which version that is, so
+each rollout tape and LLM call records the version that really sampled it.
+
+- :class:`LocalPolicy`: in-process, a :class:`~tapekit.training._batched_llm.BatchedTransformersLLM`
+  on the trained model itself (sync runs) or on a copy that loads each published state dict
+  (asynchronous runs).
+- :class:`RemotePolicy`: OpenAI-compatible servers (vLLM) serving the base model with dynamic
+  LoRA. Publishing saves the adapter (peft ``save_pretrained``) to ``adapter_dir/v<version>``
+  and POSTs ``/v1/load_lora_adapter`` to every server; rollouts then ask for the model
+  ``<prefix>-v<version>``, each tape on one server (round robin), with token ids and sampling
+  log-probabilities returned by the server (``return_token_ids``, ``logprobs``). Adapters that
+  neither the rollouts use nor are the newest are unloaded (``/v1/unload_lora_adapter``) and
+  their directories removed.
+
+vLLM reloads LoRA adapters at run time, not full weights (its weight-transfer API needs NCCL or
+CUDA IPC between trainer and server), so a remote policy needs a LoRA run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import json
+import os
+import shutil
+import threading
+import urllib.error
+import urllib.request
+import weakref
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import PrivateAttr
+
+from tapekit.core import Prompt
+from tapekit.llm._http import env_proxy
+from tapekit.llm.base import LLM, LLMEvent
+from tapekit.llm.openai_compat import OpenAICompatibleLLM
+from tapekit.training._common import TrainingError
+
+__all__ = ["LocalPolicy", "RemotePolicy", "RolloutPolicy", "ServerPoolLLM", "make_policy"]
+
+
+class RolloutPolicy(ABC):
+    """Where rollouts are sampled: ``llm`` (what the agents call) and ``batcher`` (a lockstep
+    :class:`~tapekit.training._batched_llm.RequestBatcher`, or None)."""
+
+    llm: Any
+    batcher: Any = None
+
+    @abstractmethod
+    def publish(self, model: Any, version: int) -> None:
+        """Make ``model``'s current weights available as ``version`` (trainer side)."""
+
+    @abstractmethod
+    def activate(self) -> int:
+        """Sample from the newest published version from now on; return that version."""
+
+    def close(self) -> None:  # noqa: B027 - optional: most policies hold nothing
+        """Release what the policy holds (nothing by default)."""
+
+
+class LocalPolicy(RolloutPolicy):
+    """Rollouts in this process on a batched ``generate``; ``copy=True`` samples from a copy
+    of the model that loads each published state dict (the trained model is left alone)."""
+
+    def __init__(
+        self, model: Any, tokenizer: Any, *, temperature: float, max_tokens: int, copy_model: bool = False
+    ) -> None:
+        from tapekit.training._batched_llm import BatchedTransformersLLM
+
+        self.copy_model = copy_model
+        self.actor = copy.deepcopy(model).eval() if copy_model else model
+        self.llm = BatchedTransformersLLM.from_model(
+            self.actor, tokenizer, model_name="rl-policy", temperature=temperature, max_tokens=max_tokens
+        )
+        self.batcher = self.llm.batcher
+        self._lock = threading.Lock()
+        self._pending: tuple[int, dict[str, Any] | None] | None = None
+        self._version = 0
+
+    def publish(self, model: Any, version: int) -> None:
+        """Record the version (and, for a copy, a snapshot of the weights)."""
+        weights = None
+        if self.copy_model:
+            weights = {n: t.detach().clone() for n, t in model.state_dict().items()}
+        with self._lock:
+            self._pending = (version, weights)
+
+    def activate(self) -> int:
+        """Load the newest snapshot into the copy (if any) and return its version."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            version, weights = pending
+            if weights is not None:
+                self.actor.load_state_dict(weights)
+            self._version = version
+        self.actor.eval()
+        self.llm.policy_version = str(self._version)
+        return self._version
+
+
+class _Sticky:
+    """Round robin over servers, one pick per asyncio task (the batch runner runs each tape in
+    one task, so a tape's calls go to one server and reuse its prefix cache)."""
+
+    def __init__(self) -> None:
+        self.counter = itertools.count()
+        self.picks: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self.lock = threading.Lock()
+
+    def pick(self, n: int) -> int:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            task = None
+        with self.lock:
+            if task is None:
+                return next(self.counter) % n
+            if task not in self.picks:
+                self.picks[task] = next(self.counter) % n
+            return self.picks[task]
+
+
+class ServerPoolLLM(LLM):
+    """One model on several OpenAI-compatible servers: each asyncio task (each tape in a batch)
+    is sent to the next server in turn. The calls carry ``model_name``; the token trace of each
+    call gets ``policy_version`` (as it was when the call started). A server that returns no
+    token ids is passed through as such (``tokens`` None): RL rows refuse those calls."""
+
+    servers: list[OpenAICompatibleLLM]
+    policy_version: str | None = None
+    _sticky: _Sticky = PrivateAttr(default_factory=_Sticky)
+
+    def serve(self, model_name: str, policy_version: str | None) -> None:
+        """Send the next calls to ``model_name``, recording ``policy_version`` on their tokens
+        (call it between rollouts, not while calls are in flight)."""
+        self.model_name = model_name
+        self.policy_version = policy_version
+        for server in self.servers:
+            server.model_name = model_name
+
+    def server_for_this_task(self) -> OpenAICompatibleLLM:
+        """The server that the current asyncio task's calls go to."""
+        if not self.servers:
+            raise TrainingError("ServerPoolLLM has no servers")
+        return self.servers[self._sticky.pick(len(self.servers))]
+
+    async def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
+        version = self.policy_version
+        server = self.server_for_this_task()
+        async for event in server.astream(prompt):
+            if event.tokens is not None:
+                event = event.model_copy(
+                    update={"tokens": event.tokens.model_copy(update={"policy_version": version})}
+                )
+            yield event
+
+    async def aclose(self) -> None:
+        """Close the servers' HTTP sessions of the running event loop."""
+        for server in self.servers:
+            await server.aclose()
+
+
+def _post(url: str, body: dict[str, Any] | None, api_key: str | None, timeout_s: float) -> tuple[int, str]:
+    """One JSON request (GET when ``body`` is None): the status and the response text."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    proxy = env_proxy(parts.scheme, parts.hostname or "")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({parts.scheme: proxy} if proxy else {}))
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url, data=data, headers=headers, method="GET" if body is None else "POST"
+    )
+    try:
+        with opener.open(request, timeout=timeout_s) as response:
+            return int(response.status), response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError) as e:
+        raise TrainingError(f"{url} cannot be reached: {getattr(e, 'reason', e)}") from e
+
+
+_LORA_HINT = (
+    " (vLLM serves these endpoints only when started with --enable-lora and the environment "
+    "variable VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
+)
+
+
+class RemotePolicy(RolloutPolicy):
+    """Rollouts on OpenAI-compatible servers (vLLM) that load each published LoRA adapter.
+
+    ``base_urls``: the servers' ``/v1`` URLs; ``base_model``: the model they serve (checked in
+    ``/v1/models`` before the first load); ``adapter_dir``: where adapters are saved (a path the
+    servers can read: the same file system); ``lora_name_prefix``: adapters are served as
+    ``<prefix>-v<version>``. ``tokenizer`` is the training tokenizer: its fingerprint names the
+    servers' token ids (they must use the same tokenizer and chat template). ``temperature``
+    and ``max_tokens`` are sent with every call.
+    """
+
+    def __init__(
+        self,
+        base_urls: Sequence[str],
+        base_model: str,
+        adapter_dir: str | Path,
+        lora_name_prefix: str = "tapekit-rl",
+        *,
+        tokenizer: Any,
+        temperature: float = 1.0,
+        max_tokens: int = 64,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
+        if not base_urls:
+            raise ValueError("RemotePolicy needs at least one server URL (base_urls)")
+        if not base_model:
+            raise ValueError("RemotePolicy needs base_model: the model the servers serve")
+        from tapekit.training._chat_tokenizer import ChatTokenizer
+
+        self.base_urls = [u.rstrip("/") for u in base_urls]
+        self.base_model = base_model
+        self.adapter_dir = Path(adapter_dir)
+        self.prefix = lora_name_prefix
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        fingerprint = ChatTokenizer(tokenizer).fingerprint()
+        parameters = {"temperature": temperature, "max_tokens": max_tokens}
+        servers = [
+            OpenAICompatibleLLM(
+                model_name=base_model,
+                base_url=url,
+                api_key=api_key or "EMPTY",
+                parameters=parameters,
+                return_tokens=True,
+                tokenizer=fingerprint,
+                timeout_s=timeout_s,
+            )
+            for url in self.base_urls
+        ]
+        self.llm = ServerPoolLLM(servers=servers, model_name=base_model)
+        self.loaded: list[int] = []  # versions loaded on every server, oldest first
+        self._latest: int | None = None
+        self._active: int | None = None
+        self._checked = False
+        self._lock = threading.Lock()
+
+    def lora_name(self, version: int) -> str:
+        """The name the servers serve ``version``'s adapter under."""
+        return f"{self.prefix}-v{version}"
+
+    def check_servers(self) -> None:
+        """Every server answers ``/v1/models`` and lists ``base_model``."""
+        for url in self.base_urls:
+            status, text = _post(url + "/models", None, self.api_key, self.timeout_s)
+            if status != 200:
+                raise TrainingError(f"{url}/models answered HTTP {status}: {text[:300]}")
+            try:
+                served = [m.get("id") for m in json.loads(text).get("data", [])]
+            except (ValueError, AttributeError) as e:
+                raise TrainingError(f"{url}/models did not answer a model list: {text[:300]}") from e
+            if self.base_model not in served:
+                raise TrainingError(
+                    f"{url} does not serve base_model {self.base_model!r} (it serves {served}): "
+                    "start it on the model being trained, or set served_model to its name"
+                )
+        self._checked = True
+
+    def publish(self, model: Any, version: int) -> None:
+        """Save ``model``'s adapter to ``adapter_dir/v<version>`` and load it on every server."""
+        if not hasattr(model, "peft_config"):
+            raise TrainingError(
+                "RemotePolicy publishes LoRA adapters (vLLM loads adapters at run time, not full "
+                "weights): train with lora set, or roll out in-process"
+            )
+        if not self._checked:
+            self.check_servers()
+        path = (self.adapter_dir / f"v{version}").resolve()
+        model.save_pretrained(str(path))
+        name = self.lora_name(version)
+        for url in self.base_urls:
+            self._load(url, name, path)
+        with self._lock:
+            if version not in self.loaded:
+                self.loaded.append(version)
+            self._latest = version
+            retired = self._retired()
+        self._unload(retired)
+
+    def activate(self) -> int:
+        """Sample from the newest loaded adapter; return its version."""
+        with self._lock:
+            if self._latest is None:
+                raise TrainingError("RemotePolicy.activate: nothing was published yet")
+            self._active = self._latest
+            retired = self._retired()
+        self.llm.serve(self.lora_name(self._active), str(self._active))
+        self._unload(retired)
+        return self._active
+
+    def close(self) -> None:
+        """Unload every adapter but the newest (the servers keep serving the final policy)."""
+        with self._lock:
+            self._active = self._latest
+            retired = self._retired()
+        self._unload(retired)
+
+    def _load(self, url: str, name: str, path: Path) -> None:
+        body = {"lora_name": name, "lora_path": str(path)}
+        status, text = _post(f"{url}/load_lora_adapter", body, self.api_key, self.timeout_s)
+        if status == 400 and "already" in text.lower():  # left by an earlier try (a resumed run)
+            self._unload_request(url, name)
+            status, text = _post(f"{url}/load_lora_adapter", body, self.api_key, self.timeout_s)
+        if status != 200:
+            raise TrainingError(
+                f"{url}/load_lora_adapter answered HTTP {status} to load {name!r}: {text[:300]}"
+                + (_LORA_HINT if status in (404, 405) else "")
+            )
+
+    def _retired(self) -> list[int]:
+        keep = {self._latest, self._active}
+        retired = [v for v in self.loaded if v not in keep]
+        self.loaded = [v for v in self.loaded if v in keep]
+        return retired
+
+    def _unload(self, versions: list[int]) -> None:
+        for version in versions:
+            self._unload_one(version, remove=True)
+
+    def _unload_one(self, version: int, remove: bool) -> None:
+        for url in self.base_urls:
+            self._unload_request(url, self.lora_name(version))
+        if remove:
+            shutil.rmtree(self.adapter_dir / f"v{version}", ignore_errors=True)
+
+    def _unload_request(self, url: str, name: str) -> None:
+        status, text = _post(f"{url}/unload_lora_adapter", {"lora_name": name}, self.api_key, self.timeout_s)
+        if status != 200:
+            raise TrainingError(
+                f"{url}/unload_lora_adapter answered HTTP {status} to unload {name!r}: {text[:300]}"
+            )
+
+
+def make_policy(model: Any, tokenizer: Any, config: Any, *, copy_model: bool = False) -> RolloutPolicy:
+    """The rollout policy that an :class:`~tapekit.training.rl_loop.RLRunConfig` asks for:
+    remote when ``rollout_servers`` is set, else in-process (``copy_model`` for async runs)."""
+    if not config.rollout_servers:
+        return LocalPolicy(
+            model,
+            tokenizer,
+            temperature=config.temperature,
+            max_tokens=config.max_tokens,
+            copy_model=copy_model,
+        )
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise TrainingError("rollout_servers with several training processes is not supported: train in one")
+    if config.lora is None:
+        raise TrainingError(
+            "rollout_servers needs a LoRA run (set lora): vLLM loads LoRA adapters at run time, "
+            "not full weights, so a fully fine-tuned policy cannot be published to it"
+        )
+    if config.served_model is None:
+        raise TrainingError("rollout_servers needs served_model: the base model name the servers serve")
+    if config.temperature != 1.0 and config.rollout_logprobs != "processed":
+        raise TrainingError(
+            f"temperature {config.temperature} with rollout servers: vLLM returns the log-probs of the "
+            "raw model by default (temperature 1), not of the distribution it sampled from; start it "
+            "with --logprobs-mode processed_logprobs and set rollout_logprobs: processed, or use "
+            "temperature 1.0"
+        )
+    adapter_dir = config.adapter_dir or str(Path(config.output_dir) / "adapters")
+    return RemotePolicy(
+        config.rollout_servers,
+        config.served_model,
+        adapter_dir,
+        config.lora_name_prefix or config.run_name,
+        tokenizer=tokenizer,
+        temperature=config.temperature,
+        max_tokens=config.max_tokens,
+    )
