@@ -138,6 +138,8 @@ def _rl(config_file: Path | None, overrides: dict[str, Any]) -> None:
         model, tokenizer = load_tiny(config.model)
         result = train_rl(setup, model, tokenizer, config, on_step=_echo_step)
         final = Path(config.output_dir) / "final"
+        if not _main_process():
+            return  # data-parallel: the ranks ended with equal weights (checked); rank 0 saves
         model.save_pretrained(final)
         tokenizer.save_pretrained(final)
     except ImportError as e:
@@ -149,7 +151,16 @@ def _rl(config_file: Path | None, overrides: dict[str, Any]) -> None:
     typer.echo(f"saved {final} ({len(result.history)} steps, policy version {result.policy_version})")
 
 
+def _main_process() -> bool:
+    """Whether this is the only process or rank 0 of ``accelerate launch``/``torchrun``."""
+    import os
+
+    return os.environ.get("RANK", "0") == "0"
+
+
 def _echo_step(record: dict[str, Any]) -> None:
+    if not _main_process():
+        return
     probs = " ".join(f"{c}={p:.2f}" for c, p in record["sampler_probs"].items())
     typer.echo(
         f"step={record['step']} reward={record['reward_mean']:.3f} zero_adv={record['zero_adv_share']:.2f} "

@@ -1,0 +1,207 @@
+"""`tapekit train rl` data-parallel under `accelerate launch` with 2 CPU processes (gloo): each
+step the ranks roll out disjoint shares of the step's tasks, the log is the whole step's, and
+the ranks end with the same (moved) weights and the same curriculum state. Plus the record
+merge on hand-made parts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_train = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or importlib.util.find_spec("accelerate") is None,
+    reason="needs torch and accelerate (the train extra)",
+)
+
+
+def _tasks_by_step(db: Path, run: str, steps: int) -> list[list[tuple[str, float]]]:
+    """(task id, reward) of every rollout tape of each step in one rank's store."""
+    from tapekit.store import open_store
+
+    store = open_store(str(db))
+    try:
+        out = []
+        for step in range(steps):
+            tapes = [store.get_tape(i) for i in store.list_tapes(tag=f"rl:{run}:step:{step}")]
+            out.append([(t.metadata.result["task_id"], t.metadata.result["reward"]) for t in tapes])
+        return out
+    finally:
+        store.close()
+
+
+@needs_train
+def test_two_processes_roll_out_disjoint_tasks_and_end_with_equal_weights(tmp_path: Path) -> None:
+    from tapekit.training._common import weights_hash
+    from tapekit.training.tiny import load_tiny
+    from tests.rl_toy import make_model
+
+    make_model(tmp_path / "base")
+    steps, tasks_per_step, group = 3, 4, 4
+    config = {
+        "setup": "tests.rl_toy:make_setup",
+        "model": "base",
+        "output_dir": "out",
+        "steps": steps,
+        "tasks_per_step": tasks_per_step,
+        "group_size": group,
+        "max_tokens": 12,
+        "max_loops": 2,
+        "learning_rate": 3e-3,
+        "curriculum": "sec",
+        "seed": 1,
+    }
+    path = tmp_path / "rl.yaml"
+    path.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in config.items()))
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+        "--dynamo_backend", "no", "--main_process_port", "29519",
+        "-m", "tapekit.cli", "train", "rl", str(path),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = tmp_path / "out"
+    assert done.stdout.count("step=") == steps  # rank 0 alone prints
+    log = [json.loads(line) for line in (out / "rl_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(steps)) and all(r["processes"] == 2 for r in log)
+    shares = [_tasks_by_step(out / f"rollouts-r{rank}.db", f"rl-r{rank}", steps) for rank in (0, 1)]
+    for step in range(steps):
+        ids = [{task for task, _ in shares[rank][step]} for rank in (0, 1)]
+        assert [len(shares[rank][step]) for rank in (0, 1)] == [tasks_per_step // 2 * group] * 2
+        assert len(ids[0]) == len(ids[1]) == tasks_per_step // 2 and not ids[0] & ids[1]  # disjoint
+        rewards = [r for rank in (0, 1) for _, r in shares[rank][step]]
+        assert log[step]["groups"] == tasks_per_step  # the record counts both ranks' tasks
+        assert log[step]["reward_mean"] == pytest.approx(sum(rewards) / len(rewards))
+    ranks = json.loads((out / "ranks.json").read_text())
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert ranks[0]["weights"] == ranks[1]["weights"] and ranks[0]["sampler"] == ranks[1]["sampler"]
+    assert ranks[0]["sampler"]["step"] == steps
+    assert any(v != 0 for v in log[-1]["sampler_values"].values())  # SEC learnt from the gathered arms
+    base, _ = load_tiny(tmp_path / "base")
+    final, _ = load_tiny(out / "final")
+    assert weights_hash(final) == ranks[0]["weights"] != weights_hash(base)  # moved, and saved once
+
+
+def _part(rank: int, rewards: list[float], tokens: int, loss: float) -> dict[str, Any]:
+    record = {
+        "step": 2, "policy_version": 2, "rollout_version": 2, "policy_lag": 0,
+        "sampler_values": {"a": 0.1}, "sampler_probs": {"a": 1.0},
+        "reward_mean": sum(rewards) / len(rewards), "reward_std": 0.0, "score_strict": 0.0,
+        "rollout_seconds": 1.0 + rank, "step_seconds": 2.0 + rank, "failed_rollouts": rank,
+        "loss": loss, "clip_fraction": 0.0, "ratio_mean": 1.0, "kl": 0.0,
+        "train_tokens": tokens, "train_tokens_per_s": 100.0, "grad_norm": 0.5,
+    }  # fmt: skip
+    return {
+        "record": record,
+        "rewards": rewards,
+        "scores": {"strict": [float(r > 0.5) for r in rewards]},
+        "tasks": [(f"t{rank}", "a")] * len(rewards),
+        "zero_groups": rank,
+        "n_groups": 1,
+        "output_tokens": 50,
+    }
+
+
+def test_merge_records_is_the_whole_steps_record() -> None:
+    from tapekit.training._rl_dist import merge_records
+
+    merged = merge_records([_part(0, [0.0, 1.0], 30, 2.0), _part(1, [1.0, 1.0], 10, -2.0)])
+    assert merged["reward_mean"] == pytest.approx(0.75)
+    assert merged["reward_std"] == pytest.approx((3 * 0.25**2 + 0.75**2) ** 0.5 / 2)  # of all 4 rewards
+    assert merged["score_strict"] == pytest.approx(0.75)
+    assert merged["loss"] == pytest.approx((2.0 * 30 - 2.0 * 10) / 40)  # token-weighted
+    assert merged["train_tokens"] == 40 and merged["train_tokens_per_s"] == 200.0
+    assert merged["groups"] == 2 and merged["categories"] == {"a": 2} and merged["zero_adv_share"] == 0.5
+    assert merged["rollout_seconds"] == 2.0 and merged["rollout_tokens_per_s"] == 50.0
+    assert merged["failed_rollouts"] == 1 and merged["processes"] == 2
+    diverged = _part(1, [1.0], 10, 0.0)
+    diverged["record"]["sampler_values"] = {"a": 0.2}
+    with pytest.raises(RuntimeError, match=r"rank 1 disagrees.*sampler_values"):
+        merge_records([_part(0, [1.0], 10, 0.0), diverged])
+
+
+def _synthetic_rows() -> list[dict[str, Any]]:
+    """4 groups of 2 tapes; groups 0 and 2 longer than 1 and 3, so the ranks' token counts differ."""
+    import random
+
+    rng = random.Random(7)
+    rows = []
+    for g in range(4):
+        for k in range(2):
+            n = 14 if g % 2 == 0 else 6
+            rows.append({
+                "input_ids": [rng.randrange(3, 300) for _ in range(n)],
+                "loss_mask": [0, 0] + [1] * (n - 2),
+                "tape_id": f"g{g}.{k}",
+                "task_id": f"g{g}",
+                "category": "even" if g % 2 == 0 else "odd",
+                "reward": float(k == g % 2) + 0.1 * g,
+            })  # fmt: skip
+    return rows
+
+
+def _one_step(rows: list[dict[str, Any]], dist: Any = None) -> tuple[dict[str, Any], dict[str, float]]:
+    """One SGD step (no clipping) of the tiny model on ``rows``: its weights and arm rewards."""
+    import torch
+
+    from tapekit.training.rl import RLConfig
+    from tapekit.training.rl_loop import _train_on
+    from tests.rl_toy import make_model
+
+    torch.set_num_threads(1)
+    model, _ = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    rl = RLConfig(max_grad_norm=0.0, pad_id=0)
+    train_on = dist.train_on if dist is not None else _train_on
+    _, _, arms = train_on(model, optimizer, rows, rl, 0, None)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, arms
+
+
+def _rank_main(rank: int, rendezvous: str, out: str) -> None:
+    import torch
+    import torch.distributed
+
+    from tapekit.training._rl_dist import RLDist
+
+    torch.distributed.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2)
+    try:
+        mine = [r for r in _synthetic_rows() if int(r["task_id"][1:]) % 2 == rank]
+        weights, arms = _one_step(mine, RLDist(rank=rank, world=2))
+        torch.save({"weights": weights, "arms": arms}, Path(out) / f"rank{rank}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@needs_train
+def test_a_data_parallel_step_is_the_step_on_all_the_rows(tmp_path: Path) -> None:
+    # rank 0 gets the long groups, rank 1 the short ones: a plain mean of the ranks' gradients
+    # would weight rank 1's few tokens like rank 0's many; the weighted mean gives the one-process
+    # step on the union of the rows
+    import torch
+    import torch.multiprocessing
+
+    from tests.rl_toy import make_model
+
+    torch.multiprocessing.spawn(_rank_main, args=(f"file://{tmp_path}/rdv", str(tmp_path)), nprocs=2)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    rows = _synthetic_rows()
+    whole, arms = _one_step(rows)
+    start = make_model()[0].state_dict()
+    halves = [_one_step([r for r in rows if int(r["task_id"][1:]) % 2 == k])[0] for k in (0, 1)]
+    plain = {k: (halves[0][k] + halves[1][k]) / 2 for k in whole}
+    moved = [k for k in whole if not torch.equal(whole[k], start[k])]
+    assert moved
+    for name in whole:
+        assert torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name])  # bit-identical ranks
+        assert torch.allclose(ranks[0]["weights"][name], whole[name], atol=1e-6)
+    assert any(not torch.allclose(plain[k], whole[k], atol=1e-4) for k in moved)  # the weighting matters
+    assert ranks[0]["arms"] == ranks[1]["arms"] == pytest.approx(arms)  # SEC's arms over all groups
