@@ -201,13 +201,11 @@ def test_calls_without_token_ids_are_refused_not_retokenised(tmp_path: Path, mod
 
 def test_remote_rollouts_refuse_what_they_cannot_do(tmp_path: Path, model_dir: Path) -> None:
     from tapekit.training._common import TrainingError
+    from tapekit.training.config import load_config
     from tapekit.training.policies import make_policy
-    from tapekit.training.rl_loop import _with_lora
+    from tapekit.training.rl_loop import RLRunConfig, _with_lora
     from tapekit.training.tiny import load_tiny
     from tests.vllm_like_server import VLLMLikeServer
-
-    from tapekit.training.config import load_config
-    from tapekit.training.rl_loop import RLRunConfig
 
     (tmp_path / "rl.yaml").write_text(
         "rollout_servers: [http://a:8000/v1, http://b:8000/v1]\nserved_model: base\nlora: {r: 8}\n"
