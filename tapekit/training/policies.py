@@ -207,7 +207,8 @@ class RemotePolicy(RolloutPolicy):
     servers can read: the same file system); ``lora_name_prefix``: adapters are served as
     ``<prefix>-v<version>``. ``tokenizer`` is the training tokenizer: its fingerprint names the
     servers' token ids (they must use the same tokenizer and chat template). ``temperature``
-    and ``max_tokens`` are sent with every call.
+    and ``max_tokens`` are sent with every call; ``api_key`` (default ``$OPENAI_API_KEY``, if
+    set) with every request.
     """
 
     def __init__(
@@ -233,7 +234,7 @@ class RemotePolicy(RolloutPolicy):
         self.base_model = base_model
         self.adapter_dir = Path(adapter_dir)
         self.prefix = lora_name_prefix
-        self.api_key = api_key
+        self.api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
         self.timeout_s = timeout_s
         fingerprint = ChatTokenizer(tokenizer).fingerprint()
         parameters = {"temperature": temperature, "max_tokens": max_tokens}
@@ -241,7 +242,7 @@ class RemotePolicy(RolloutPolicy):
             OpenAICompatibleLLM(
                 model_name=base_model,
                 base_url=url,
-                api_key=api_key or "EMPTY",
+                api_key=api_key,
                 parameters=parameters,
                 return_tokens=True,
                 tokenizer=fingerprint,
@@ -363,8 +364,6 @@ def make_policy(model: Any, tokenizer: Any, config: Any, *, copy_model: bool = F
             max_tokens=config.max_tokens,
             copy_model=copy_model,
         )
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise TrainingError("rollout_servers with several training processes is not supported: train in one")
     if config.lora is None:
         raise TrainingError(
             "rollout_servers needs a LoRA run (set lora): vLLM loads LoRA adapters at run time, "
