@@ -97,7 +97,7 @@ def test_the_student_reuses_a_teacher_tape_one_turn_per_calculator_call() -> Non
     ]
     (a, op1, b, r1), (_, op2, c, r2), (_, op3, d, r3) = problem.steps()
     assert [c.output.content for c in calls] == [
-        f"Plan: {problem.expression}\ncalculator: {a}{op1}{b}",
+        f"Plan: {a} {op1}{b} {op2}{c} {op3}{d}\ncalculator: {a}{op1}{b}",
         f"calculator: {r1}{op2}{c}",
         f"calculator: {r2}{op3}{d}",
         f"Answer: {r3}",
@@ -146,7 +146,7 @@ def test_tiny_tokenizer_texts_are_the_rendered_turns() -> None:
     assert texts == [
         f"system\n{SHORT_SYSTEM}",
         f"user\n{problem.question}",
-        f"assistant\nPlan: {problem.expression}\ncalculator: {a}{op1}{b}",
+        f"assistant\nPlan: {a} {op1}{b} {op2}{c}\ncalculator: {a}{op1}{b}",
         f"user\n[tool result] {r1}",
         f"assistant\ncalculator: {r1}{op2}{c}",
         f"user\n[tool result] {r2}",
@@ -157,12 +157,14 @@ def test_tiny_tokenizer_texts_are_the_rendered_turns() -> None:
 @pytest.mark.parametrize(
     "text",
     [
+        "Plan: 3 +4\ncalculator: 3+4",
         "Plan: 3+4\ncalculator: 3+4",
+        "Plan: 12 +7 *3 -5 /2",
         "calculator: 7*2",
         "Answer: 14",
         "Answer: fourteen",
         "",
-        "Plan: 3+4\nsome thoughts\nAnswer: 7",
+        "Plan: 3 +4\nsome thoughts\nAnswer: 7",
         "rambling\ncalculator: 1+1\ncalculator: 2+2",
         "Plan: x",
     ],
@@ -170,6 +172,21 @@ def test_tiny_tokenizer_texts_are_the_rendered_turns() -> None:
 def test_student_text_format_round_trips(text: str) -> None:
     steps = parse_output(text, first_call=1)
     assert render_output(steps) == text
+
+
+def test_student_plan_is_the_operations_in_order() -> None:
+    from examples.math.agents import MathPlan, plan_expression, plan_operations
+
+    for problem in make_problems(60, seed=4):
+        plan = plan_operations(problem.expression)
+        assert plan == " ".join([str(problem.start), *(f"{o.op}{o.operand}" for o in problem.operations)])
+        assert plan_expression(plan) == problem.expression
+    plan_step = parse_output("Plan: 12 +7 *3 -5\ncalculator: 12+7", first_call=1)[0]
+    assert isinstance(plan_step, MathPlan) and plan_step.text == "(12+7)*3-5"
+    # an expression after "Plan:" is a thought: as a MathPlan it would render back otherwise
+    assert parse_output("Plan: 3+4\ncalculator: 3+4", first_call=1)[0].kind == "assistant_thought"
+    # a plan in another form stays as written, both ways
+    assert plan_operations("12+7*3") == "12+7*3" and plan_expression("(3+4)") == "(3+4)"
 
 
 def test_scorers_strict_and_lenient() -> None:

@@ -9,12 +9,18 @@ OpenAI-compatible chat model can play it instead.
 Student (one node, ``solve``): a small model with no native tool calling writes plain text,
 one turn per calculator call::
 
-    Plan: (12+7)*3          <- first turn only
+    Plan: 12 +7 *3          <- first turn only: the operations in order
     calculator: 12+7
     ... [tool result] 19 ...
     calculator: 19*3
     ... [tool result] 57 ...
     Answer: 57
+
+The student writes its plan as the starting number and the operations in the order they apply
+(``12 +7 *3``), which :func:`parse_output` reads back as the expression ``(12+7)*3`` of the
+:class:`MathPlan` step: the same step as the teacher's, in a form where each calculator call
+copies the next operation from the plan instead of working out parentheses (measured: 0.53
+against 0.45 teacher-forced held-out exact after 900 SFT steps of the tiny student).
 
 Its ``make_llm_output`` reads the agent's steps up to the next observation, so it rebuilds
 its own output from a teacher tape too: that is what ``student.reuse(teacher_tape)`` needs.
@@ -50,7 +56,7 @@ from tapekit import (
     node_run_steps,
 )
 
-from .problems import Problem
+from .problems import Operation, Problem, format_expression
 
 __all__ = [
     "ACT_INSTRUCTION",
@@ -67,6 +73,8 @@ __all__ = [
     "make_student",
     "make_teacher",
     "parse_output",
+    "plan_expression",
+    "plan_operations",
     "render_output",
 ]
 
@@ -81,8 +89,9 @@ ACT_INSTRUCTION = (
 )
 ANSWER_INSTRUCTION = "Give the final answer only, as 'Answer: <number>'."
 STUDENT_SYSTEM = (
-    "Solve the word problem. First write 'Plan: <expression>', then call the calculator with "
-    "'calculator: <a op b>' one operation at a time, then write 'Answer: <number>'."
+    "Solve the word problem. First write 'Plan: ' and the starting number with the operations in "
+    "order (e.g. 'Plan: 12 +7 *3'), then call the calculator with 'calculator: <a op b>' one "
+    "operation at a time, then write 'Answer: <number>'."
 )
 
 # The student's default system message. A student that learns the format from its samples
@@ -93,6 +102,8 @@ SHORT_SYSTEM = "Solve with the calculator."
 _CALL = re.compile(r"^calculator: (.+)$")
 _ANSWER = re.compile(r"^Answer: (-?\d+)$")
 _PLAN_PREFIX = "Plan: "
+_OPERATIONS = re.compile(r"^\d+( [-+*/]\d+)*$")
+_EXPRESSION_PARTS = re.compile(r"\d+|[-+*/]\d+")
 
 
 # ----------------------------------------------------------------------------- steps
@@ -168,11 +179,28 @@ def _n_calls(tape: Tape[Any, Any]) -> int:
     return sum(isinstance(s, ToolCall) for s in tape.steps)
 
 
+def plan_operations(expression: str) -> str:
+    """The student's plan for ``expression``: ``(12+7)*3-5`` -> ``12 +7 *3 -5``. An expression
+    that is not a left-to-right chain in the teacher's form is written as it is."""
+    parts = _EXPRESSION_PARTS.findall(expression.replace("(", "").replace(")", ""))
+    text = " ".join(parts)
+    return text if _OPERATIONS.match(text) and plan_expression(text) == expression else expression
+
+
+def plan_expression(plan: str) -> str:
+    """The expression of a student's plan: ``12 +7 *3 -5`` -> ``(12+7)*3-5`` (parentheses only
+    where the order needs them). A plan in any other form is returned as written."""
+    if not _OPERATIONS.match(plan):
+        return plan
+    first, *rest = plan.split(" ")
+    return format_expression(int(first), tuple(Operation(p[0], int(p[1:])) for p in rest))
+
+
 def parse_output(text: str, first_call: int) -> list[Step]:
-    """The student's text as steps: an optional preamble (``Plan: ...`` -> :class:`MathPlan`,
-    anything else -> ``AssistantThought``), then either ``calculator:`` lines (tool calls
-    ``calc_<first_call>``, ...) or a final line (:class:`MathAnswer` and a ``StopStep``).
-    Exactly inverted by :func:`render_output`."""
+    """The student's text as steps: an optional preamble (``Plan: 12 +7 *3`` -> :class:`MathPlan`
+    with the expression ``(12+7)*3``, anything else -> ``AssistantThought``), then either
+    ``calculator:`` lines (tool calls ``calc_<first_call>``, ...) or a final line
+    (:class:`MathAnswer` and a ``StopStep``). Exactly inverted by :func:`render_output`."""
     lines = text.split("\n")
     n_calls = 0
     while n_calls < len(lines) and _CALL.match(lines[len(lines) - 1 - n_calls]):
@@ -182,8 +210,11 @@ def parse_output(text: str, first_call: int) -> list[Step]:
     steps: list[Step] = []
     if body:
         preamble = "\n".join(body)
-        if preamble.startswith(_PLAN_PREFIX):
-            steps.append(MathPlan(text=preamble[len(_PLAN_PREFIX) :]))
+        plan = MathPlan(text=plan_expression(preamble[len(_PLAN_PREFIX) :]))
+        # a plan is a MathPlan only when it is written as the student writes one (so the text
+        # renders back exactly: ``Plan: 3+4`` stays a thought, ``Plan: 3 +4`` is the plan 3+4)
+        if preamble.startswith(_PLAN_PREFIX) and render_output([plan]) == preamble:
+            steps.append(plan)
         else:
             steps.append(AssistantThought(content=preamble))
     for k, line in enumerate(tail):
@@ -212,7 +243,7 @@ def render_output(steps: list[Step]) -> str:
     lines: list[str] = []
     for step in steps:
         if isinstance(step, MathPlan):
-            lines.append(_PLAN_PREFIX + step.text)
+            lines.append(_PLAN_PREFIX + plan_operations(step.text))
         elif isinstance(step, AssistantThought):
             lines.append(step.content)
         elif isinstance(step, ToolCall):
