@@ -14,12 +14,14 @@ __all__ = [
     "Break",
     "DPOConfig",
     "Drift",
+    "LocalPolicy",
     "LoraSettings",
     "PairSet",
     "PreferencePair",
     "RLRunConfig",
     "RLRunResult",
     "RLSetup",
+    "RemotePolicy",
     "RolloutBatch",
     "SFTConfig",
     "SampleConfig",
@@ -63,6 +65,8 @@ _WHERE = {
     "RLRunResult": "tapekit.training.rl_loop",
     "RLSetup": "tapekit.training.rl_loop",
     "train_rl": "tapekit.training.rl_loop",
+    "LocalPolicy": "tapekit.training.policies",
+    "RemotePolicy": "tapekit.training.policies",
 }
 
 
