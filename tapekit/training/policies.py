@@ -117,6 +117,12 @@ class _Sticky:
         self.picks: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:  # a pickled LLM (e.g. sent to a Ray worker) starts afresh
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+
     def pick(self, n: int) -> int:
         try:
             task = asyncio.current_task()
