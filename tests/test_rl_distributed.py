@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,18 @@ needs_train = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("accelerate") is None,
     reason="needs torch and accelerate (the train extra)",
 )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _failed(done: subprocess.CompletedProcess[str]) -> str:
+    """What a failed launch said: the ranks' error lines, then the ends of stdout and stderr."""
+    errors = [line for line in done.stderr.splitlines() if "Error" in line or "error:" in line]
+    return "\n".join(errors[-40:]) + "\n" + done.stdout[-2000:] + done.stderr[-2000:]
 
 
 def _tasks_by_step(db: Path, run: str, steps: int) -> list[list[tuple[str, float]]]:
@@ -63,12 +76,12 @@ def test_two_processes_roll_out_disjoint_tasks_and_end_with_equal_weights(tmp_pa
     command = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-        "--dynamo_backend", "no", "--main_process_port", "29519",
+        "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
         "-m", "tapekit.cli", "train", "rl", str(path),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, _failed(done)
     out = tmp_path / "out"
     assert done.stdout.count("step=") == steps  # rank 0 alone prints
     log = [json.loads(line) for line in (out / "rl_log.jsonl").read_text().splitlines()]
@@ -205,3 +218,53 @@ def test_a_data_parallel_step_is_the_step_on_all_the_rows(tmp_path: Path) -> Non
         assert torch.allclose(ranks[0]["weights"][name], whole[name], atol=1e-6)
     assert any(not torch.allclose(plain[k], whole[k], atol=1e-4) for k in moved)  # the weighting matters
     assert ranks[0]["arms"] == ranks[1]["arms"] == pytest.approx(arms)  # SEC's arms over all groups
+
+
+@pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("torch", "accelerate", "peft", "fastapi", "uvicorn")),
+    reason="needs the train extra (torch, accelerate, peft) and fastapi + uvicorn",
+)
+def test_two_processes_roll_out_on_a_vllm_like_server_that_rank_0_alone_publishes_to(tmp_path: Path) -> None:
+    from tapekit.store import open_store
+    from tests.rl_toy import make_model
+    from tests.vllm_like_server import VLLMLikeServer
+
+    make_model(tmp_path / "base")
+    steps = 2
+    with VLLMLikeServer(tmp_path / "base", "tiny-base") as server:
+        config = {
+            "setup": "tests.rl_toy:make_setup", "model": "base", "output_dir": "out", "steps": steps,
+            "tasks_per_step": 2, "group_size": 4, "max_tokens": 12, "max_loops": 2,
+            "learning_rate": 3e-3, "seed": 1, "lora": {"r": 4, "alpha": 8},
+            "rollout_servers": [server.url], "served_model": "tiny-base", "lora_name_prefix": "toy",
+        }  # fmt: skip
+        path = tmp_path / "rl.yaml"
+        path.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in config.items()))
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_port", str(_free_port()), "-m", "tapekit.cli", "train", "rl", str(path),
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+        done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
+        assert done.returncode == 0, _failed(done)
+        events = list(server.events)
+    # each version's adapter was loaded once (by rank 0), and it changed as the ranks trained
+    loads = [e for e in events if e["event"] == "load"]
+    assert [e["name"] for e in loads] == [f"toy-v{v}" for v in range(steps + 1)]
+    assert loads[0]["sha256"] != loads[-1]["sha256"]
+    served = {(e["model"], tuple(e["token_ids"])) for e in events if e["event"] == "chat"}
+    # both ranks' rollouts of step s were sampled by version s on the server, with its token ids
+    for rank in (0, 1):
+        store = open_store(str(tmp_path / "out" / f"rollouts-r{rank}.db"))
+        try:
+            for step in range(steps):
+                tapes = [store.get_tape(i) for i in store.list_tapes(tag=f"rl:rl-r{rank}:step:{step}")]
+                assert len(tapes) == 4
+                prompts = {s.metadata.prompt_id for t in tapes for s in t.steps if s.metadata.prompt_id}
+                calls = [store.get_llm_call(p) for p in prompts]
+                assert calls and all(c.model == f"toy-v{step}" and c.tokens is not None for c in calls)
+                assert all((c.model, tuple(c.tokens.output_ids)) in served for c in calls)
+        finally:
+            store.close()
+    ranks = json.loads((tmp_path / "out" / "ranks.json").read_text())
+    assert ranks[0]["weights"] == ranks[1]["weights"] and ranks[0]["sampler"] == ranks[1]["sampler"]

@@ -47,7 +47,7 @@ from tapekit.training._common import TrainingError, weights_hash
 from tapekit.training.rl import RLBatch, RLConfig, RLStepStats, group_minibatches, grpo_step, make_rl_batch
 from tapekit.training.rl import merge_stats as merge_step_stats
 
-__all__ = ["RLDist", "batch_weight", "merge_records"]
+__all__ = ["RLDist", "RankPolicy", "batch_weight", "merge_records"]
 
 RANK_SEED = 104_729  # a prime: rank r's rollouts are seeded seed + r * RANK_SEED
 SAME = ("step", "policy_version", "rollout_version", "policy_lag", "sampler_values", "sampler_probs")
@@ -207,6 +207,20 @@ class RLDist:
             for tensor in model.state_dict().values():
                 dist.broadcast(tensor, src=0)
 
+    def barrier(self) -> None:
+        """Wait until every rank gets here."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def policy(self, policy: Any) -> Any:
+        """The rollout policy for this rank: a remote one (vLLM servers) wrapped so that rank 0
+        alone publishes; an in-process one as it is (each rank samples on its own copy)."""
+        from tapekit.training.policies import RemotePolicy
+
+        return RankPolicy(policy, self) if self.world > 1 and isinstance(policy, RemotePolicy) else policy
+
     def _reduce_grads(self, optimizer: Any, weight: float) -> float:
         """Replace every gradient by the ``weight``-weighted mean over the ranks (a missing one
         counts as zeros); returns the total weight (0: no rank had anything to train on)."""
@@ -333,3 +347,39 @@ class RLDist:
         ]
         if differ:
             raise RuntimeError(f"data-parallel RL: ranks {differ} ended with other weights or sampler state")
+
+
+class RankPolicy:
+    """A :class:`~tapekit.training.policies.RemotePolicy` shared by the ranks of a data-parallel
+    run. Rank 0 publishes each version (saves the adapter, loads it on the servers, unloads old
+    ones: once, not once per rank); every rank waits at a barrier until it is loaded, then sends
+    its calls to it. No rank is still sampling from the version rank 0 retires: publishing
+    follows the step's gradient reduction, which every rank reaches after its rollouts."""
+
+    batcher: Any = None
+
+    def __init__(self, inner: Any, dist: RLDist) -> None:
+        self.inner, self.dist = inner, dist
+        self.llm = inner.llm
+        self.latest: int | None = None
+
+    def publish(self, model: Any, version: int) -> None:
+        """Rank 0 publishes ``version``; every rank returns once it is served."""
+        if self.dist.is_main:
+            self.inner.publish(model, version)
+        self.latest = version
+        self.dist.barrier()
+
+    def activate(self) -> int:
+        """Send the calls to the newest published version; return it."""
+        if self.dist.is_main:
+            return int(self.inner.activate())
+        if self.latest is None:
+            raise TrainingError("RankPolicy.activate: nothing was published yet")
+        self.llm.serve(self.inner.lora_name(self.latest), str(self.latest))
+        return self.latest
+
+    def close(self) -> None:
+        """Rank 0 unloads the servers' old adapters."""
+        if self.dist.is_main:
+            self.inner.close()

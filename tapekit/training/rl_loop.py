@@ -375,7 +375,7 @@ class _Run:
         save_checkpoint(self.out, self.step, self.model, self.optimizer, self.sampler, meta)
 
     def run_sync(self) -> None:
-        policy = make_policy(self.model, self.tokenizer, self.config)
+        policy = self.dist.policy(make_policy(self.model, self.tokenizer, self.config))
         policy.publish(self.model, self.step)
         while self.step < self.config.steps:
             started = time.perf_counter()
