@@ -19,7 +19,7 @@ from tapekit.core import Step, Tape, TapeMetadata
 from tapekit.llm.base import LLMCall
 
 if TYPE_CHECKING:
-    from tapekit.store._writes import TapeWrite, Write
+    from tapekit.store._writes import TapeRows, Write
     from tapekit.store.base import TapeStore
 
 __all__ = ["JSONL_FORMAT", "JSONL_VERSION", "export_jsonl", "import_jsonl", "read_jsonl_lines"]
@@ -130,7 +130,7 @@ def _check_header(item: dict[str, Any]) -> None:
         raise ValueError(f"export version {item.get('version')!r} is not supported")
 
 
-def _tape_write(store: TapeStore, item: dict[str, Any], lengths: dict[str, int]) -> TapeWrite:
+def _tape_write(store: TapeStore, item: dict[str, Any], lengths: dict[str, int]) -> TapeRows:
     """The write that imports one tape line: its steps beyond those stored, its metadata."""
     from tapekit.store._writes import TapeWrite, check_id, check_tags, serialised
     from tapekit.store.base import TapeInfo

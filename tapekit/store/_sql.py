@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
+from operator import itemgetter
 from typing import Any
 
 from tapekit.llm.base import LLMCall
-from tapekit.store._tokens import decode_tokens, encode_tokens
-from tapekit.store._writes import CallWrite, TagWrite, TapeWrite, Write
+from tapekit.store._tokens import decode_tokens
+from tapekit.store._writes import CallWrite, TagWrite, TapeRows, Write
 from tapekit.store.base import TapeFilter, TapeInfo, TapeStore, Totals
 
 # DOUBLE PRECISION is REAL in SQLite; the first three tables are the original SQLite schema
@@ -108,6 +109,7 @@ _CALL_COLUMNS = (
     "token_meta, token_data"
 )
 _CHUNK = 500  # ids per IN (...) list
+_FIRST, _FIRST_TWO = itemgetter(0), itemgetter(0, 1)  # sort keys of call and step rows
 
 
 def _where(f: TapeFilter) -> tuple[str, list[Any]]:
@@ -154,23 +156,6 @@ def _call(row: Sequence[Any]) -> LLMCall:
     return call
 
 
-def _tape_row(w: TapeWrite, created: float) -> tuple[Any, ...]:
-    meta = w.meta
-    return (
-        w.tape_id,
-        meta.parent_id,
-        meta.author,
-        meta.author_tape_id,
-        meta.n_added_steps,
-        meta.error,
-        w.result_text,
-        w.context_text,
-        w.n_steps,
-        created,
-        w.updated,
-    )
-
-
 class SQLTapeStore(TapeStore):
     """A :class:`TapeStore` on an SQL database with the shared schema (SQLite, PostgreSQL)."""
 
@@ -192,8 +177,8 @@ class SQLTapeStore(TapeStore):
         steps: list[tuple[Any, ...]] = []
         # a session saved after every step queues many writes of one tape: only the last one's
         # metadata is written (with the first one's creation time), the steps of all of them
-        tapes: dict[str, tuple[TapeWrite, float]] = {}
-        imports: dict[str, TapeWrite] = {}
+        tapes: dict[str, tuple[TapeRows, float]] = {}
+        imports: dict[str, TapeRows] = {}
         tag_ops: list[tuple[str, list[tuple[Any, ...]]]] = []
 
         def tag(sql: str, rows: list[tuple[Any, ...]]) -> None:
@@ -204,27 +189,11 @@ class SQLTapeStore(TapeStore):
 
         for w in writes:
             if isinstance(w, CallWrite):
-                c = w.call
-                calls.append(
-                    (
-                        c.prompt.id,
-                        c.model,
-                        w.prompt_text,
-                        w.output_text,
-                        c.prompt_tokens,
-                        c.output_tokens,
-                        c.cost,
-                        c.latency_s,
-                        c.timestamp,
-                        *encode_tokens(c.tokens),
-                    )
-                )
+                calls.append(w.row)
             elif isinstance(w, TagWrite):
                 tag(REMOVE_TAG if w.remove else ADD_TAG, [(w.tape_id, t) for t in w.tags])
-            elif isinstance(w, TapeWrite):
-                for i, (step, data) in enumerate(zip(w.steps, w.data, strict=True), w.start):
-                    m = step.metadata
-                    steps.append((w.tape_id, i, m.id, step.kind, m.agent, m.node, m.prompt_id, data))
+            elif isinstance(w, TapeRows):
+                steps.extend(w.steps)
                 if w.exact_created:
                     imports[w.tape_id] = w
                 else:
@@ -234,12 +203,12 @@ class SQLTapeStore(TapeStore):
                     tag(ADD_TAG, [(w.tape_id, t) for t in w.tags])
         # rows in key order, so that concurrent transactions lock shared rows in the same order
         # and cannot deadlock
-        calls.sort(key=lambda r: r[0])
-        steps.sort(key=lambda r: (r[0], r[1]))
+        calls.sort(key=_FIRST)
+        steps.sort(key=_FIRST_TWO)
         statements = [
             (UPSERT_CALL, calls),
-            (UPSERT_TAPE, [_tape_row(w, created) for _, (w, created) in sorted(tapes.items())]),
-            (IMPORT_TAPE, [_tape_row(w, w.created) for _, w in sorted(imports.items())]),
+            (UPSERT_TAPE, [(*w.tape, created, w.updated) for _, (w, created) in sorted(tapes.items())]),
+            (IMPORT_TAPE, [(*w.tape, w.created, w.updated) for _, w in sorted(imports.items())]),
             (INSERT_STEP, steps),
         ]
         self._transaction(conn, [(sql, rows) for sql, rows in [*statements, *tag_ops] if rows])

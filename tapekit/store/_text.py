@@ -22,13 +22,19 @@ __all__ = ["check_text", "model_json", "text_problem"]
 
 def text_problem(value: str, allow_nul: bool = False) -> str | None:
     """Why ``value`` cannot be stored (None: it can)."""
+    if value.isascii():  # O(1) in CPython, and most ids and names are ASCII: no lone surrogate
+        return None if allow_nul or "\x00" not in value else _nul(value)
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
         return f"holds a lone surrogate {value[e.start]!r} at position {e.start}, which is not valid Unicode"
     if not allow_nul and "\x00" in value:
-        return f"holds a NUL character at position {value.index(chr(0))}, which PostgreSQL cannot store"
+        return _nul(value)
     return None
+
+
+def _nul(value: str) -> str:
+    return f"holds a NUL character at position {value.index(chr(0))}, which PostgreSQL cannot store"
 
 
 def _find(value: Any, path: str) -> tuple[str, str] | None:

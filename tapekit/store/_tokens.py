@@ -6,12 +6,14 @@ and as little-endian int32 otherwise, then the output log-probabilities as littl
 float32; ``token_meta`` (TEXT) is a short JSON object with the counts, the width of an id
 (``id_bytes``: 2 or 4; rows written before it existed have int32 ids and no such key) and the
 strings (tokenizer fingerprint, policy version, finish reason). A call without ids has NULL in
-both. Encoding and decoding are one ``array`` conversion each: no per-token Python work.
+both. Encoding is one ``struct.pack`` of the ids (about twice as fast as filling an ``array``
+from a list) and decoding one ``array`` conversion: no per-token Python work.
 """
 
 from __future__ import annotations
 
 import json
+import struct
 import sys
 from array import array
 from functools import lru_cache
@@ -32,15 +34,18 @@ def _bytes(values: array[Any]) -> bytes:
     return values.tobytes()
 
 
-def _ids(trace: TokenTrace) -> array[int]:
-    """The prompt ids then the output ids, as uint16 when they all fit, else as int32."""
+def _pack_ids(trace: TokenTrace) -> tuple[int, bytes]:
+    """The prompt ids then the output ids, little-endian: ``(2, uint16 bytes)`` when they all
+    fit, else ``(4, int32 bytes)``; a ``ValueError`` for an id that fits neither."""
+    n = len(trace.prompt_ids) + len(trace.output_ids)
     try:
-        ids = array("H", trace.prompt_ids)
-        ids.extend(trace.output_ids)
-    except OverflowError:  # an id >= 65,536 (or negative)
-        ids = array("i", trace.prompt_ids)
-        ids.extend(trace.output_ids)
-    return ids
+        return 2, struct.pack(f"<{n}H", *trace.prompt_ids, *trace.output_ids)
+    except struct.error:  # an id >= 65,536 (or negative)
+        pass
+    try:
+        return 4, struct.pack(f"<{n}i", *trace.prompt_ids, *trace.output_ids)
+    except struct.error as e:
+        raise ValueError(f"its token ids cannot be stored: every id must be an int32 ({e})") from None
 
 
 @lru_cache(maxsize=256)
@@ -52,17 +57,17 @@ def _meta_tail(tokenizer: str | None, policy_version: str | None, finish_reason:
 
 
 def encode_tokens(trace: TokenTrace | None) -> tuple[str | None, bytes | None]:
-    """``(token_meta, token_data)`` for a trace (``(None, None)`` for none)."""
+    """``(token_meta, token_data)`` for a trace (``(None, None)`` for none); a ``ValueError``
+    for an id outside int32, which the stored form cannot hold."""
     if trace is None:
         return None, None
-    ids = _ids(trace)
-    data = _bytes(ids)
+    width, data = _pack_ids(trace)
     logprobs = trace.output_logprobs
     if logprobs is not None:
         data += _bytes(array("f", logprobs))
     meta = (
         f'{{"n_prompt":{len(trace.prompt_ids)},"n_output":{len(trace.output_ids)},'
-        f'"logprobs":{"true" if logprobs is not None else "false"},"id_bytes":{ids.itemsize},'
+        f'"logprobs":{"true" if logprobs is not None else "false"},"id_bytes":{width},'
         + _meta_tail(trace.tokenizer, trace.policy_version, trace.finish_reason)
     )
     return meta, data

@@ -1,20 +1,28 @@
 """What the store's writer thread commits: one record per queued write, built and checked on
-the caller's thread (steps, context and result serialised; every text column checked, see
-``_text.py``), so that the writer only writes."""
+the caller's thread (steps, context and result serialised, token ids packed, every text column
+checked, see ``_text.py``), so that the writer only writes.
+
+A queued record holds its rows as tuples of plain values, not the tape's steps nor the
+``LLMCall``: the models are freed as soon as the caller drops them, so a backlog of queued writes
+does not keep thousands of objects alive for the garbage collector to scan over and over (on
+``bench/store.py`` that scanning cost more than the database's own work).
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tapekit.core import Step, TapeMetadata
 from tapekit.llm.base import LLMCall
 from tapekit.store._text import check_text, model_json
+from tapekit.store._tokens import encode_tokens
 
 __all__ = [
     "CallWrite",
     "TagWrite",
+    "TapeRows",
     "TapeWrite",
     "Write",
     "WriteGroup",
@@ -30,7 +38,8 @@ __all__ = [
 
 @dataclass(slots=True)
 class TapeWrite:
-    """A tape's new steps ``steps`` (from index ``start``) and its metadata, to upsert."""
+    """A tape's new steps ``steps`` (from index ``start``) and its metadata, to upsert (what a
+    save or an import asks for; :func:`serialised` turns it into the :class:`TapeRows` queued)."""
 
     tape_id: str
     meta: TapeMetadata
@@ -42,19 +51,31 @@ class TapeWrite:
     created: float
     updated: float
     exact_created: bool = False  # imports keep their creation time even if the tape exists
-    # serialised on the caller's thread (see _text.py): the writer only writes
-    data: list[str] = field(default_factory=list)  # the JSON of each of ``steps``
-    context_text: str = "null"
-    result_text: str = "null"
+
+
+@dataclass(slots=True)
+class TapeRows:
+    """A :class:`TapeWrite` as the writer commits it: ``tape`` is the ``tapes`` row up to
+    ``n_steps`` (``created`` and ``updated`` follow it), ``steps`` the new ``steps`` rows."""
+
+    tape_id: str
+    tape: tuple[Any, ...]
+    steps: list[tuple[Any, ...]]
+    start: int
+    n_steps: int
+    tags: tuple[str, ...]
+    created: float
+    updated: float
+    exact_created: bool
 
 
 @dataclass(slots=True)
 class CallWrite:
-    """A completed LLM call to upsert by prompt id (``prompt_text``/``output_text``: their JSON)."""
+    """A completed LLM call as its ``llm_calls`` row (prompt and output as JSON, token ids in
+    their stored form, see ``_tokens.py``), to upsert by prompt id."""
 
-    call: LLMCall
-    prompt_text: str = ""
-    output_text: str = ""
+    prompt_id: str
+    row: tuple[Any, ...]
 
 
 @dataclass(slots=True)
@@ -66,7 +87,7 @@ class TagWrite:
     remove: bool
 
 
-Write = TapeWrite | CallWrite | TagWrite
+Write = TapeRows | CallWrite | TagWrite
 
 
 def check_id(tape_id: object, what: str = "tape_id") -> str:
@@ -112,42 +133,75 @@ def call_write(call: LLMCall) -> CallWrite:
     check_text(call.prompt.id, f"{what}: its prompt id")
     check_text(call.model, f"{what}: its model name")
     prompt = model_json(call.prompt, f"{what}: its prompt")
-    return CallWrite(call, prompt, model_json(call.output, f"{what}: its output"))
+    output = model_json(call.output, f"{what}: its output")
+    try:
+        token_meta, token_data = encode_tokens(call.tokens)
+    except ValueError as e:
+        raise ValueError(f"{what} cannot be stored: {e}") from None
+    row = (
+        call.prompt.id,
+        call.model,
+        prompt,
+        output,
+        call.prompt_tokens,
+        call.output_tokens,
+        call.cost,
+        call.latency_s,
+        call.timestamp,
+        token_meta,
+        token_data,
+    )
+    return CallWrite(call.prompt.id, row)
 
 
 def describe(w: Write | WriteGroup) -> str:
     """A queued write, for error messages."""
-    if isinstance(w, TapeWrite):
+    if isinstance(w, TapeRows):
         return f"tape {w.tape_id!r} (steps {w.start} to {w.n_steps - 1} and metadata)"
     if isinstance(w, CallWrite):
-        return f"LLM call {w.call.prompt.id!r}"
+        return f"LLM call {w.prompt_id!r}"
     if isinstance(w, WriteGroup):
         return f"an import of {len(w.writes)} rows (none of them stored)"
     return f"tags of tape {w.tape_id!r}"
 
 
-def serialised(w: TapeWrite) -> TapeWrite:
-    """``w`` with its steps, context and result serialised, every text column checked: a value the
-    database cannot store is refused here, on the caller's thread, naming the tape, step and field."""
-    where = f"tape {w.tape_id!r}"
-    check_id(w.tape_id)
+def serialised(w: TapeWrite) -> TapeRows:
+    """The rows of ``w``: its steps, context and result serialised, every text column checked. A
+    value the database cannot store is refused here, on the caller's thread, naming the tape,
+    step and field."""
+    tape_id = w.tape_id
+    where = f"tape {tape_id!r}"
+    check_id(tape_id)
+    meta = w.meta
     for name in ("parent_id", "author", "author_tape_id", "error"):
-        check_text(getattr(w.meta, name), f"{where}: its metadata.{name}")
+        check_text(getattr(meta, name), f"{where}: its metadata.{name}")
     for tag in w.tags:
         check_text(tag, f"{where}: its tag {tag!r}")
-    data = []
+    rows = []
     for i, step in enumerate(w.steps, w.start):
         m = step.metadata
         for name in ("id", "agent", "node", "prompt_id"):
             check_text(getattr(m, name), f"{where}: step {i} ({step.kind}): its metadata.{name}")
-        data.append(model_json(step, f"{where}: step {i} ({step.kind}, id {m.id})"))
+        data = model_json(step, f"{where}: step {i} ({step.kind}, id {m.id})")
+        rows.append((tape_id, i, m.id, step.kind, m.agent, m.node, m.prompt_id, data))
     try:
-        w.context_text = context_json(w.context)
-        w.result_text = json.dumps(w.meta.result, default=str)
+        # most tapes have neither: skip the JSON encoder for them
+        context = "null" if w.context is None else context_json(w.context)
+        result = "null" if meta.result is None else json.dumps(meta.result, default=str)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: its context or result cannot be stored as JSON: {e}") from e
-    w.data = data
-    return w
+    tape = (
+        tape_id,
+        meta.parent_id,
+        meta.author,
+        meta.author_tape_id,
+        meta.n_added_steps,
+        meta.error,
+        result,
+        context,
+        w.n_steps,
+    )
+    return TapeRows(tape_id, tape, rows, w.start, w.n_steps, w.tags, w.created, w.updated, w.exact_created)
 
 
 def context_json(context: Any) -> str:

@@ -217,11 +217,14 @@ class TapeStore(QueuedWriter, ABC):
                 "(save a different tape under its own id)"
             )
         now = time.time()
+        steps = tape.steps
+        # indexing, not slicing: a slice of a step sequence is a new sequence with its own buffer
+        new_steps = list(steps) if start == 0 else [steps[i] for i in range(start, len(steps))]
         write = TapeWrite(
             tape_id,
             tape.metadata,
             tape.context,
-            list(tape.steps[start:]),
+            new_steps,
             start,
             len(tape),
             checked_tags,

@@ -1,0 +1,82 @@
+"""What a save queues: rows checked and serialised on the caller's thread, holding no models.
+
+The writer below waits 30 s before it commits (``flush_interval_s``), so every check runs while
+the write is still queued; ``flush`` then commits it.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tapekit import AssistantThought, LLMCall, Tape, UserStep
+from tapekit.core import LLMOutput, Prompt
+from tapekit.llm.base import TokenTrace
+from tapekit.store import SQLiteStore
+
+TRACE = TokenTrace(prompt_ids=[1, 2, 3], output_ids=[4], output_logprobs=[-0.5], tokenizer="tk")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    with SQLiteStore(tmp_path / "t.db", batch_size=10_000, flush_interval_s=30.0) as s:
+        yield s
+
+
+def _call(pid: str, tokens: TokenTrace | None = TRACE) -> LLMCall:
+    return LLMCall(
+        prompt=Prompt(id=pid, messages=[{"role": "user", "content": "hi"}]),
+        output=LLMOutput(content="hello"),
+        model="m",
+        tokens=tokens,
+    )
+
+
+def test_a_queued_write_holds_no_llm_call_nor_step(store: SQLiteStore) -> None:
+    call = _call("p1")
+    step = AssistantThought(content="thinking")
+    tape = Tape(steps=[UserStep(content="q"), step])
+    alive = [weakref.ref(call), weakref.ref(step)]
+    store.save_llm_call(call)
+    store.save_tape(tape, "t1")
+    assert store.pending_writes() == 2  # still queued: the writer waits for 30 s
+    del call, step, tape
+    gc.collect()
+    assert [ref() for ref in alive] == [None, None]  # freed although their writes are queued
+    stored = store.get_llm_call("p1")  # a read flushes the queue
+    assert stored is not None and stored.tokens == TRACE and stored.output.content == "hello"
+    assert store.get_tape("t1").steps[1].content == "thinking"  # type: ignore[attr-defined]
+
+
+def test_a_save_stores_the_tape_as_it_was_when_saved(store: SQLiteStore) -> None:
+    tape = Tape(steps=[UserStep(content="q")])
+    store.save_tape(tape, "t1")
+    tape.metadata.error = "set after the save"
+    tape.steps[0].metadata.agent = "changed after the save"
+    assert store.pending_writes() == 1
+    info = store.get_tape_info("t1")
+    assert info.error is None
+    assert store.get_tape("t1").steps[0].metadata.agent == ""
+
+
+@pytest.mark.parametrize("bad_id", [2**31, -(2**31) - 1, 2**40])
+def test_token_ids_outside_int32_are_refused_at_save_naming_the_call(store: SQLiteStore, bad_id: int) -> None:
+    trace = TRACE.model_copy(update={"output_ids": [bad_id]})
+    with pytest.raises(ValueError, match=r"LLM call 'p-bad'.*token ids.*int32"):
+        store.save_llm_call(_call("p-bad", trace))
+    assert store.pending_writes() == 0  # nothing of it was queued
+    store.save_llm_call(_call("p-good"))
+    store.flush()  # no StoreWriteError: the bad call never reached the writer
+    assert store.get_llm_call("p-bad") is None
+    assert store.get_llm_call("p-good") is not None
+
+
+def test_the_widest_int32_ids_round_trip(store: SQLiteStore) -> None:
+    trace = TRACE.model_copy(update={"prompt_ids": [2**31 - 1, -(2**31), 0], "output_ids": [65_536]})
+    store.save_llm_call(_call("p-wide", trace))
+    stored = store.get_llm_call("p-wide")
+    assert stored is not None and stored.tokens == trace
