@@ -49,6 +49,9 @@ class QueuedWriter:
         self.batch_size = batch_size
         self.flush_interval_s = float(flush_interval_s)
         self._queue: queue.Queue[Any] = queue.Queue()
+        # set when the writer should stop waiting for a batch to fill: a flush or stop is queued,
+        # or a whole batch is (the writer drains the queue without a wake-up per queued write)
+        self._wake = threading.Event()
         self._error: BaseException | None = None
         self._failed_writes: list[str] = []  # writes the writer could not commit, not yet reported
         self._closed = False
@@ -80,6 +83,13 @@ class QueuedWriter:
         self._check_open()
         self._raise_writer_error()
         self._queue.put(item)
+        if self._queue.unfinished_tasks >= self.batch_size and not self._wake.is_set():
+            self._wake.set()
+
+    def _put_urgent(self, item: Any) -> None:
+        """Queue a flush marker or the stop: the writer ends its batch at once."""
+        self._queue.put(item)
+        self._wake.set()
 
     def _raise_writer_error(self) -> None:
         if self._error is not None:
@@ -98,7 +108,9 @@ class QueuedWriter:
             self._raise_writer_error()
             return
         marker = _Flush()
-        self._put(marker)
+        self._check_open()
+        self._raise_writer_error()
+        self._put_urgent(marker)
         while not marker.done.wait(0.1):
             if self._writer is None or not self._writer.is_alive():
                 break
@@ -110,7 +122,7 @@ class QueuedWriter:
             return
         self._closed = True
         if self._writer is not None and self._writer.is_alive():
-            self._queue.put(_STOP)
+            self._put_urgent(_STOP)
             self._writer.join()
         self._close_readers()
 
@@ -134,9 +146,16 @@ class QueuedWriter:
                 # a flush or stop ends the batch at once: whoever waits should not wait longer
                 while not (item is _STOP or isinstance(item, _Flush)) and len(batch) < self.batch_size:
                     try:
-                        item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                        item = self._queue.get_nowait()
                     except queue.Empty:
-                        break
+                        # wait for the batch to fill (``_put`` wakes us), a flush, or the deadline;
+                        # not one wake-up per write: that handed the GIL back and forth per write
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._wake.wait(remaining)
+                        self._wake.clear()
+                        continue
                     batch.append(item)
                 writes = [b for b in batch if b is not _STOP and not isinstance(b, _Flush)]
                 if writes:
