@@ -7,6 +7,7 @@ the write is still queued; ``flush`` then commits it.
 from __future__ import annotations
 
 import gc
+import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,3 +81,23 @@ def test_the_widest_int32_ids_round_trip(store: SQLiteStore) -> None:
     store.save_llm_call(_call("p-wide", trace))
     stored = store.get_llm_call("p-wide")
     assert stored is not None and stored.tokens == trace
+
+
+def test_a_full_batch_is_committed_without_waiting_for_the_interval(tmp_path: Path) -> None:
+    with SQLiteStore(tmp_path / "t.db", batch_size=10, flush_interval_s=30.0) as store:
+        for i in range(10):
+            store.save_tape(Tape(steps=[UserStep(content=str(i))]), f"t{i}")
+            if i == 0:
+                time.sleep(0.2)  # the writer has the first write and waits for more
+        deadline = time.monotonic() + 10
+        while store.pending_writes() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.pending_writes() == 0  # committed long before the 30 s interval ended
+
+
+def test_a_flush_does_not_wait_for_the_batch_to_fill(store: SQLiteStore) -> None:
+    store.save_tape(Tape(steps=[UserStep(content="q")]), "t1")
+    started = time.monotonic()
+    store.flush()
+    assert time.monotonic() - started < 5  # the writer waits up to 30 s for more writes
+    assert store.pending_writes() == 0 and store.count_tapes() == 1
