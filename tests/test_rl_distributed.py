@@ -268,3 +268,26 @@ def test_two_processes_roll_out_on_a_vllm_like_server_that_rank_0_alone_publishe
             store.close()
     ranks = json.loads((tmp_path / "out" / "ranks.json").read_text())
     assert ranks[0]["weights"] == ranks[1]["weights"] and ranks[0]["sampler"] == ranks[1]["sampler"]
+
+
+@needs_train
+def test_settings_a_data_parallel_run_cannot_honour_are_refused() -> None:
+    import torch
+
+    from tapekit.training._common import TrainingError
+    from tapekit.training._rl_dist import RLDist
+    from tapekit.training.rl_loop import RLRunConfig
+
+    two = RLDist(rank=1, world=2)
+    two.check(RLRunConfig(tasks_per_step=2))
+    with pytest.raises(TrainingError, match="mode='async' runs in one process"):
+        two.check(RLRunConfig(tasks_per_step=2, mode="async"))
+    with pytest.raises(TrainingError, match="tasks_per_step=1 is fewer than the 2 processes"):
+        two.check(RLRunConfig(tasks_per_step=1))
+    assert two.share(list("abcde")) == ["b", "d"] and two.run_name("rl") == "rl-r1"
+    assert RLDist().run_name("rl") == "rl" and RLDist().seed(5) == 5 != two.seed(5)
+    if not torch.cuda.is_available():
+        with pytest.raises(TrainingError, match="no CUDA device"):
+            two.device("cuda")
+    else:
+        assert two.device("cuda") == "cuda:0"

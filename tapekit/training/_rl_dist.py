@@ -132,7 +132,7 @@ class RLDist:
         import torch.distributed as dist
 
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+        cuda = device in ("cuda", "auto") and torch.cuda.is_available()  # no CUDA: RLDist.device says
         if cuda:
             torch.cuda.set_device(local_rank)
         if not dist.is_initialized():
