@@ -172,3 +172,25 @@ def test_bad_samples_and_configs_are_named(tmp_path: Path) -> None:
     loaded = load_config(SFTConfig, cfg_file, parse_overrides(["lora.alpha=8", "max_length=64"]))
     assert (loaded.max_steps, loaded.lora.r, loaded.lora.alpha, loaded.max_length) == (3, 4, 8, 64)
     assert loaded.model == str(tmp_path / "m")
+
+
+def test_group_by_length_batches_have_less_padding(tmp_path: Path) -> None:
+    model, tok = make_model()
+    rows = sum_rows(tok, 48)
+    for i, row in enumerate(rows):  # lengths from short to long, shuffled by the sampler
+        extra = row["input_ids"][:4] * (i % 8)
+        row["input_ids"], row["loss_mask"] = extra + row["input_ids"], [0] * len(extra) + row["loss_mask"]
+
+    def padding_share(grouped: bool) -> float:
+        cfg = config(tmp_path / str(grouped), packing=False, group_by_length=grouped, batch_size=4)
+        trainer = build_sft_trainer(rows, model, tok, cfg)
+        pads = total = 0
+        for batch in trainer.get_train_dataloader():
+            pads += int((batch["attention_mask"] == 0).sum())
+            total += batch["attention_mask"].numel()
+        return pads / total
+
+    grouped, random_order = padding_share(True), padding_share(False)
+    assert grouped < 0.6 * random_order
+    with pytest.raises(ValueError, match="packing=False"):
+        SFTConfig(group_by_length=True)

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = ["DPOConfig", "LoraSettings", "SFTConfig", "TrainConfig", "load_config", "parse_overrides"]
 
@@ -83,11 +83,20 @@ class SFTConfig(TrainConfig):
       each batch to its longest sample instead.
     - ``max_length``: tokens per packed row, and the longest sample allowed; a longer sample is
       an error unless ``too_long="drop"`` (dropped, counted in the log) or ``"truncate"``.
+    - ``group_by_length`` (without packing): each batch is drawn from samples of similar
+      length (transformers' length-grouped sampler), so less of it is padding.
     """
 
     packing: bool = True
     max_length: int = Field(2048, gt=0)
     too_long: Literal["error", "drop", "truncate"] = "error"
+    group_by_length: bool = False
+
+    @model_validator(mode="after")
+    def _grouping_needs_padding(self) -> SFTConfig:
+        if self.group_by_length and self.packing:
+            raise ValueError("group_by_length groups padded batches: set packing=False to use it")
+        return self
 
 
 class DPOConfig(TrainConfig):

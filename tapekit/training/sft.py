@@ -129,6 +129,7 @@ def build_sft_trainer(
         assistant_only_loss=False,
         dataset_num_proc=None,
         shuffle_dataset=True,
+        train_sampling_strategy="group_by_length" if config.group_by_length else "random",
     )
     trainer_class = _model_loss_trainer(SFTTrainer) if _device(config) == "cpu" else SFTTrainer
     trainer_class = _traced_trainer(trainer_class) if config.trace_data else trainer_class
