@@ -7,6 +7,7 @@ the write is still queued; ``flush`` then commits it.
 from __future__ import annotations
 
 import gc
+import sqlite3
 import time
 import weakref
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tapekit import AssistantThought, LLMCall, Tape, UserStep
+from tapekit._sqlite import connect
 from tapekit.core import LLMOutput, Prompt
 from tapekit.llm.base import TokenTrace
 from tapekit.store import SQLiteStore
@@ -101,3 +103,30 @@ def test_a_flush_does_not_wait_for_the_batch_to_fill(store: SQLiteStore) -> None
     store.flush()
     assert time.monotonic() - started < 5  # the writer waits up to 30 s for more writes
     assert store.pending_writes() == 0 and store.count_tapes() == 1
+
+
+def test_a_new_file_has_16k_pages_and_an_older_file_keeps_its_own(tmp_path: Path) -> None:
+    with SQLiteStore(tmp_path / "new.db") as store:
+        store.save_tape(Tape(steps=[UserStep(content="q")]), "t1")
+    old = tmp_path / "old.db"
+    db = sqlite3.connect(old)
+    db.execute("PRAGMA page_size=4096")
+    db.execute("CREATE TABLE unrelated (x)")
+    db.commit()
+    db.close()
+    with SQLiteStore(old) as store:
+        store.save_tape(Tape(steps=[UserStep(content="q")]), "t1")
+        writer = store._writer_connect()
+        assert writer.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 4096  # still ~16 MB
+        writer.close()
+        assert store.get_tape("t1").steps[0].content == "q"  # type: ignore[attr-defined]
+    sizes = {
+        p.name: sqlite3.connect(p).execute("PRAGMA page_size").fetchone()[0]
+        for p in (tmp_path / "new.db", old)
+    }
+    assert sizes == {"new.db": 16384, "old.db": 4096}
+
+
+def test_connect_refuses_a_page_size_sqlite_cannot_use(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="page_size must be a power of two"):
+        connect(str(tmp_path / "x.db"), 3000)
