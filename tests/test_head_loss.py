@@ -155,3 +155,16 @@ def test_rl_step_same_with_the_labelled_head() -> None:
     assert a.loss != 0.0
     for name, p in wa.items():
         torch.testing.assert_close(p, wb[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_wrapped_model_keeps_its_own_forward() -> None:
+    """A DDP-style wrapper (``.module``) syncs gradients in its forward: no labelled head."""
+    model, _ = make_model()
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, module: torch.nn.Module) -> None:
+            super().__init__()
+            self.module = module
+
+    assert plain_head_parts(model) is not None
+    assert plain_head_parts(Wrapper(model)) is None

@@ -24,9 +24,14 @@ PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 def plain_head_parts(model: Any) -> tuple[Any, Any] | None:
-    """``(decoder, lm_head)`` of ``model`` (a transformers causal LM, possibly wrapped by peft
-    or DDP), or ``None`` when its logits are not a plain head over the decoder's output."""
-    inner = getattr(model, "module", model)  # DistributedDataParallel
+    """``(decoder, lm_head)`` of ``model`` (a transformers causal LM, possibly a peft model), or
+    ``None`` when its logits are not a plain head over the decoder's output or it is wrapped
+    (``DistributedDataParallel``: calling its decoder directly would skip the gradient sync)."""
+    if hasattr(model, "module"):
+        # DistributedDataParallel (or another wrapper): its forward is what syncs the gradients,
+        # so the decoder must not be called around it
+        return None
+    inner = model
     if hasattr(inner, "get_base_model"):  # peft: the LoRA layers live inside the base model
         inner = inner.get_base_model()
     config = getattr(inner, "config", None)
