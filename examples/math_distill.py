@@ -64,10 +64,15 @@ class Settings:
     rl: bool = True  # the RL stage after SFT (tiny student; off in --quick unless --rl)
     rl_seconds: float = 300.0
     rl_curriculum: str = "sec"
-    n_train: int = 2000
+    n_train: int = 6000
     n_heldout: int = 150
-    steps: int = 900
-    batch_size: int = 8
+    steps: int = 1000
+    batch_size: int = 16
+    # training problems per level (held-out ones are spread evenly): level1 is learned early,
+    # so most samples go to the longer problems
+    train_weights: dict[str, int] | None = field(
+        default_factory=lambda: {"level1": 1, "level2": 2, "level3": 3}
+    )
     learning_rate: float = 5e-3
     seed: int = 0
     out: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="math-distill-")))
@@ -317,7 +322,9 @@ def run(settings: Settings) -> list[StageResult]:
     if db.exists():
         db.unlink()  # evaluations resume by name: a stale store would give stale scores
     store = open_store(str(db))
-    train, heldout = split_problems(settings.n_train, settings.n_heldout, settings.seed)
+    train, heldout = split_problems(
+        settings.n_train, settings.n_heldout, settings.seed, settings.train_weights
+    )
     tasks = tasks_for(heldout)
     oracle = Oracle(train + heldout)
     results: list[StageResult] = []
@@ -397,6 +404,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--out", type=Path, help="output directory (default: a new temporary one)")
     parser.add_argument("--teacher-url", help="an OpenAI-compatible endpoint for the teacher")
     parser.add_argument("--teacher-model", help="the teacher's model name at --teacher-url")
+    parser.add_argument(
+        "--level-weights", help="training problems per level, e.g. 1,2,3 (default) or 1,1,1 (even)"
+    )
     parser.add_argument("--rl", action=argparse.BooleanOptionalAction, help="RL after SFT (default: on)")
     parser.add_argument("--rl-seconds", type=float, default=300.0, help="RL stage: training seconds")
     parser.add_argument("--rl-curriculum", choices=["sec", "uniform", "fixed"], default="sec")
@@ -409,13 +419,18 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         settings.n_train, settings.n_heldout, settings.steps = 200, 30, 60
         settings.batch_size, settings.learning_rate = 4, 1e-3
     if args.quick:
-        settings.n_train, settings.n_heldout, settings.steps = 1500, 45, 700
+        settings.n_train, settings.n_heldout, settings.steps = 1500, 45, 400
         if args.student == "smollm2":
             settings.n_train, settings.n_heldout, settings.steps = 100, 15, 20
     for name, value in (("n_train", args.train), ("n_heldout", args.heldout), ("steps", args.steps)):
         if value is not None:
             setattr(settings, name, value)
     settings.packing = args.packing
+    if args.level_weights is not None:
+        counts = args.level_weights.split(",")
+        if len(counts) != len(LEVELS) or not all(c.strip().isdigit() for c in counts):
+            parser.error(f"--level-weights needs {len(LEVELS)} whole numbers, e.g. 1,2,3")
+        settings.train_weights = dict(zip(LEVELS, (int(c) for c in counts), strict=True))
     if args.batch_size is not None:
         settings.batch_size = args.batch_size
     if args.lr is not None:

@@ -55,6 +55,18 @@ def test_problems_are_deterministic_leveled_and_correct() -> None:
     assert all(p.id.startswith("heldout-") for p in heldout)
 
 
+def test_training_problems_in_level_proportions_never_held_out() -> None:
+    from collections import Counter
+
+    train, heldout = split_problems(300, 60, seed=0, train_weights={"level1": 1, "level2": 2, "level3": 3})
+    assert Counter(p.category for p in train) == {"level1": 50, "level2": 100, "level3": 150}
+    assert Counter(p.category for p in heldout) == {"level1": 20, "level2": 20, "level3": 20}
+    assert not {p.question for p in train} & {p.question for p in heldout}
+    assert heldout == split_problems(300, 60, seed=0)[1]  # the held-out set does not move
+    with pytest.raises(ValueError, match="train_weights"):
+        split_problems(10, 5, train_weights={"level9": 1})
+
+
 def test_calculator_evaluates_arithmetic_only() -> None:
     assert calculator("(12+7)*3-5") == 52
     assert calculator("7/2") == 3.5 and calculator("8/2") == 4

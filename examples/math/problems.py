@@ -168,10 +168,25 @@ def make_problems(n: int, seed: int = 0, categories: list[str] | None = None) ->
     return problems
 
 
-def split_problems(n_train: int, n_heldout: int, seed: int = 0) -> tuple[list[Problem], list[Problem]]:
-    """Disjoint training and held-out problems (held-out ids start with ``heldout-``)."""
+def split_problems(
+    n_train: int, n_heldout: int, seed: int = 0, train_weights: dict[str, int] | None = None
+) -> tuple[list[Problem], list[Problem]]:
+    """Disjoint training and held-out problems (held-out ids start with ``heldout-``); the
+    held-out ones are spread evenly over the levels. ``train_weights`` (e.g. ``{"level1": 1,
+    "level2": 2, "level3": 3}``) draws the training problems in those proportions instead, from
+    another stream, leaving out any question that is held out."""
     everything = make_problems(n_train + n_heldout, seed)
     train = everything[:n_train]
+    if train_weights is not None:
+        unknown = set(train_weights) - set(LEVELS)
+        if unknown or not any(train_weights.values()) or min(train_weights.values()) < 0:
+            raise ValueError(
+                f"train_weights must give levels {sorted(LEVELS)} counts >= 0, got {train_weights}"
+            )
+        categories = [c for c in LEVELS for _ in range(train_weights.get(c, 0))]
+        held = {p.question for p in everything[n_train:]}
+        pool = make_problems(n_train + n_heldout, seed + 7919, categories)
+        train = [p for p in pool if p.question not in held][:n_train]
     heldout = [
         Problem(
             id=f"heldout-{p.id}",
