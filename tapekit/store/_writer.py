@@ -148,8 +148,8 @@ class QueuedWriter:
                     try:
                         item = self._queue.get_nowait()
                     except queue.Empty:
-                        # wait for the batch to fill (``_put`` wakes us), a flush, or the deadline;
-                        # not one wake-up per write: that handed the GIL back and forth per write
+                        # wait for the batch to fill (``_put`` wakes us), a flush, or the deadline,
+                        # rather than waking for every write (which slowed the callers down)
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             break
