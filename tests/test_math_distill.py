@@ -242,9 +242,9 @@ def test_quick_run_shows_the_tiny_student_improving(tmp_path: Path) -> None:
     assert set(stages) == {"teacher", "zero_shot", "sft"}, done.stdout
     assert stages["teacher"] == (1.0, 1.0)
     assert stages["zero_shot"][0] < 0.05
-    # measured 0.56 (0.93 / 0.53 / 0.20 by level); full runs of the same recipe landed between
-    # 0.44 and 0.59, so 0.3 leaves a margin for run-to-run spread
-    assert stages["sft"][0] >= 0.3, done.stdout
+    # measured 0.62 (0.67 lenient) on the 45 held-out problems after 63 s of training; 0.4
+    # leaves a margin for run-to-run spread (a few points) and a slower machine
+    assert stages["sft"][0] >= 0.4, done.stdout
     assert stages["sft"][1] >= stages["sft"][0]
     assert "math distillation" in done.stdout  # the table
     assert (tmp_path / "tapes.db").is_file()
