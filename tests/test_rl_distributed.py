@@ -190,6 +190,9 @@ def _rank_main(rank: int, rendezvous: str, out: str) -> None:
         mine = [r for r in _synthetic_rows() if int(r["task_id"][1:]) % 2 == rank]
         weights, arms = _one_step(mine, RLDist(rank=rank, world=2))
         torch.save({"weights": weights, "arms": arms}, Path(out) / f"rank{rank}.pt")
+        # both ranks leave together: a rank that tears gloo down while the other still talks to
+        # it can abort the other ("terminate called without an active exception")
+        torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
 
