@@ -48,12 +48,10 @@ from examples.math.agents import (
     student_messages,
 )
 from examples.math.problems import LEVELS, split_problems
-from examples.math.scoring import SCORERS, strict, tasks_for
+from examples.math.scoring import MAX_LOOPS, evaluate_agent, strict, tasks_for
 from tapekit import FunctionLLM, Tape
 from tapekit.batch import batch
-from tapekit.evaluate import EvalReport, Task, evaluate
-
-MAX_LOOPS = 8  # agent/environment rounds per problem: 3 calculator calls need 4
+from tapekit.evaluate import EvalReport, Task
 
 
 @dataclass
@@ -168,18 +166,7 @@ def adapt(student: Any, tapes: list[Tape[Any, Any]]) -> tuple[list[Tape[Any, Any
 
 def run_eval(agent: Any, tasks: list[Task], store: Any, name: str) -> EvalReport:
     """Strict and lenient held-out scores (greedy, one attempt per problem)."""
-    return evaluate(
-        agent,
-        calculator_environment(),
-        tasks,
-        SCORERS,
-        k=1,
-        name=name,
-        store=store,
-        n_bootstrap=200,
-        max_loops=MAX_LOOPS,
-        max_concurrency=4,
-    )
+    return evaluate_agent(agent, tasks, store, name, max_concurrency=4)
 
 
 def tokenizer_texts(tapes: list[Tape[Any, Any]], system: str = SHORT_SYSTEM) -> list[str]:

@@ -20,15 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tapekit.evaluate import EvalReport, Task, evaluate
+from tapekit.evaluate import EvalReport, Task
 
 from .agents import STUDENT_SYSTEM, calculator_environment, make_student
 from .problems import LEVELS, Problem, split_problems
-from .scoring import SCORERS, tasks_for
+from .scoring import MAX_LOOPS, SCORERS, evaluate_agent, tasks_for
 
 __all__ = ["RLStageResult", "RLStageSettings", "after_sft", "math_setup", "rl_stage"]
-
-MAX_LOOPS = 8
 
 
 @dataclass
@@ -110,18 +108,7 @@ def heldout_eval(
     )
     llm.batcher.max_wait_s = 0.02
     model.eval()
-    return evaluate(
-        student_for(system)(llm),
-        calculator_environment(),
-        tasks,
-        SCORERS,
-        k=1,
-        name=name,
-        store=store,
-        n_bootstrap=200,
-        max_loops=MAX_LOOPS,
-        max_concurrency=len(tasks),
-    )
+    return evaluate_agent(student_for(system)(llm), tasks, store, name, max_concurrency=len(tasks))
 
 
 def line(report: EvalReport, step: int, seconds: float, extra: str = "") -> str:

@@ -14,12 +14,14 @@ import re
 from typing import Any
 
 from tapekit import AssistantThought, Tape, ToolCall
-from tapekit.evaluate import Score, Task
+from tapekit.evaluate import EvalReport, Score, Task, evaluate
 
-from .agents import MathAnswer, MathPlan, start_tape
+from .agents import MathAnswer, MathPlan, calculator_environment, start_tape
 from .problems import Problem
 
-__all__ = ["SCORERS", "lenient", "strict", "tasks_for"]
+__all__ = ["MAX_LOOPS", "SCORERS", "evaluate_agent", "lenient", "strict", "tasks_for"]
+
+MAX_LOOPS = 8  # agent/environment rounds per problem: 3 calculator calls need 4
 
 
 def _answer(tape: Tape[Any, Any]) -> MathAnswer | None:
@@ -60,3 +62,19 @@ SCORERS = {"strict": strict, "lenient": lenient}
 def tasks_for(problems: list[Problem]) -> list[Task]:
     """Evaluation tasks: the start tape, the level as category and the answer as expected."""
     return [Task(id=p.id, start=start_tape(p), category=p.category, expected=p.answer) for p in problems]
+
+
+def evaluate_agent(agent: Any, tasks: list[Task], store: Any, name: str, max_concurrency: int) -> EvalReport:
+    """Strict and lenient scores of ``agent`` on ``tasks`` (one greedy attempt per problem)."""
+    return evaluate(
+        agent,
+        calculator_environment(),
+        tasks,
+        SCORERS,
+        k=1,
+        name=name,
+        store=store,
+        n_bootstrap=200,
+        max_loops=MAX_LOOPS,
+        max_concurrency=max_concurrency,
+    )
