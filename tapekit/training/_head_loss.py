@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PLAIN_HEAD_MODELS", "labelled_loss", "plain_head_parts"]
+__all__ = ["PLAIN_HEAD_MODELS", "labelled_loss", "masked_token_logprobs", "plain_head_parts"]
 
 # model types whose causal-LM forward is logits = lm_head(decoder(...).last_hidden_state)
 PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -46,6 +46,18 @@ def plain_head_parts(model: Any) -> tuple[Any, Any] | None:
     return decoder, head
 
 
+def _kept_logits(model: Any, forward: dict[str, Any], keep: Any) -> Any:
+    """float32 logits of the positions ``keep`` ([B, T-1], position t predicting token t+1):
+    the decoder over ``forward`` and the head on those hidden states only; ``None`` when
+    ``model`` is not a plain-head model."""
+    parts = plain_head_parts(model)
+    if parts is None:
+        return None
+    decoder, head = parts
+    hidden = decoder(**forward, use_cache=False).last_hidden_state
+    return head(hidden[:, :-1][keep]).float()
+
+
 def labelled_loss(model: Any, inputs: dict[str, Any], num_items: Any = None) -> Any:
     """The next-token cross-entropy of ``inputs`` (``input_ids``, ``labels`` with -100 where
     there is no loss, and ``attention_mask`` and/or ``position_ids``) computed with the LM head
@@ -56,16 +68,12 @@ def labelled_loss(model: Any, inputs: dict[str, Any], num_items: Any = None) -> 
     """
     import torch.nn.functional as F
 
-    parts = plain_head_parts(model)
-    if parts is None:
-        return None
-    decoder, head = parts
-    labels = inputs["labels"]
-    forward = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "position_ids")}
-    hidden = decoder(**forward, use_cache=False).last_hidden_state
-    targets = labels[:, 1:]
+    targets = inputs["labels"][:, 1:]
     keep = targets != -100
-    logits = head(hidden[:, :-1][keep]).float()
+    forward = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "position_ids")}
+    logits = _kept_logits(model, forward, keep)
+    if logits is None:
+        return None
     total = F.cross_entropy(logits, targets[keep], reduction="sum")
     if num_items is None:
         return total / keep.sum().clamp(min=1)
@@ -80,15 +88,13 @@ def masked_token_logprobs(
     ``None`` when ``model`` is not a plain-head model (the caller takes the full logits)."""
     import torch
 
-    parts = plain_head_parts(model)
-    if parts is None:
-        return None
     if temperature <= 0:
         raise ValueError(f"masked_token_logprobs: temperature must be > 0, got {temperature}")
-    decoder, head = parts
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     keep = mask[:, 1:].bool()  # token t+1 is predicted at position t
-    logits = head(hidden[:, :-1][keep]).float() / temperature
+    logits = _kept_logits(model, {"input_ids": input_ids, "attention_mask": attention_mask}, keep)
+    if logits is None:
+        return None
+    logits = logits / temperature
     targets = input_ids[:, 1:][keep]
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     out = torch.zeros(input_ids.shape, dtype=picked.dtype, device=picked.device)
