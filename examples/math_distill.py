@@ -399,9 +399,6 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--rl-curriculum", choices=["sec", "uniform", "fixed"], default="sec")
     args = parser.parse_args(argv)
     settings = Settings(student=args.student, seed=args.seed)
-    for name in ("threads", "hidden", "layers", "heads"):
-        if getattr(args, name) is not None:
-            setattr(settings, name, getattr(args, name))
     if args.student == "smollm2":
         settings.n_train, settings.n_heldout, settings.steps = 200, 30, 60
         settings.batch_size, settings.learning_rate = 4, 1e-3
@@ -409,7 +406,22 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         settings.n_train, settings.n_heldout, settings.steps = 1500, 45, 400
         if args.student == "smollm2":
             settings.n_train, settings.n_heldout, settings.steps = 100, 15, 20
-    for name, value in (("n_train", args.train), ("n_heldout", args.heldout), ("steps", args.steps)):
+    overrides = {  # setting <- command-line option, where the option was given
+        "n_train": args.train,
+        "n_heldout": args.heldout,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "learning_rate": args.lr,
+        "out": args.out,
+        "threads": args.threads,
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "heads": args.heads,
+        "whole_numbers": args.whole_numbers,
+        "lr_scheduler": args.scheduler,
+        "warmup_ratio": args.warmup,
+    }
+    for name, value in overrides.items():
         if value is not None:
             setattr(settings, name, value)
     settings.packing = args.packing
@@ -418,20 +430,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         if len(counts) != len(LEVELS) or not all(c.strip().isdigit() for c in counts):
             parser.error(f"--level-weights needs {len(LEVELS)} whole numbers, e.g. 1,2,3")
         settings.train_weights = dict(zip(LEVELS, (int(c) for c in counts), strict=True))
-    if args.batch_size is not None:
-        settings.batch_size = args.batch_size
-    if args.lr is not None:
-        settings.learning_rate = args.lr
-    if args.out is not None:
-        settings.out = args.out
-    if args.whole_numbers is not None:
-        settings.whole_numbers = args.whole_numbers
-    if args.scheduler is not None:
-        settings.lr_scheduler = args.scheduler
-    if args.warmup is not None:
-        settings.warmup_ratio = args.warmup
     settings.teacher_url, settings.teacher_model = args.teacher_url, args.teacher_model
-    settings.rl = args.rl if args.rl is not None else not args.quick  # --quick: over 5 minutes already
+    settings.rl = args.rl if args.rl is not None else not args.quick  # RL adds 5 minutes: not in CI
     settings.rl_seconds, settings.rl_curriculum = args.rl_seconds, args.rl_curriculum
     if settings.n_train < 1 or settings.n_heldout < 1 or settings.steps < 1:
         parser.error("--train, --heldout and --steps must be at least 1")
