@@ -14,9 +14,11 @@ When to decode:
 
 - **lockstep** (the RL rollouts use it): :meth:`RequestBatcher.expect` says how many sessions
   are active and :meth:`RequestBatcher.finished` when one ends; a batch is decoded as soon as
-  every active session waits on the LLM. The rows are sorted by prompt ids, so the batches
-  (and, with ``seed``, the samples) are the same from run to run whatever the timing: identical
-  prompts get the same outputs, only perhaps in another order;
+  every active session waits on the LLM (in chunks of at most ``max_batch`` rows, one after
+  the other). The rows are sorted by prompt ids, so the batches (and, with ``seed``, the
+  samples) are the same from run to run whatever the timing: identical prompts get the same
+  outputs, only perhaps in another order (the rollouts then sort each task's attempts by
+  content);
 - **window** (anything else, e.g. an evaluation): a batch is decoded ``max_wait_s`` after its
   first request, or at once when ``max_batch`` requests wait.
 """
@@ -124,44 +126,49 @@ class RequestBatcher:
         n = len(self._pending)
         if n == 0:
             return False
-        if n >= self.max_batch:
-            return True
-        if self._active is not None:
+        if self._active is not None:  # lockstep: wait for every session, whatever max_batch
             return n >= self._active
-        return timed_out
+        return n >= self.max_batch or timed_out
 
     def _maybe_flush(self, timed_out: bool = False) -> None:
         with self._lock:
             if not self._ready(timed_out):
                 return
-            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
-            batch.sort(key=lambda r: r.ids)  # rows in an order that does not depend on arrival
-            seed = None if self.seed is None else self.seed + self._flushes
-            self._flushes += 1
+            if self._active is None:  # window: the first max_batch to arrive
+                taken, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            else:  # lockstep: every waiting session, in chunks of an order that ignores arrival
+                taken, self._pending = self._pending, []
+            taken.sort(key=lambda r: r.ids)  # rows in an order that does not depend on arrival
+            chunks = []
+            for start in range(0, len(taken), self.max_batch):
+                seed = None if self.seed is None else self.seed + self._flushes
+                self._flushes += 1
+                chunks.append((taken[start : start + self.max_batch], seed))
             llm = self._llm
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        thread = threading.Thread(target=self._decode, args=(llm, batch, seed), daemon=True)
+        thread = threading.Thread(target=self._decode, args=(llm, chunks), daemon=True)
         thread.start()
 
-    def _decode(self, llm: BatchedTransformersLLM, batch: list[_Request], seed: int | None) -> None:
-        started = time.perf_counter()
-        try:
-            results = llm.generate_batch([r.ids for r in batch], seed)
-        except BaseException as e:
-            for r in batch:
-                r.loop.call_soon_threadsafe(_fail, r.future, e)
-            return
-        elapsed = time.perf_counter() - started
-        with self._lock:
-            self.stats.batches += 1
-            self.stats.requests += len(batch)
-            self.stats.output_tokens += sum(len(ids) for ids, _ in results)
-            self.stats.generate_s += elapsed
-            self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
-        for r, result in zip(batch, results, strict=True):
-            r.loop.call_soon_threadsafe(_resolve, r.future, result)
+    def _decode(self, llm: BatchedTransformersLLM, chunks: list[tuple[list[_Request], int | None]]) -> None:
+        for batch, seed in chunks:
+            started = time.perf_counter()
+            try:
+                results = llm.generate_batch([r.ids for r in batch], seed)
+            except BaseException as e:
+                for r in batch:
+                    r.loop.call_soon_threadsafe(_fail, r.future, e)
+                continue
+            elapsed = time.perf_counter() - started
+            with self._lock:
+                self.stats.batches += 1
+                self.stats.requests += len(batch)
+                self.stats.output_tokens += sum(len(ids) for ids, _ in results)
+                self.stats.generate_s += elapsed
+                self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
+            for r, result in zip(batch, results, strict=True):
+                r.loop.call_soon_threadsafe(_resolve, r.future, result)
 
 
 def _resolve(future: asyncio.Future[Any], value: Any) -> None:

@@ -164,7 +164,7 @@ async def acollect_rollouts(
         if batcher is not None:
             batcher.release()
     out.seconds = time.perf_counter() - started
-    for i, (tape, task) in enumerate(zip(_canonical(finals, group_size), owners, strict=True)):
+    for i, (tape, task) in enumerate(zip(_canonical(finals, [t.id for t in owners]), owners, strict=True)):
         scores = {n: await score_value(s, tape, task) for n, s in scorers.items()}
         record: dict[str, Any] = {
             "scores": scores,
@@ -186,16 +186,24 @@ def _content(tape: Tape[Any, Any]) -> str:
     return json.dumps([s.model_dump(mode="json", exclude={"metadata"}) for s in tape.steps], sort_keys=True)
 
 
-def _canonical(tapes: list[Tape[Any, Any] | None], group_size: int) -> list[Tape[Any, Any]]:
-    """The tapes with each group's attempts sorted by content: which of a task's interchangeable
-    attempts got which sample depends on timing, the sorted group does not."""
-    out: list[Tape[Any, Any]] = []
-    for start in range(0, len(tapes), group_size):
-        group = tapes[start : start + group_size]
-        if any(t is None for t in group):
-            raise RuntimeError("collect_rollouts: the batch runner returned no tape for some attempt")
-        out += sorted((t for t in group if t is not None), key=_content)
-    return out
+def _canonical(tapes: list[Tape[Any, Any] | None], keys: Sequence[str]) -> list[Tape[Any, Any]]:
+    """The tapes with the attempts of each task sorted by content over that task's slots.
+
+    Attempts of one task start from the same prompt, so which of them got which sample (which
+    row of a batched ``generate``) depends on timing; a task drawn twice in a step has its two
+    groups' attempts interchangeable too. Sorted over all the task's slots, the result does not
+    depend on timing."""
+    if any(t is None for t in tapes):
+        raise RuntimeError("collect_rollouts: the batch runner returned no tape for some attempt")
+    slots: dict[str, list[int]] = {}
+    for i, key in enumerate(keys):
+        slots.setdefault(key, []).append(i)
+    out: list[Tape[Any, Any] | None] = [None] * len(tapes)
+    for positions in slots.values():
+        ordered = sorted((tapes[i] for i in positions), key=lambda t: _content(t))  # type: ignore[arg-type]
+        for i, tape in zip(positions, ordered, strict=True):
+            out[i] = tape
+    return [t for t in out if t is not None]
 
 
 def collect_rollouts(

@@ -169,9 +169,7 @@ def iter_samples(
         yield row
 
 
-def drift_report(
-    tapes: Iterable[Tape[Any, Any]], llm_calls: Any, tokenizer: Any
-) -> list[Drift]:
+def drift_report(tapes: Iterable[Tape[Any, Any]], llm_calls: Any, tokenizer: Any) -> list[Drift]:
     """Every LLM call with stored ids whose prompt + completion the tokenizer's chat template
     does not reproduce token for token (the fingerprint is not checked: this is the check)."""
     tok, lookup, out = ChatTokenizer(tokenizer), _lookup(llm_calls), []
