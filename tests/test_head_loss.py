@@ -102,6 +102,61 @@ def test_other_architectures_fall_back() -> None:
     assert plain_head_parts(model) is None
 
 
+def rl_rows(tokenizer: Any) -> list[dict[str, Any]]:
+    """Two groups of two rollouts (rewards 1/0) with sampling log-probs a little off-policy."""
+    rows = []
+    for i, row in enumerate(sum_rows(tokenizer, 4)):
+        n = len(row["input_ids"])
+        rows.append(
+            {
+                **row,
+                "tape_id": f"t{i}",
+                "task_id": f"task{i // 2}",
+                "logprobs": [(-0.5 - 0.1 * k) if m else 0.0 for k, m in enumerate(row["loss_mask"])],
+                "has_logprobs": True,
+                "reward": float(i % 2),
+            }
+        )
+        assert len(rows[-1]["logprobs"]) == n
+    return rows
+
+
+def test_rl_step_same_with_the_labelled_head() -> None:
+    import copy
+
+    from tapekit.training._head_loss import masked_token_logprobs
+    from tapekit.training.grpo_loss import token_logprobs
+    from tapekit.training.rl import RLConfig, grpo_step, make_rl_batch
+
+    model, tok = make_model()
+    batch = make_rl_batch(rl_rows(tok), RLConfig())
+    full = token_logprobs(
+        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids, 0.7
+    )
+    mine = masked_token_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, 0.7)
+    on = batch.loss_mask.bool()
+    torch.testing.assert_close(mine[on], full[on])
+    assert (mine[~on] == 0).all() and on.sum() > 0
+
+    # one GRPO step (with a KL term) through the labelled head and through the full logits
+    # (a logit_scale the Llama forward ignores switches the labelled head off)
+    results = []
+    for plain in (True, False):
+        policy, ref = copy.deepcopy(model), copy.deepcopy(model)
+        if not plain:
+            policy.config.logit_scale = ref.config.logit_scale = 2.0
+            assert plain_head_parts(policy) is None
+        cfg = RLConfig(kl_coef=0.1, temperature=0.7)
+        optimizer = torch.optim.SGD(policy.parameters(), lr=0.5)
+        stats = grpo_step(policy, optimizer, make_rl_batch(rl_rows(tok), cfg), cfg, ref_model=ref)
+        results.append((stats, dict(policy.named_parameters())))
+    (a, wa), (b, wb) = results
+    assert a.loss == pytest.approx(b.loss, rel=1e-5) and a.clip_fraction == b.clip_fraction
+    assert a.loss != 0.0
+    for name, p in wa.items():
+        torch.testing.assert_close(p, wb[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_a_wrapped_model_keeps_its_own_forward() -> None:
     """A DDP-style wrapper (``.module``) syncs gradients in its forward: no labelled head."""
     model, _ = make_model()

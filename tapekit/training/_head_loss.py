@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PLAIN_HEAD_MODELS", "labelled_loss", "plain_head_parts"]
+__all__ = ["PLAIN_HEAD_MODELS", "labelled_loss", "masked_token_logprobs", "plain_head_parts"]
 
 # model types whose causal-LM forward is logits = lm_head(decoder(...).last_hidden_state)
 PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -78,3 +78,25 @@ def labelled_loss(model: Any, inputs: dict[str, Any], num_items: Any = None) -> 
     if num_items is None:
         return total / keep.sum().clamp(min=1)
     return total / num_items
+
+
+def masked_token_logprobs(
+    model: Any, input_ids: Any, attention_mask: Any, mask: Any, temperature: float = 1.0
+) -> Any:
+    """``token_logprobs`` of ``input_ids`` ([B, T]) computed with the LM head only where
+    ``mask`` ([B, T]) is 1 (the tokens whose log-probs the RL loss uses); 0.0 elsewhere.
+    ``None`` when ``model`` is not a plain-head model (the caller takes the full logits)."""
+    import torch
+
+    if temperature <= 0:
+        raise ValueError(f"masked_token_logprobs: temperature must be > 0, got {temperature}")
+    keep = mask[:, 1:].bool()  # token t+1 is predicted at position t
+    logits = _kept_logits(model, {"input_ids": input_ids, "attention_mask": attention_mask}, keep)
+    if logits is None:
+        return None
+    logits = logits / temperature
+    targets = input_ids[:, 1:][keep]
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    out = torch.zeros(input_ids.shape, dtype=picked.dtype, device=picked.device)
+    out[:, 1:][keep] = picked
+    return out

@@ -263,6 +263,19 @@ def _logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -
     return logits
 
 
+def _policy_logprobs(model: Any, batch: RLBatch, sl: slice, temperature: float) -> torch.Tensor:
+    """Per-token log-probs of rows ``sl``: the LM head on the trained tokens only when the model
+    allows it (:func:`~tapekit.training._head_loss.masked_token_logprobs`, 0.0 elsewhere: the
+    loss masks those positions out), else from the full logits."""
+    from tapekit.training._head_loss import masked_token_logprobs
+
+    ids, attention = batch.input_ids[sl], batch.attention_mask[sl]
+    logp = masked_token_logprobs(model, ids, attention, batch.loss_mask[sl], temperature)
+    if logp is None:
+        logp = token_logprobs(_logits(model, ids, attention), ids, temperature)
+    return logp  # type: ignore[no-any-return]
+
+
 def reference_logprobs(model: Any, batch: RLBatch, config: RLConfig) -> torch.Tensor:
     """Per-token log-probs of ``batch`` under ``model`` (a frozen reference policy), without grad."""
     import torch
@@ -271,8 +284,7 @@ def reference_logprobs(model: Any, batch: RLBatch, config: RLConfig) -> torch.Te
     batch = batch.to(_device(model))
     with torch.no_grad():
         for sl in _slices(batch.size, config.micro_batch_size):
-            logits = _logits(model, batch.input_ids[sl], batch.attention_mask[sl])
-            parts.append(token_logprobs(logits, batch.input_ids[sl], config.temperature))
+            parts.append(_policy_logprobs(model, batch, sl, config.temperature))
     return torch.cat(parts)
 
 
@@ -331,8 +343,7 @@ def grpo_step(
     optimizer.zero_grad()
     sums = {"loss": 0.0, "tokens": 0.0, "low": 0.0, "high": 0.0, "kl": 0.0, "ratio": 0.0}
     for sl in _slices(batch.size, config.micro_batch_size):
-        logits = _logits(model, batch.input_ids[sl], batch.attention_mask[sl])
-        logp = token_logprobs(logits, batch.input_ids[sl], config.temperature)
+        logp = _policy_logprobs(model, batch, sl, config.temperature)
         have = batch.has_logprobs[sl].unsqueeze(1)
         old = torch.where(have, batch.old_logprobs[sl], logp.detach())
         out = policy_loss(
