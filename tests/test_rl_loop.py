@@ -103,7 +103,7 @@ def test_rollouts_are_scored_stored_tagged_and_become_rl_rows(tmp_path: Path) ->
     for tape, task in zip(batch.tapes, batch.tasks, strict=True):
         result = tape.metadata.result
         assert result["task_id"] == task.id and result["rl_step"] == 7 and result["policy_version"] == 5
-        assert set(result["scores"]) == {"strict", "lenient", "digits"}
+        assert set(result["scores"]) == {"strict", "lenient", "steps", "digits"}
         assert result["reward"] == result["scores"]["digits"]
     assert len(store.list_tapes(tag="rl:toy:step:7")) == 12
     assert len(store.list_tapes(tag="rl:toy:policy:5")) == 12

@@ -24,7 +24,7 @@ from tapekit.evaluate import EvalReport, Task
 
 from .agents import STUDENT_SYSTEM, calculator_environment, make_student
 from .problems import LEVELS, Problem, split_problems
-from .scoring import MAX_LOOPS, SCORERS, evaluate_agent, tasks_for
+from .scoring import MAX_LOOPS, SCORERS, evaluate_agent, step_credit, tasks_for
 
 __all__ = ["RLStageResult", "RLStageSettings", "after_sft", "math_setup", "rl_stage"]
 
@@ -41,6 +41,7 @@ class RLStageSettings:
     # and took a 0.91 one to 0.82-0.85; 1e-4 x 2 kept both and gained 3 points on the weaker
     learning_rate: float = 1e-4
     temperature: float = 1.0
+    reward: str = "strict"  # or "steps": partial credit per correct calculator call
     max_tokens: int = 48
     curriculum: str = "sec"
     # a sharp bandit (0.1) drew level1 only once the harder levels failed, and they were forgotten
@@ -83,17 +84,21 @@ def student_for(system: str | None) -> Any:
     return lambda llm: make_student(llm, system)  # type: ignore[call-arg]
 
 
-def math_setup(problems: list[Problem], system: str | None = None) -> Any:
-    """The :class:`~tapekit.training.rl_loop.RLSetup` of the student on ``problems``: reward
-    strict, lenient reported too."""
+def math_setup(problems: list[Problem], system: str | None = None, reward: str = "strict") -> Any:
+    """The :class:`~tapekit.training.rl_loop.RLSetup` of the student on ``problems``: strict,
+    lenient and step credit (:func:`~examples.math.scoring.step_credit`) reported, ``reward``
+    names the one trained on."""
     from tapekit.training.rl_loop import RLSetup
 
+    scorers = {**SCORERS, "steps": step_credit(problems)}
+    if reward not in scorers:
+        raise ValueError(f"math_setup: reward {reward!r} is not one of {sorted(scorers)}")
     return RLSetup(
         agent_for=student_for(system),
         environment=calculator_environment(),
         tasks=tasks_for(problems),
-        scorers=SCORERS,
-        reward="strict",
+        scorers=scorers,
+        reward=reward,
     )
 
 
@@ -173,6 +178,7 @@ def rl_stage(
         probs = " ".join(f"{c}={p:.2f}" for c, p in record["sampler_probs"].items())
         echo(
             f"rl step={record['step']} reward={record['reward_mean']:.2f} "
+            f"strict={record.get('score_strict', 0.0):.2f} "
             f"lenient={record.get('score_lenient', 0.0):.2f} zero_adv={record['zero_adv_share']:.2f} "
             f"clip={record['clip_fraction']:.3f} ratio={record['ratio_mean']:.4f} "
             f"rollout_tok/s={record['rollout_tokens_per_s']:.0f} "
@@ -198,7 +204,7 @@ def rl_stage(
 
     started = time.perf_counter()
     with contextlib.suppress(Budget):  # the time budget is spent
-        train_rl(math_setup(train, settings.system), model, tokenizer, config, on_step=record)
+        train_rl(math_setup(train, settings.system, settings.reward), model, tokenizer, config, on_step=record)
     seconds = time.perf_counter() - started
     after = heldout_eval(model, tokenizer, heldout, f"rl-after-{settings.curriculum}", store, settings.system)
     mean_zero = sum(r["zero_adv_share"] for r in history) / max(len(history), 1)
@@ -234,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sec-temperature", type=float, default=0.5)
     parser.add_argument("--sec-alpha", type=float, default=0.5)
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    parser.add_argument("--reward", choices=["strict", "steps"], default="strict", help="what RL maximises")
     parser.add_argument("--epochs", type=int, default=2, help="passes over each step's rollouts")
     parser.add_argument("--minibatches", type=int, default=1, help="optimiser steps per pass")
     parser.add_argument("--negative-scale", type=float, default=1.0, help="weight of negative advantages")
@@ -259,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         sec_temperature=args.sec_temperature,
         sec_alpha=args.sec_alpha,
         temperature=args.temperature,
+        reward=args.reward,
         ppo_epochs=args.epochs,
         negative_scale=args.negative_scale,
         minibatches=args.minibatches,

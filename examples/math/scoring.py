@@ -3,7 +3,9 @@
 - strict: the agent's final answer is written exactly as ``Answer: <integer>`` and the integer
   is the expected one;
 - lenient: the expected number appears (as a whole number) anywhere in what the agent wrote:
-  its plan, its calculator calls or its final line, whatever the format.
+  its plan, its calculator calls or its final line, whatever the format;
+- steps (:func:`step_credit`, a reward for RL, not a measure): partial credit for the
+  calculator calls that follow the problem's own operations, in order, plus the strict answer.
 
 Reported side by side, a gain in format alone never passes for learning.
 """
@@ -19,7 +21,7 @@ from tapekit.evaluate import EvalReport, Score, Task, evaluate
 from .agents import MathAnswer, MathPlan, calculator_environment, start_tape
 from .problems import Problem
 
-__all__ = ["MAX_LOOPS", "SCORERS", "evaluate_agent", "lenient", "strict", "tasks_for"]
+__all__ = ["MAX_LOOPS", "SCORERS", "evaluate_agent", "lenient", "step_credit", "strict", "tasks_for"]
 
 MAX_LOOPS = 8  # agent/environment rounds per problem: 3 calculator calls need 4
 
@@ -57,6 +59,34 @@ def lenient(tape: Tape[Any, Any], task: Task) -> Score:
 
 
 SCORERS = {"strict": strict, "lenient": lenient}
+
+
+def _calls(tape: Tape[Any, Any]) -> list[str]:
+    return [str(s.arguments.get("expression", "")).replace(" ", "") for s in tape.steps if isinstance(s, ToolCall)]
+
+
+def step_credit(problems: list[Problem]) -> Any:
+    """A scorer for ``problems`` (matched by task id): the share of the problem's operations
+    that the agent's calculator calls carry out correctly and in order (``12+7``, then ``19*3``;
+    counting stops at the first wrong call), and the strict answer as one more part. A dense
+    RL reward: a three-operation problem whose first two calls are right earns 0.5, not 0."""
+    by_id = {p.id: p for p in problems}
+
+    def steps(tape: Tape[Any, Any], task: Task) -> Score:
+        problem = by_id.get(task.id)
+        if problem is None:
+            raise KeyError(f"step_credit: no problem with id {task.id!r}")
+        expected = [f"{left}{op}{right}" for left, op, right, _ in problem.steps()]
+        right = 0
+        for call, want in zip(_calls(tape), expected, strict=False):
+            if call != want:
+                break
+            right += 1
+        passed = strict(tape, task).passed
+        value = (right + float(passed)) / (len(expected) + 1)
+        return Score(value=value, passed=passed, feedback=f"{right}/{len(expected)} calls right")
+
+    return steps
 
 
 def tasks_for(problems: list[Problem]) -> list[Task]:
