@@ -28,7 +28,7 @@ from examples.math.agents import (
     student_messages,
 )
 from examples.math.problems import LEVELS, make_problems, split_problems
-from examples.math.scoring import lenient, strict, tasks_for
+from examples.math.scoring import lenient, step_credit, strict, tasks_for
 from tapekit import FunctionLLM, LLMOutput, ToolCall, ToolResult, main_loop
 from tapekit.batch import batch
 
@@ -212,6 +212,27 @@ def test_scorers_strict_and_lenient() -> None:
     assert not strict(tape, task).passed and not lenient(tape, task).passed
     assert "expected" in (strict(tape, task).feedback or "")
     assert not any(isinstance(s, ToolResult) for s in tape.steps)
+
+
+def test_step_credit_counts_the_right_calls_in_order_plus_the_answer() -> None:
+    problems = [p for p in make_problems(30, seed=2) if p.category == "level3"][:3]
+    scorer = step_credit(problems)
+    teacher = make_teacher(FunctionLLM(fn=Oracle(problems)))
+    for problem, task in zip(problems, tasks_for(problems), strict=True):
+        tape = main_loop(teacher, start_tape(problem), calculator_environment()).get_final_tape()
+        assert scorer(tape, task).value == 1.0  # 3 right calls and the right answer
+        (left, op, right, _), second = problem.steps()[0], problem.steps()[1]
+        calls = [f"{left}{op}{right}", f"{second[0]}{second[1]}{second[2] + 1}", "1+1"]
+        wrong = start_tape(problem)
+        for k, expression in enumerate(calls):
+            wrong = wrong.append(
+                ToolCall(name="calculator", arguments={"expression": expression}, call_id=f"c{k}")
+            )
+        score = scorer(wrong, task)
+        assert score.value == 0.25 and not score.passed  # 1 of 3 calls before the first wrong one, no answer
+        assert score.feedback == "1/3 calls right"
+    with pytest.raises(KeyError, match="no problem"):
+        step_credit([])(tape, task)
 
 
 STAGE = re.compile(

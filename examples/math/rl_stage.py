@@ -204,7 +204,9 @@ def rl_stage(
 
     started = time.perf_counter()
     with contextlib.suppress(Budget):  # the time budget is spent
-        train_rl(math_setup(train, settings.system, settings.reward), model, tokenizer, config, on_step=record)
+        train_rl(
+            math_setup(train, settings.system, settings.reward), model, tokenizer, config, on_step=record
+        )
     seconds = time.perf_counter() - started
     after = heldout_eval(model, tokenizer, heldout, f"rl-after-{settings.curriculum}", store, settings.system)
     mean_zero = sum(r["zero_adv_share"] for r in history) / max(len(history), 1)

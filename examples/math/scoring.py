@@ -62,7 +62,9 @@ SCORERS = {"strict": strict, "lenient": lenient}
 
 
 def _calls(tape: Tape[Any, Any]) -> list[str]:
-    return [str(s.arguments.get("expression", "")).replace(" ", "") for s in tape.steps if isinstance(s, ToolCall)]
+    return [
+        str(s.arguments.get("expression", "")).replace(" ", "") for s in tape.steps if isinstance(s, ToolCall)
+    ]
 
 
 def step_credit(problems: list[Problem]) -> Any:
