@@ -193,17 +193,17 @@ def _canonical(tapes: list[Tape[Any, Any] | None], keys: Sequence[str]) -> list[
     row of a batched ``generate``) depends on timing; a task drawn twice in a step has its two
     groups' attempts interchangeable too. Sorted over all the task's slots, the result does not
     depend on timing."""
-    if any(t is None for t in tapes):
+    done = [t for t in tapes if t is not None]
+    if len(done) != len(tapes):
         raise RuntimeError("collect_rollouts: the batch runner returned no tape for some attempt")
     slots: dict[str, list[int]] = {}
     for i, key in enumerate(keys):
         slots.setdefault(key, []).append(i)
-    out: list[Tape[Any, Any] | None] = [None] * len(tapes)
+    out = list(done)
     for positions in slots.values():
-        ordered = sorted((tapes[i] for i in positions), key=lambda t: _content(t))  # type: ignore[arg-type]
-        for i, tape in zip(positions, ordered, strict=True):
+        for i, tape in zip(positions, sorted((done[i] for i in positions), key=_content), strict=True):
             out[i] = tape
-    return [t for t in out if t is not None]
+    return out
 
 
 def collect_rollouts(
