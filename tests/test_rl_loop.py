@@ -121,6 +121,15 @@ def test_rollouts_are_scored_stored_tagged_and_become_rl_rows(tmp_path: Path) ->
     store.close()
 
 
+def test_an_rl_setup_whose_reward_is_not_a_scorer_is_refused() -> None:
+    from examples.math.rl_stage import math_setup
+    from tests.rl_toy import PROBLEMS
+
+    assert math_setup(PROBLEMS, reward="steps").reward == "steps"
+    with pytest.raises(ValueError, match="reward 'exact' is not one of the scorers"):
+        math_setup(PROBLEMS, reward="exact")
+
+
 def test_lockstep_batches_wait_for_every_session_and_ignore_arrival_order() -> None:
     import asyncio
 

@@ -139,6 +139,12 @@ class RLSetup:
     scorers: Mapping[str, Callable[..., Any]]
     reward: str
 
+    def __post_init__(self) -> None:
+        if self.reward not in self.scorers:
+            raise ValueError(
+                f"RLSetup: reward {self.reward!r} is not one of the scorers {sorted(self.scorers)}"
+            )
+
 
 @dataclass
 class RLRunResult:
