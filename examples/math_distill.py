@@ -62,6 +62,7 @@ class Settings:
     rl: bool = True  # the RL stage after SFT (tiny student; off in --quick unless --rl)
     rl_seconds: float = 300.0
     rl_curriculum: str = "sec"
+    rl_arms: str = "levels"  # the curriculum's arms: "levels" or "sizes" (examples.math.rl_stage)
     n_train: int = 6000
     n_heldout: int = 150
     steps: int = 1000
@@ -358,6 +359,7 @@ def run(settings: Settings) -> list[StageResult]:
         rl_settings = RLStageSettings(
             seconds=settings.rl_seconds,
             curriculum=settings.rl_curriculum,
+            arms=settings.rl_arms,
             seed=settings.seed,
             out=settings.out / "rl",
         )
@@ -397,6 +399,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--rl", action=argparse.BooleanOptionalAction, help="RL after SFT (default: on)")
     parser.add_argument("--rl-seconds", type=float, default=300.0, help="RL stage: training seconds")
     parser.add_argument("--rl-curriculum", choices=["sec", "uniform", "fixed"], default="sec")
+    parser.add_argument(
+        "--rl-arms", choices=["levels", "sizes"], default="levels", help="RL stage: the curriculum's arms"
+    )
     args = parser.parse_args(argv)
     settings = Settings(student=args.student, seed=args.seed)
     if args.student == "smollm2":
@@ -433,6 +438,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     settings.teacher_url, settings.teacher_model = args.teacher_url, args.teacher_model
     settings.rl = args.rl if args.rl is not None else not args.quick  # RL adds 5 minutes: not in CI
     settings.rl_seconds, settings.rl_curriculum = args.rl_seconds, args.rl_curriculum
+    settings.rl_arms = args.rl_arms
     if settings.n_train < 1 or settings.n_heldout < 1 or settings.steps < 1:
         parser.error("--train, --heldout and --steps must be at least 1")
     return settings

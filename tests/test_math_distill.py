@@ -27,7 +27,15 @@ from examples.math.agents import (
     start_tape,
     student_messages,
 )
-from examples.math.problems import LEVELS, make_problems, split_problems
+from examples.math.problems import (
+    DIFFICULTIES,
+    LEVELS,
+    Operation,
+    Problem,
+    difficulty,
+    make_problems,
+    split_problems,
+)
 from examples.math.scoring import lenient, step_credit, strict, tasks_for
 from tapekit import FunctionLLM, LLMOutput, ToolCall, ToolResult, main_loop
 from tapekit.batch import batch
@@ -53,6 +61,26 @@ def test_problems_are_deterministic_leveled_and_correct() -> None:
     train, heldout = split_problems(50, 20, seed=1)
     assert not {p.question for p in train} & {p.question for p in heldout}
     assert all(p.id.startswith("heldout-") for p in heldout)
+
+
+def _problem(category: str, start: int, *ops: tuple[str, int]) -> Problem:
+    operations = tuple(Operation(op, n) for op, n in ops)
+    return Problem("p", category, "?", start, operations, "", 0)
+
+
+def test_difficulty_splits_levels_by_the_largest_number_met() -> None:
+    assert difficulty(_problem("level1", 29, ("+", 30))) == "level1"
+    assert difficulty(_problem("level2", 12, ("+", 7), ("*", 5))) == "level2-small"  # 19, 95
+    assert difficulty(_problem("level2", 12, ("+", 8), ("*", 5))) == "level2-large"  # 20, 100
+    assert (
+        difficulty(_problem("level3", 40, ("*", 3), ("/", 4), ("-", 1))) == "level3-large"
+    )  # 120 on the way
+    assert difficulty(_problem("level3", 40, ("/", 4), ("*", 3), ("+", 9))) == "level3-small"
+    graded = {difficulty(p) for p in make_problems(600, seed=2)}
+    assert graded == set(DIFFICULTIES)
+    tasks = tasks_for(make_problems(30, seed=2), difficulty)
+    assert {t.category for t in tasks} <= set(DIFFICULTIES)
+    assert {t.category for t in tasks_for(make_problems(30, seed=2))} == set(LEVELS)
 
 
 def test_training_problems_in_level_proportions_never_held_out() -> None:

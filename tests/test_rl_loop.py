@@ -130,6 +130,21 @@ def test_an_rl_setup_whose_reward_is_not_a_scorer_is_refused() -> None:
         math_setup(PROBLEMS, reward="exact")
 
 
+def test_the_math_setup_grades_its_arms_by_level_or_by_size() -> None:
+    from examples.math.problems import difficulty
+    from examples.math.rl_stage import math_setup
+    from tapekit.training.rl_loop import RLRunConfig, make_sampler
+    from tests.rl_toy import PROBLEMS
+
+    by_size = math_setup(PROBLEMS, arms="sizes")
+    assert [t.category for t in by_size.tasks] == [difficulty(p) for p in PROBLEMS]
+    assert [t.category for t in math_setup(PROBLEMS).tasks] == [p.category for p in PROBLEMS]
+    sampler = make_sampler(RLRunConfig(curriculum="sec"), by_size.tasks)
+    assert sampler.categories == sorted({difficulty(p) for p in PROBLEMS})
+    with pytest.raises(ValueError, match="arms must be one of"):
+        math_setup(PROBLEMS, arms="digits")
+
+
 def test_lockstep_batches_wait_for_every_session_and_ignore_arrival_order() -> None:
     import asyncio
 

@@ -8,7 +8,8 @@ expression with the parentheses that order needs, and its answer a non-negative 
 - ``level2``: two operations (+, -, and x2..x5), numbers up to 40;
 - ``level3``: three operations (+, -, x2..x5, and exact division), numbers up to 50.
 
-The level is the problem's category (the curriculum of the RL stage samples by it).
+The level is the problem's category. :func:`difficulty` grades finer, by level and by the size
+of the numbers met on the way (the RL stage's curriculum can sample by either).
 """
 
 from __future__ import annotations
@@ -16,7 +17,16 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-__all__ = ["LEVELS", "Operation", "Problem", "format_expression", "make_problems", "split_problems"]
+__all__ = [
+    "DIFFICULTIES",
+    "LEVELS",
+    "Operation",
+    "Problem",
+    "difficulty",
+    "format_expression",
+    "make_problems",
+    "split_problems",
+]
 
 LEVELS: dict[str, int] = {"level1": 1, "level2": 2, "level3": 3}  # category -> number of operations
 LIMITS: dict[int, int] = {1: 30, 2: 40, 3: 50}  # level -> largest starting number and added number
@@ -25,6 +35,9 @@ NAMES = ["Ann", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gia", "Hugo", "Ivy", "Jon"
 PRONOUNS = {"Ann": "She", "Cleo": "She", "Eva": "She", "Gia": "She", "Ivy": "She", "Lea": "She", "Nia": "She"}
 ITEMS = ["apples", "books", "coins", "pens", "stamps", "cards", "shells", "marbles", "stickers", "cookies"]
 MULTIPLIERS = {2: "doubles", 3: "triples", 4: "multiplies by 4", 5: "multiplies by 5"}
+LARGE = 100  # a problem that meets a number this large (or larger) is graded "-large"
+# the grades of difficulty(), easiest first (level1 stays below LARGE: 30 + 30 at most)
+DIFFICULTIES = ["level1", "level2-small", "level2-large", "level3-small", "level3-large"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,18 @@ class Problem:
             out.append((value, operation.op, operation.operand, result))
             value = result
         return out
+
+
+def difficulty(problem: Problem) -> str:
+    """A finer grade than the level: ``level2-large`` when a number of the problem (the start,
+    an operand or a result on the way) is ``LARGE`` or more, else ``level2-small``; ``level1``
+    as it is. Measured on the tiny SFT students, a number of 100 or more is what most separates
+    the problems they solve from those they never do, within a level."""
+    if problem.category == "level1":
+        return "level1"
+    numbers = [problem.start, *(o.operand for o in problem.operations)]
+    numbers += [result for *_, result in problem.steps()]
+    return f"{problem.category}-{'large' if max(numbers) >= LARGE else 'small'}"
 
 
 def apply(value: int, operation: Operation) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 from tapekit.evaluate import EvalReport, Task
 
 from .agents import STUDENT_SYSTEM, calculator_environment, make_student
-from .problems import LEVELS, Problem, split_problems
+from .problems import DIFFICULTIES, LEVELS, Problem, difficulty, split_problems
 from .scoring import MAX_LOOPS, SCORERS, evaluate_agent, step_credit, tasks_for
 
 __all__ = ["RLStageResult", "RLStageSettings", "after_sft", "math_setup", "rl_stage"]
@@ -46,6 +46,9 @@ class RLStageSettings:
     reward: str = "strict"  # or "steps": partial credit per correct calculator call
     max_tokens: int = 48
     curriculum: str = "sec"
+    # the curriculum's arms: "levels" (3) or "sizes" (5: each level above 1 split by whether a
+    # number of 100 or more comes up, which separates what the students solve from what they never do)
+    arms: str = "levels"
     # a sharp bandit (0.1) drew level1 only once the harder levels failed, and they were forgotten;
     # 0.3 gave the best run of the fourth round (0.60 -> 0.69)
     sec_temperature: float = 0.3
@@ -87,16 +90,24 @@ def student_for(system: str | None) -> Any:
     return lambda llm: make_student(llm, system)  # type: ignore[call-arg]
 
 
-def math_setup(problems: list[Problem], system: str | None = None, reward: str = "strict") -> Any:
+ARMS = {"levels": None, "sizes": difficulty}  # --arms -> the tasks' category (None: the level)
+
+
+def math_setup(
+    problems: list[Problem], system: str | None = None, reward: str = "strict", arms: str = "levels"
+) -> Any:
     """The :class:`~tapekit.training.rl_loop.RLSetup` of the student on ``problems``: strict,
     lenient and step credit (:func:`~examples.math.scoring.step_credit`) reported, ``reward``
-    names the one trained on."""
+    names the one trained on; ``arms`` ("levels" or "sizes") grades the tasks' categories, which
+    are the curriculum's arms."""
     from tapekit.training.rl_loop import RLSetup
 
+    if arms not in ARMS:
+        raise ValueError(f"math_setup: arms must be one of {sorted(ARMS)}, got {arms!r}")
     return RLSetup(
         agent_for=student_for(system),
         environment=calculator_environment(),
-        tasks=tasks_for(problems),
+        tasks=tasks_for(problems, ARMS[arms]),
         scorers={**SCORERS, "steps": step_credit(problems)},
         reward=reward,
     )
@@ -155,6 +166,7 @@ def rl_stage(
         max_loops=MAX_LOOPS,
         learning_rate=settings.learning_rate,
         curriculum=settings.curriculum,  # type: ignore[arg-type]
+        fixed_order=DIFFICULTIES if settings.arms == "sizes" else list(LEVELS),  # easy -> hard
         sec_temperature=settings.sec_temperature,
         sec_alpha=settings.sec_alpha,
         scale_rewards=settings.scale_rewards,
@@ -205,7 +217,11 @@ def rl_stage(
     started = time.perf_counter()
     with contextlib.suppress(Budget):  # the time budget is spent
         train_rl(
-            math_setup(train, settings.system, settings.reward), model, tokenizer, config, on_step=record
+            math_setup(train, settings.system, settings.reward, settings.arms),
+            model,
+            tokenizer,
+            config,
+            on_step=record,
         )
     seconds = time.perf_counter() - started
     after = heldout_eval(model, tokenizer, heldout, f"rl-after-{settings.curriculum}", store, settings.system)
@@ -232,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", type=Path, help="the SFT student's directory (sft-tiny/final)")
     parser.add_argument("--seconds", type=float, default=300.0)
     parser.add_argument("--curriculum", choices=["sec", "uniform", "fixed"], default="sec")
+    parser.add_argument(
+        "--arms", choices=sorted(ARMS), default="levels", help="the curriculum's categories of problems"
+    )
     parser.add_argument("--mode", choices=["sync", "async"], default="sync")
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--tasks", type=int, default=16, help="tasks per step")
@@ -261,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds=args.seconds,
         learning_rate=args.lr,
         curriculum=args.curriculum,
+        arms=args.arms,
         mode=args.mode,
         tasks_per_step=args.tasks,
         group_size=args.group,

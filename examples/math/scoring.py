@@ -13,6 +13,7 @@ Reported side by side, a gain in format alone never passes for learning.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from tapekit import AssistantThought, Tape, ToolCall
@@ -91,9 +92,13 @@ def step_credit(problems: list[Problem]) -> Any:
     return steps
 
 
-def tasks_for(problems: list[Problem]) -> list[Task]:
-    """Evaluation tasks: the start tape, the level as category and the answer as expected."""
-    return [Task(id=p.id, start=start_tape(p), category=p.category, expected=p.answer) for p in problems]
+def tasks_for(problems: list[Problem], grade: Callable[[Problem], str] | None = None) -> list[Task]:
+    """Evaluation tasks: the start tape, the level as category (or ``grade(problem)``, e.g.
+    :func:`~examples.math.problems.difficulty`) and the answer as expected."""
+    return [
+        Task(id=p.id, start=start_tape(p), category=grade(p) if grade else p.category, expected=p.answer)
+        for p in problems
+    ]
 
 
 def evaluate_agent(agent: Any, tasks: list[Task], store: Any, name: str, max_concurrency: int) -> EvalReport:
