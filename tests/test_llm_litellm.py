@@ -130,8 +130,10 @@ def test_a_provider_error_names_the_route_and_status(scripted: tuple[str, list[d
 
 
 def test_a_local_import_failure_is_a_short_local_error(scripted: tuple[str, list[dict[str, Any]]]) -> None:
-    """Without ``mcp`` (hidden here by an import hook) LiteLLM fails on this machine: the error
-    says so and names the package, instead of reading as the provider's HTTP 500."""
+    """An import that fails inside LiteLLM's request (``mcp``, hidden here by an import hook)
+    is reported as a failure on this machine naming the package, not as the provider's HTTP 500
+    that LiteLLM wraps it in. Some LiteLLM releases imported ``mcp`` for every request with tools;
+    1.110 does not, so the test makes LiteLLM's OpenAI handler import it."""
     base_url, _ = scripted
     script = textwrap.dedent(
         f"""
@@ -143,6 +145,12 @@ def test_a_local_import_failure_is_a_short_local_error(scripted: tuple[str, list
                     raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 
         sys.meta_path.insert(0, HideMcp())
+        import litellm.main
+
+        def handler_that_imports_mcp(*args, **kwargs):
+            import mcp  # noqa: F401
+
+        litellm.main.openai_chat_completions.completion = handler_that_imports_mcp
         from tapekit import Prompt
         from tapekit.llm.litellm import LiteLLM
         from tests.test_llm_litellm import QUESTION, WEATHER_TOOL
