@@ -48,6 +48,7 @@ from examples.math.agents import (
     student_messages,
 )
 from examples.math.problems import LEVELS, split_problems
+from examples.math.rl_stage import ARMS
 from examples.math.scoring import MAX_LOOPS, evaluate_agent, strict, tasks_for
 from tapekit import FunctionLLM, Tape
 from tapekit.batch import batch
@@ -400,7 +401,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--rl-seconds", type=float, default=300.0, help="RL stage: training seconds")
     parser.add_argument("--rl-curriculum", choices=["sec", "uniform", "fixed"], default="sec")
     parser.add_argument(
-        "--rl-arms", choices=["levels", "sizes"], default="levels", help="RL stage: the curriculum's arms"
+        "--rl-arms", choices=sorted(ARMS), default="levels", help="RL stage: the curriculum's arms"
     )
     args = parser.parse_args(argv)
     settings = Settings(student=args.student, seed=args.seed)

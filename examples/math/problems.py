@@ -79,9 +79,8 @@ def difficulty(problem: Problem) -> str:
     the problems they solve from those they never do, within a level."""
     if problem.category == "level1":
         return "level1"
-    numbers = [problem.start, *(o.operand for o in problem.operations)]
-    numbers += [result for *_, result in problem.steps()]
-    return f"{problem.category}-{'large' if max(numbers) >= LARGE else 'small'}"
+    largest = max(max(left, right, result) for left, _, right, result in problem.steps())
+    return f"{problem.category}-{'large' if largest >= LARGE else 'small'}"
 
 
 def apply(value: int, operation: Operation) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,19 @@ def student_for(system: str | None) -> Any:
     return lambda llm: make_student(llm, system)  # type: ignore[call-arg]
 
 
-ARMS = {"levels": None, "sizes": difficulty}  # --arms -> the tasks' category (None: the level)
+# --arms: how a problem is graded into the curriculum's arms (None: its level), and the arms
+# easiest first (the fixed curriculum's order)
+ARMS: dict[str, tuple[Callable[[Problem], str] | None, list[str]]] = {
+    "levels": (None, list(LEVELS)),
+    "sizes": (difficulty, DIFFICULTIES),
+}
+
+
+def arms_named(name: str) -> tuple[Callable[[Problem], str] | None, list[str]]:
+    """The grading and the easy-to-hard arms of ``--arms name``; a ValueError for another name."""
+    if name not in ARMS:
+        raise ValueError(f"arms must be one of {sorted(ARMS)}, got {name!r}")
+    return ARMS[name]
 
 
 def math_setup(
@@ -102,12 +115,11 @@ def math_setup(
     are the curriculum's arms."""
     from tapekit.training.rl_loop import RLSetup
 
-    if arms not in ARMS:
-        raise ValueError(f"math_setup: arms must be one of {sorted(ARMS)}, got {arms!r}")
+    grade, _ = arms_named(arms)
     return RLSetup(
         agent_for=student_for(system),
         environment=calculator_environment(),
-        tasks=tasks_for(problems, ARMS[arms]),
+        tasks=tasks_for(problems, grade),
         scorers={**SCORERS, "steps": step_credit(problems)},
         reward=reward,
     )
@@ -166,7 +178,7 @@ def rl_stage(
         max_loops=MAX_LOOPS,
         learning_rate=settings.learning_rate,
         curriculum=settings.curriculum,  # type: ignore[arg-type]
-        fixed_order=DIFFICULTIES if settings.arms == "sizes" else list(LEVELS),  # easy -> hard
+        fixed_order=arms_named(settings.arms)[1],  # easy -> hard
         sec_temperature=settings.sec_temperature,
         sec_alpha=settings.sec_alpha,
         scale_rewards=settings.scale_rewards,
