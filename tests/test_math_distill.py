@@ -29,6 +29,7 @@ from examples.math.agents import (
 )
 from examples.math.problems import (
     DIFFICULTIES,
+    HARDER,
     LEVELS,
     Operation,
     Problem,
@@ -80,6 +81,24 @@ def test_difficulty_splits_levels_by_the_largest_number_met() -> None:
     tasks = tasks_for(make_problems(30, seed=2), difficulty)
     assert {t.category for t in tasks} <= set(DIFFICULTIES)
     assert {t.category for t in tasks_for(make_problems(30, seed=2))} == set(LEVELS)
+
+
+def test_harder_levels_come_only_when_asked_for() -> None:
+    from collections import Counter
+
+    assert not {p.category for p in make_problems(300, seed=5)} & set(HARDER)
+    hard = make_problems(40, seed=5, categories=["level4", "level5"])
+    assert Counter(p.category for p in hard) == {"level4": 20, "level5": 20}
+    for p in hard:
+        assert len(p.operations) == HARDER[p.category]
+        assert calculator(p.expression) == p.answer >= 0
+        assert difficulty(p) == p.category  # not split by size: the students fail them at any size
+    train, heldout = split_problems(100, 25, categories=[*LEVELS, *HARDER])
+    assert Counter(p.category for p in heldout) == {c: 5 for c in [*LEVELS, *HARDER]}
+    assert not {p.question for p in train} & {p.question for p in heldout}
+    assert split_problems(100, 25) == split_problems(100, 25, categories=list(LEVELS))
+    with pytest.raises(ValueError, match="unknown problem category 'level6'"):
+        make_problems(3, categories=["level6"])
 
 
 def test_training_problems_in_level_proportions_never_held_out() -> None:

@@ -145,6 +145,23 @@ def test_the_math_setup_grades_its_arms_by_level_or_by_size() -> None:
         math_setup(PROBLEMS, arms="digits")
 
 
+def test_a_pool_with_a_hard_tail_keeps_the_fixed_order_easy_to_hard() -> None:
+    from examples.math.problems import split_problems
+    from examples.math.rl_stage import easy_to_hard, math_setup, pool_levels
+
+    assert pool_levels(3) == ["level1", "level2", "level3"]
+    assert pool_levels(5) == ["level1", "level2", "level3", "level4", "level5"]
+    for n in (2, 6):
+        with pytest.raises(ValueError, match="3 to 5 levels"):
+            pool_levels(n)
+    train, _ = split_problems(60, 10, categories=pool_levels(5))
+    assert easy_to_hard("levels", math_setup(train).tasks) == pool_levels(5)
+    assert easy_to_hard("levels", math_setup(train[:2]).tasks) == ["level1", "level2"]
+    by_size = easy_to_hard("sizes", math_setup(train, arms="sizes").tasks)
+    assert by_size[0] == "level1" and by_size[-2:] == ["level4", "level5"]
+    assert {"level2-small", "level3-small"} <= set(by_size)
+
+
 def test_lockstep_batches_wait_for_every_session_and_ignore_arrival_order() -> None:
     import asyncio
 

@@ -6,7 +6,10 @@ expression with the parentheses that order needs, and its answer a non-negative 
 
 - ``level1``: one operation (+ or -), numbers up to 30;
 - ``level2``: two operations (+, -, and x2..x5), numbers up to 40;
-- ``level3``: three operations (+, -, x2..x5, and exact division), numbers up to 50.
+- ``level3``: three operations (+, -, x2..x5, and exact division), numbers up to 50;
+- ``level4`` and ``level5`` (:data:`HARDER`, only when asked for): four and five operations of
+  the same kinds, numbers up to 60: longer than anything the default pipeline teaches, a pool's
+  hard tail for the RL stage's curriculum.
 
 The level is the problem's category. :func:`difficulty` grades finer, by level and by the size
 of the numbers met on the way (the RL stage's curriculum can sample by either).
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "DIFFICULTIES",
+    "HARDER",
     "LEVELS",
     "Operation",
     "Problem",
@@ -29,7 +33,8 @@ __all__ = [
 ]
 
 LEVELS: dict[str, int] = {"level1": 1, "level2": 2, "level3": 3}  # category -> number of operations
-LIMITS: dict[int, int] = {1: 30, 2: 40, 3: 50}  # level -> largest starting number and added number
+HARDER: dict[str, int] = {"level4": 4, "level5": 5}  # generated only when asked for by name
+LIMITS: dict[int, int] = {1: 30, 2: 40, 3: 50, 4: 60, 5: 60}  # level -> largest start and added number
 
 NAMES = ["Ann", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gia", "Hugo", "Ivy", "Jon", "Kai", "Lea", "Max", "Nia"]
 PRONOUNS = {"Ann": "She", "Cleo": "She", "Eva": "She", "Gia": "She", "Ivy": "She", "Lea": "She", "Nia": "She"}
@@ -75,10 +80,11 @@ class Problem:
 def difficulty(problem: Problem) -> str:
     """A finer grade than the level: ``level2-large`` when a number of the problem (the start,
     an operand or a result on the way) is ``LARGE`` or more, else ``level2-small``; ``level1``
-    as it is. Measured on the tiny SFT students, a number of 100 or more is what most separates
-    the problems they solve from those they never do, within a level."""
-    if problem.category == "level1":
-        return "level1"
+    (whose numbers stay below ``LARGE``) and the :data:`HARDER` levels (which the students
+    almost never solve, at any size) as they are. Measured on the tiny SFT students, a number of 100 or more is
+    what most separates the problems they solve from those they never do, within a level."""
+    if problem.category not in ("level2", "level3"):
+        return problem.category
     largest = max(max(left, right, result) for left, _, right, result in problem.steps())
     return f"{problem.category}-{'large' if largest >= LARGE else 'small'}"
 
@@ -142,13 +148,14 @@ def _operation(rng: random.Random, value: int, level: int, allowed: str) -> Oper
 
 def make_problem(rng: random.Random, category: str, index: int) -> Problem:
     """One problem of ``category`` drawn from ``rng``."""
-    if category not in LEVELS:
-        raise ValueError(f"unknown problem category {category!r}; choose from {sorted(LEVELS)}")
-    level = LEVELS[category]
+    levels = LEVELS | HARDER
+    if category not in levels:
+        raise ValueError(f"unknown problem category {category!r}; choose from {sorted(levels)}")
+    level = levels[category]
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     pronoun = PRONOUNS.get(name, "He")
     start = rng.randint(2, LIMITS[level])
-    allowed = {1: "+-", 2: "+-*", 3: "+-*/"}[level]
+    allowed = {1: "+-", 2: "+-*"}.get(level, "+-*/")
     operations: list[Operation] = []
     value = start
     for _ in range(level):
@@ -193,13 +200,18 @@ def make_problems(n: int, seed: int = 0, categories: list[str] | None = None) ->
 
 
 def split_problems(
-    n_train: int, n_heldout: int, seed: int = 0, train_weights: dict[str, int] | None = None
+    n_train: int,
+    n_heldout: int,
+    seed: int = 0,
+    train_weights: dict[str, int] | None = None,
+    categories: list[str] | None = None,
 ) -> tuple[list[Problem], list[Problem]]:
-    """Disjoint training and held-out problems (held-out ids start with ``heldout-``); the
-    held-out ones are spread evenly over the levels. ``train_weights`` (e.g. ``{"level1": 1,
-    "level2": 2, "level3": 3}``) draws the training problems in those proportions instead, from
-    another stream, leaving out any question that is held out."""
-    everything = make_problems(n_train + n_heldout, seed)
+    """Disjoint training and held-out problems (held-out ids start with ``heldout-``), both
+    spread evenly over ``categories`` (default: the three :data:`LEVELS`; e.g. add ``level4``
+    and ``level5`` for a hard tail). ``train_weights`` (e.g. ``{"level1": 1, "level2": 2,
+    "level3": 3}``) draws the training problems in those proportions instead, from another
+    stream, leaving out any question that is held out."""
+    everything = make_problems(n_train + n_heldout, seed, categories)
     train = everything[:n_train]
     if train_weights is not None:
         unknown = set(train_weights) - set(LEVELS)

@@ -24,7 +24,7 @@ from typing import Any
 from tapekit.evaluate import EvalReport, Task
 
 from .agents import STUDENT_SYSTEM, calculator_environment, make_student
-from .problems import DIFFICULTIES, LEVELS, Problem, difficulty, split_problems
+from .problems import DIFFICULTIES, HARDER, LEVELS, Problem, difficulty, split_problems
 from .scoring import MAX_LOOPS, SCORERS, evaluate_agent, step_credit, tasks_for
 
 __all__ = ["RLStageResult", "RLStageSettings", "after_sft", "math_setup", "rl_stage"]
@@ -92,10 +92,10 @@ def student_for(system: str | None) -> Any:
 
 
 # --arms: how a problem is graded into the curriculum's arms (None: its level), and the arms
-# easiest first (the fixed curriculum's order)
+# easiest first (the fixed curriculum's order; the arms a pool lacks are skipped)
 ARMS: dict[str, tuple[Callable[[Problem], str] | None, list[str]]] = {
-    "levels": (None, list(LEVELS)),
-    "sizes": (difficulty, DIFFICULTIES),
+    "levels": (None, [*LEVELS, *HARDER]),
+    "sizes": (difficulty, [*DIFFICULTIES, *HARDER]),
 }
 
 
@@ -104,6 +104,13 @@ def arms_named(name: str) -> tuple[Callable[[Problem], str] | None, list[str]]:
     if name not in ARMS:
         raise ValueError(f"arms must be one of {sorted(ARMS)}, got {name!r}")
     return ARMS[name]
+
+
+def easy_to_hard(arms: str, tasks: list[Task]) -> list[str]:
+    """The fixed curriculum's order: the arms of ``--arms arms`` easiest first, those that no
+    task of ``tasks`` falls in left out."""
+    graded = {task.category for task in tasks}
+    return [arm for arm in arms_named(arms)[1] if arm in graded]
 
 
 def math_setup(
@@ -142,7 +149,9 @@ def heldout_eval(
 def line(report: EvalReport, step: int, seconds: float, extra: str = "") -> str:
     """``stage=rl student=tiny heldout_exact=.. heldout_lenient=.. step=.. train_seconds=..``"""
     levels = report.by_category()
-    per_level = " ".join(f"{c}={levels[c].pass_at_1('strict').value:.2f}" for c in LEVELS if c in levels)
+    per_level = " ".join(
+        f"{c}={levels[c].pass_at_1('strict').value:.2f}" for c in [*LEVELS, *HARDER] if c in levels
+    )
     return (
         f"stage=rl student=tiny heldout_exact={report.pass_at_1('strict').value:.2f} "
         f"heldout_lenient={report.pass_at_1('lenient').value:.2f} "
@@ -167,6 +176,7 @@ def rl_stage(
         model, tokenizer, heldout, f"rl-before-{settings.curriculum}", store, settings.system
     )
     echo(line(before, 0, 0.0, " (before RL)"), flush=True)
+    setup = math_setup(train, settings.system, settings.reward, settings.arms)
     config = RLRunConfig(
         output_dir=str(settings.out),
         run_name=f"math-{settings.curriculum}",
@@ -178,7 +188,7 @@ def rl_stage(
         max_loops=MAX_LOOPS,
         learning_rate=settings.learning_rate,
         curriculum=settings.curriculum,  # type: ignore[arg-type]
-        fixed_order=arms_named(settings.arms)[1],  # easy -> hard
+        fixed_order=easy_to_hard(settings.arms, setup.tasks),
         sec_temperature=settings.sec_temperature,
         sec_alpha=settings.sec_alpha,
         scale_rewards=settings.scale_rewards,
@@ -229,7 +239,7 @@ def rl_stage(
     started = time.perf_counter()
     with contextlib.suppress(Budget):  # the time budget is spent
         train_rl(
-            math_setup(train, settings.system, settings.reward, settings.arms),
+            setup,
             model,
             tokenizer,
             config,
@@ -250,6 +260,14 @@ def rl_stage(
     return RLStageResult(before, after, history, seconds, evals)
 
 
+def pool_levels(n: int) -> list[str]:
+    """The first ``n`` levels, easiest first: the three :data:`LEVELS`, then the :data:`HARDER`."""
+    levels = [*LEVELS, *HARDER]
+    if not len(LEVELS) <= n <= len(levels):
+        raise ValueError(f"a pool has {len(LEVELS)} to {len(levels)} levels, got {n}")
+    return levels[:n]
+
+
 def main(argv: list[str] | None = None) -> int:
     """RL on a saved SFT model directory: ``python -m examples.math.rl_stage MODEL_DIR``."""
     import torch
@@ -267,6 +285,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--tasks", type=int, default=16, help="tasks per step")
     parser.add_argument("--group", type=int, default=8, help="rollouts per task")
+    parser.add_argument(
+        "--levels",
+        type=int,
+        choices=[3, 4, 5],
+        default=3,
+        help="levels in the training and held-out pools: 4 and 5 add a hard tail (level4, level5)",
+    )
     parser.add_argument("--train", type=int, default=1500)
     parser.add_argument("--heldout", type=int, default=150)
     parser.add_argument("--eval-every", type=int, default=0)
@@ -287,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_tiny(args.model)
-    train, heldout = split_problems(args.train, args.heldout, 0)
+    train, heldout = split_problems(args.train, args.heldout, 0, categories=pool_levels(args.levels))
     settings = RLStageSettings(
         seconds=args.seconds,
         learning_rate=args.lr,
