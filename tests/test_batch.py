@@ -160,6 +160,13 @@ def slow_factory() -> tuple[Agent, Environment]:
     return make_agent(latency_s=0.03), BEnv()
 
 
+def slower_factory() -> tuple[Agent, Environment]:
+    """The same agent with 100 ms per LLM call: 40 tapes take about 7 s at concurrency 4, time
+    enough to interrupt them on a loaded machine (at 30 ms a loaded CI runner once saw the
+    whole batch finish before its Ctrl-C arrived)."""
+    return make_agent(latency_s=0.1), BEnv()
+
+
 def make_tapes(n: int, fail: dict[int, str] | None = None) -> list[Tape[Any, Any]]:
     """``n`` start tapes with ids task-0..task-{n-1}; task i needs ``1 + i % 4`` loops."""
     fail = fail or {}
@@ -688,7 +695,7 @@ def test_the_batch_command_finds_the_projects_own_modules_and_retry_failed_is_a_
 def test_ctrl_c_stops_the_command_and_says_how_to_resume(tmp_path: Path) -> None:
     tapes_file = _write_tapes(tmp_path / "tasks.jsonl", make_tapes(40))
     db = tmp_path / "cli.db"
-    args = ["batch", "tests.test_batch:slow_factory", "--tapes", str(tapes_file), "--db", str(db)]
+    args = ["batch", "tests.test_batch:slower_factory", "--tapes", str(tapes_file), "--db", str(db)]
     SQLiteStore(db).close()
     process = subprocess.Popen(
         [sys.executable, "-m", "tapekit.cli", *args, "--concurrency", "4", "--name", "ctrlc"],
