@@ -113,6 +113,17 @@ def test_uniform_sampler_weights_categories_by_size() -> None:
     assert sorted(t.id for t in sampler.sample(6)) == sorted(t.id for t in pool if t.category == "hard")
 
 
+def test_a_round_that_starts_mid_step_does_not_repeat_the_steps_tasks() -> None:
+    for seed in range(20):  # 3 tasks drawn 2 per step: every second step starts a new round
+        sampler = FixedOrderSampler(tasks(3), ["easy"], steps_per_category=100, seed=seed)
+        for _ in range(12):
+            ids = [t.id for t in sampler.sample(2)]
+            assert len(set(ids)) == 2, (seed, ids)
+    # only a category with fewer tasks than the step's draws repeats one (each once first)
+    drawn = [t.id for t in FixedOrderSampler(tasks(3), ["easy"], steps_per_category=1).sample(5)]
+    assert sorted(set(drawn)) == ["easy-0", "easy-1", "easy-2"] and len(drawn) == 5
+
+
 def test_fixed_order_sampler() -> None:
     sampler = FixedOrderSampler(tasks(), ["easy", "medium", "hard"], steps_per_category=2)
     cats = [{t.category for t in sampler.sample(3)} for _ in range(8)]

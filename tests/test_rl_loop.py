@@ -71,6 +71,38 @@ def test_batched_generate_records_the_sampling_logprobs_of_each_row() -> None:
     assert llm.generate_batch(prompts, seed=6) != results
 
 
+def test_the_batched_sampler_draws_from_the_warped_distribution_and_records_its_logprobs() -> None:
+    import torch
+
+    from tapekit.training._batched_llm import _sampler
+
+    rows = 40_000
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0]).repeat(rows, 1)
+    for knobs, allowed in (
+        ({"temperature": 0.5}, 6),
+        ({"temperature": 2.0, "top_k": 3}, 3),
+        ({"temperature": 1.0, "top_p": 0.8}, 3),  # 0.56, 0.21, 0.13 (0.89 >= 0.8), then cut
+    ):
+        kwargs = {**knobs, "max_new_tokens": 5}
+        sampler = _sampler(kwargs, seed=3)
+        assert kwargs == {"max_new_tokens": 5}  # the sampling knobs are the sampler's now
+        out = sampler(torch.zeros((rows, 1), dtype=torch.long), logits.clone())
+        token = out.argmax(dim=-1)
+        assert (out.isfinite().sum(dim=-1) == 1).all()  # greedy decoding can only take the draw
+        expected = torch.softmax(logits[0] / knobs["temperature"], dim=-1)
+        expected[allowed:] = 0.0
+        expected /= expected.sum()
+        counts = torch.bincount(token, minlength=6).float() / rows
+        assert counts[allowed:].sum() == 0  # nothing the warpers removed is ever drawn
+        assert counts.tolist() == pytest.approx(expected.tolist(), abs=0.01)
+        recorded = sampler.logprobs()[:, 0]
+        assert recorded.tolist() == pytest.approx(expected.log()[token].tolist(), abs=1e-5)
+    again = _sampler({"temperature": 1.0}, seed=3)(torch.zeros((rows, 1), dtype=torch.long), logits.clone())
+    other = _sampler({"temperature": 1.0}, seed=4)(torch.zeros((rows, 1), dtype=torch.long), logits.clone())
+    first = _sampler({"temperature": 1.0}, seed=3)(torch.zeros((rows, 1), dtype=torch.long), logits.clone())
+    assert torch.equal(again, first) and not torch.equal(other, first)
+
+
 def test_rollouts_are_scored_stored_tagged_and_become_rl_rows(tmp_path: Path) -> None:
     from tapekit import open_store
     from tapekit.training._batched_llm import BatchedTransformersLLM

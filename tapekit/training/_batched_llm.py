@@ -222,33 +222,35 @@ class BatchedTransformersLLM(TransformersLLM):
             input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             attention[i, width - len(p) :] = 1
         kwargs = self.generate_kwargs()
-        sampling = bool(kwargs.get("do_sample"))
+        sampling = bool(kwargs.pop("do_sample", False))
+        sampler = _sampler(kwargs, seed) if sampling else None
         stops = _eos_ids(model, tokenizer)
         with self._generate_lock, torch.no_grad():
-            if sampling and seed is not None:
-                torch.manual_seed(seed)
             out = model.generate(
                 input_ids=input_ids.to(model.device),
                 attention_mask=attention.to(model.device),
                 pad_token_id=pad,
                 return_dict_in_generate=True,
-                output_scores=sampling,
                 output_logits=not sampling,
+                do_sample=False,  # with a sampler, greedy takes the one token it leaves
+                logits_processor=[sampler] if sampler else None,
                 **kwargs,
             )
-        rows = out.scores if sampling else out.logits
         sequences = out.sequences[:, width:].cpu()
-        table = torch.log_softmax(torch.stack(list(rows), dim=1).float(), dim=-1).cpu() if rows else None
+        if sampler is not None:
+            table = sampler.logprobs()  # (rows, steps): each sampled token's log-prob
+        elif out.logits:
+            raw = torch.log_softmax(torch.stack(list(out.logits), dim=1).float(), dim=-1).cpu()
+            table = raw.gather(2, sequences[:, : raw.shape[1]].unsqueeze(-1)).squeeze(-1)
+        else:
+            table = None
         results: list[tuple[list[int], list[float]]] = []
         for i in range(len(prompts)):
             ids = [int(t) for t in sequences[i].tolist()]
             end = next((k + 1 for k, t in enumerate(ids) if t in stops), len(ids))
             ids = ids[:end]
-            if table is None or not ids:
-                results.append((ids, []))
-                continue
-            picked = table[i, : len(ids)].gather(1, torch.tensor(ids).view(-1, 1)).view(-1)
-            results.append((ids, [float(x) for x in picked.tolist()]))
+            picked = [] if table is None else table[i, : len(ids)].tolist()
+            results.append((ids, [float(x) for x in picked]))
         return results
 
     async def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
@@ -259,3 +261,50 @@ class BatchedTransformersLLM(TransformersLLM):
         if content:
             yield LLMEvent(chunk=content)
         yield self.final_event(ids, output_ids, logprobs, content)
+
+
+def _sampler(kwargs: dict[str, Any], seed: int | None) -> Any:
+    """A logits processor that samples each row's next token itself and records its log-prob.
+
+    It takes ``temperature``, ``top_p`` and ``top_k`` out of ``kwargs`` and applies them with
+    transformers' own warpers (the order ``generate`` uses when it samples), so the
+    distribution is the one ``generate(do_sample=True)`` would draw from. It then draws one
+    uniform number per row and inverts the cumulative distribution. ``generate``'s own
+    sampling calls ``torch.multinomial`` over the whole vocabulary, which on a CPU took about
+    a quarter of each decoding step of a tiny model (bench/rollouts.py). The returned scores
+    keep only the drawn token, so ``generate`` run greedily emits it.
+    """
+    import torch
+    from transformers import LogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers: list[Any] = []
+    temperature = float(kwargs.pop("temperature", 1.0) or 1.0)
+    top_k, top_p = kwargs.pop("top_k", 0) or 0, kwargs.pop("top_p", 1.0)
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        warpers.append(TopKLogitsWarper(int(top_k)))
+    if top_p is not None and float(top_p) < 1.0:
+        warpers.append(TopPLogitsWarper(float(top_p)))
+    generator = torch.Generator()  # unseeded: seeded from torch's global RNG (torch.manual_seed)
+    generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, (1,))))
+
+    class Sampler(LogitsProcessor):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.picked: list[Any] = []
+
+        def __call__(self, input_ids: Any, scores: Any) -> Any:
+            for warp in warpers:
+                scores = warp(input_ids, scores)
+            logp = torch.log_softmax(scores.float(), dim=-1)
+            cdf = logp.exp().cumsum(dim=-1)
+            u = torch.rand((scores.shape[0], 1), generator=generator).to(cdf.device) * cdf[:, -1:]
+            # the first token whose cumulative probability exceeds u: never one of probability 0
+            token = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)
+            self.picked.append(logp.gather(1, token).cpu())
+            return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
+
+        def logprobs(self) -> Any:
+            return torch.cat(self.picked, dim=1) if self.picked else None
+
+    return Sampler()

@@ -114,11 +114,16 @@ class CategorySampler(ABC, Generic[T]):
                 f"{type(self).__name__}.update: unknown categories {unknown} (known: {self.categories})"
             )
 
-    def _next_task(self, category: str) -> int:
+    def _next_task(self, category: str, drawn: list[int]) -> int:
+        """The next task of ``category``: each category's tasks in a shuffled round, a new round
+        when one is used up. A round that starts mid-step puts the step's ``drawn`` tasks last,
+        so a step draws a task twice only when its category has fewer tasks than the step's
+        draws of it (two groups of one task in a step teach less than two tasks)."""
         queue = self._queues[category]
         if not queue:
             queue.extend(self.by_category[category])
             self.rng.shuffle(queue)
+            queue.sort(key=lambda i: i not in drawn)  # stable; pop() takes from the end
         return queue.pop()
 
     def sample(self, n: int) -> list[T]:
@@ -132,7 +137,9 @@ class CategorySampler(ABC, Generic[T]):
             "probs": self.probabilities(),
         }
         chosen = self.choose_categories(n)
-        picked = [self._next_task(c) for c in chosen]
+        picked: list[int] = []
+        for category in chosen:
+            picked.append(self._next_task(category, picked))
         record["counts"] = {c: chosen.count(c) for c in self.categories}
         self.history.append(record)
         if self.log_fn is not None:
