@@ -160,13 +160,6 @@ def slow_factory() -> tuple[Agent, Environment]:
     return make_agent(latency_s=0.03), BEnv()
 
 
-def slower_factory() -> tuple[Agent, Environment]:
-    """The same agent with 100 ms per LLM call: 40 tapes take about 7 s at concurrency 4, time
-    enough to interrupt them on a loaded machine (at 30 ms a loaded CI runner once saw the
-    whole batch finish before its Ctrl-C arrived)."""
-    return make_agent(latency_s=0.1), BEnv()
-
-
 def make_tapes(n: int, fail: dict[int, str] | None = None) -> list[Tape[Any, Any]]:
     """``n`` start tapes with ids task-0..task-{n-1}; task i needs ``1 + i % 4`` loops."""
     fail = fail or {}
@@ -692,10 +685,14 @@ def test_the_batch_command_finds_the_projects_own_modules_and_retry_failed_is_a_
     assert "<bool>" not in line and "BOOL" not in line.upper().replace("RETRY", "")
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_the_command_and_says_how_to_resume(tmp_path: Path) -> None:
     tapes_file = _write_tapes(tmp_path / "tasks.jsonl", make_tapes(40))
     db = tmp_path / "cli.db"
-    args = ["batch", "tests.test_batch:slower_factory", "--tapes", str(tapes_file), "--db", str(db)]
+    args = ["batch", "tests.test_batch:slow_factory", "--tapes", str(tapes_file), "--db", str(db)]
     SQLiteStore(db).close()
     process = subprocess.Popen(
         [sys.executable, "-m", "tapekit.cli", *args, "--concurrency", "4", "--name", "ctrlc"],
@@ -704,6 +701,10 @@ def test_ctrl_c_stops_the_command_and_says_how_to_resume(tmp_path: Path) -> None
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # a terminal's Ctrl-C: the command must start with SIGINT's default disposition. A test
+        # run started in the background by a non-interactive shell inherits SIGINT ignored, and
+        # then Python never turns the signal into KeyboardInterrupt (the batch ran to the end)
+        preexec_fn=_default_sigint,
     )
     try:
         with SQLiteStore(db) as watcher:
