@@ -81,8 +81,9 @@ def difficulty(problem: Problem) -> str:
     """A finer grade than the level: ``level2-large`` when a number of the problem (the start,
     an operand or a result on the way) is ``LARGE`` or more, else ``level2-small``; ``level1``
     (whose numbers stay below ``LARGE``) and the :data:`HARDER` levels (which the students
-    almost never solve, at any size) as they are. Measured on the tiny SFT students, a number of 100 or more is
-    what most separates the problems they solve from those they never do, within a level."""
+    almost never solve, at any size) as they are. Measured on the tiny SFT students, a number
+    of 100 or more is what most separates the problems they solve from those they never do,
+    within a level."""
     if problem.category not in ("level2", "level3"):
         return problem.category
     largest = max(max(left, right, result) for left, _, right, result in problem.steps())

@@ -2,8 +2,9 @@
 
 After SFT, the student solves training problems itself (``group_size`` sampled attempts per
 problem, batched), each attempt is scored strict (the reward) and lenient, and the student is
-trained by :func:`tapekit.training.rl_loop.train_rl` with a curriculum over the three
-difficulty levels (SEC by default: levels where the attempts disagree are drawn more). Held-out
+trained by :func:`tapekit.training.rl_loop.train_rl` with a curriculum over the difficulty
+levels (SEC by default: levels where the attempts disagree are drawn more; ``--levels 5`` adds
+two levels beyond what SFT taught, a hard tail for the curriculum to avoid). Held-out
 exact and lenient match are measured before, every ``eval_every`` steps and after, with the
 same batched greedy decoding, and printed as ``stage=rl ...`` lines like the other stages,
 with the curriculum's arm probabilities.
@@ -27,7 +28,15 @@ from .agents import STUDENT_SYSTEM, calculator_environment, make_student
 from .problems import DIFFICULTIES, HARDER, LEVELS, Problem, difficulty, split_problems
 from .scoring import MAX_LOOPS, SCORERS, evaluate_agent, step_credit, tasks_for
 
-__all__ = ["RLStageResult", "RLStageSettings", "after_sft", "math_setup", "rl_stage"]
+__all__ = [
+    "RLStageResult",
+    "RLStageSettings",
+    "after_sft",
+    "easy_to_hard",
+    "math_setup",
+    "pool_levels",
+    "rl_stage",
+]
 
 
 @dataclass
