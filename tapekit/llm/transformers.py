@@ -15,7 +15,7 @@ import asyncio
 import os
 import threading
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Self
 
 from pydantic import PrivateAttr
 
@@ -75,7 +75,7 @@ class TransformersLLM(LLM):
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     @classmethod
-    def from_model(cls, model: Any, tokenizer: Any, **settings: Any) -> TransformersLLM:
+    def from_model(cls, model: Any, tokenizer: Any, **settings: Any) -> Self:
         """An LLM over a model and tokenizer already in memory (e.g. a trainer's, or a
         ``peft`` model). ``settings`` are this class's fields (``temperature``, ``max_tokens``,
         ``policy_version``, ``model_name``, ...); path fields are ignored."""
