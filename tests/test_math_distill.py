@@ -28,6 +28,7 @@ from examples.math.agents import (
     student_messages,
 )
 from examples.math.problems import (
+    ALL_LEVELS,
     DIFFICULTIES,
     HARDER,
     LEVELS,
@@ -93,8 +94,8 @@ def test_harder_levels_come_only_when_asked_for() -> None:
         assert len(p.operations) == HARDER[p.category]
         assert calculator(p.expression) == p.answer >= 0
         assert difficulty(p) == p.category  # not split by size: the students fail them at any size
-    train, heldout = split_problems(100, 25, categories=[*LEVELS, *HARDER])
-    assert Counter(p.category for p in heldout) == {c: 5 for c in [*LEVELS, *HARDER]}
+    train, heldout = split_problems(100, 25, categories=list(ALL_LEVELS))
+    assert Counter(p.category for p in heldout) == {c: 5 for c in ALL_LEVELS}
     assert not {p.question for p in train} & {p.question for p in heldout}
     assert split_problems(100, 25) == split_problems(100, 25, categories=list(LEVELS))
     with pytest.raises(ValueError, match="unknown problem category 'level6'"):

@@ -21,6 +21,7 @@ import random
 from dataclasses import dataclass
 
 __all__ = [
+    "ALL_LEVELS",
     "DIFFICULTIES",
     "HARDER",
     "LEVELS",
@@ -34,6 +35,7 @@ __all__ = [
 
 LEVELS: dict[str, int] = {"level1": 1, "level2": 2, "level3": 3}  # category -> number of operations
 HARDER: dict[str, int] = {"level4": 4, "level5": 5}  # generated only when asked for by name
+ALL_LEVELS: dict[str, int] = LEVELS | HARDER  # every level, easiest first
 LIMITS: dict[int, int] = {1: 30, 2: 40, 3: 50, 4: 60, 5: 60}  # level -> largest start and added number
 
 NAMES = ["Ann", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gia", "Hugo", "Ivy", "Jon", "Kai", "Lea", "Max", "Nia"]
@@ -149,10 +151,9 @@ def _operation(rng: random.Random, value: int, level: int, allowed: str) -> Oper
 
 def make_problem(rng: random.Random, category: str, index: int) -> Problem:
     """One problem of ``category`` drawn from ``rng``."""
-    levels = LEVELS | HARDER
-    if category not in levels:
-        raise ValueError(f"unknown problem category {category!r}; choose from {sorted(levels)}")
-    level = levels[category]
+    if category not in ALL_LEVELS:
+        raise ValueError(f"unknown problem category {category!r}; choose from {sorted(ALL_LEVELS)}")
+    level = ALL_LEVELS[category]
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     pronoun = PRONOUNS.get(name, "He")
     start = rng.randint(2, LIMITS[level])

@@ -25,7 +25,7 @@ from typing import Any
 from tapekit.evaluate import EvalReport, Task
 
 from .agents import STUDENT_SYSTEM, calculator_environment, make_student
-from .problems import DIFFICULTIES, HARDER, LEVELS, Problem, difficulty, split_problems
+from .problems import ALL_LEVELS, DIFFICULTIES, HARDER, LEVELS, Problem, difficulty, split_problems
 from .scoring import MAX_LOOPS, SCORERS, evaluate_agent, step_credit, tasks_for
 
 __all__ = [
@@ -103,7 +103,7 @@ def student_for(system: str | None) -> Any:
 # --arms: how a problem is graded into the curriculum's arms (None: its level), and the arms
 # easiest first (the fixed curriculum's order; the arms a pool lacks are skipped)
 ARMS: dict[str, tuple[Callable[[Problem], str] | None, list[str]]] = {
-    "levels": (None, [*LEVELS, *HARDER]),
+    "levels": (None, list(ALL_LEVELS)),
     "sizes": (difficulty, [*DIFFICULTIES, *HARDER]),
 }
 
@@ -159,7 +159,7 @@ def line(report: EvalReport, step: int, seconds: float, extra: str = "") -> str:
     """``stage=rl student=tiny heldout_exact=.. heldout_lenient=.. step=.. train_seconds=..``"""
     levels = report.by_category()
     per_level = " ".join(
-        f"{c}={levels[c].pass_at_1('strict').value:.2f}" for c in [*LEVELS, *HARDER] if c in levels
+        f"{c}={levels[c].pass_at_1('strict').value:.2f}" for c in ALL_LEVELS if c in levels
     )
     return (
         f"stage=rl student=tiny heldout_exact={report.pass_at_1('strict').value:.2f} "
@@ -271,10 +271,9 @@ def rl_stage(
 
 def pool_levels(n: int) -> list[str]:
     """The first ``n`` levels, easiest first: the three :data:`LEVELS`, then the :data:`HARDER`."""
-    levels = [*LEVELS, *HARDER]
-    if not len(LEVELS) <= n <= len(levels):
-        raise ValueError(f"a pool has {len(LEVELS)} to {len(levels)} levels, got {n}")
-    return levels[:n]
+    if not len(LEVELS) <= n <= len(ALL_LEVELS):
+        raise ValueError(f"a pool has {len(LEVELS)} to {len(ALL_LEVELS)} levels, got {n}")
+    return list(ALL_LEVELS)[:n]
 
 
 def main(argv: list[str] | None = None) -> int:
