@@ -60,13 +60,12 @@ def multinomial(llm: Any, rows: list[list[int]], tokens: int, seed: int) -> floa
     table of its draws; returns the seconds."""
     import torch
 
+    from tapekit.training._batched_llm import left_pad
+
     model, tokenizer = llm.load()
     pad = tokenizer.pad_token_id
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :], mask[i, width - len(r) :] = torch.tensor(r), 1
+    ids, mask = left_pad(rows, pad)
+    width = ids.shape[1]
     started = time.perf_counter()
     torch.manual_seed(seed)
     with torch.no_grad():

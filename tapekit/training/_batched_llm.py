@@ -38,7 +38,7 @@ from tapekit.core import Prompt
 from tapekit.llm.base import LLMError, LLMEvent
 from tapekit.llm.transformers import TransformersLLM, _eos_ids, _pad_id
 
-__all__ = ["BatchedTransformersLLM", "BatcherStats", "RequestBatcher"]
+__all__ = ["BatchedTransformersLLM", "BatcherStats", "RequestBatcher", "left_pad"]
 
 
 @dataclass
@@ -215,12 +215,8 @@ class BatchedTransformersLLM(TransformersLLM):
         pad = _pad_id(tokenizer)
         if pad is None:
             raise LLMError("BatchedTransformersLLM: the tokenizer has neither a pad nor an eos token")
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            attention[i, width - len(p) :] = 1
+        input_ids, attention = left_pad(prompts, pad)
+        width = input_ids.shape[1]
         kwargs = self.generate_kwargs()
         sampling = bool(kwargs.pop("do_sample", False))
         sampler = _sampler(kwargs, seed) if sampling else None
@@ -263,6 +259,20 @@ class BatchedTransformersLLM(TransformersLLM):
         yield self.final_event(ids, output_ids, logprobs, content)
 
 
+def left_pad(prompts: list[list[int]], pad: int) -> tuple[Any, Any]:
+    """``(input_ids, attention_mask)`` of ``prompts`` left-padded with ``pad`` to the longest
+    (CPU tensors; a batch for ``generate``)."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        attention[i, width - len(p) :] = 1
+    return input_ids, attention
+
+
 def _sampler(kwargs: dict[str, Any], seed: int | None) -> Any:
     """A logits processor that samples each row's next token itself and records its log-prob.
 
@@ -301,10 +311,10 @@ def _sampler(kwargs: dict[str, Any], seed: int | None) -> Any:
             u = torch.rand((scores.shape[0], 1), generator=generator).to(cdf.device) * cdf[:, -1:]
             # the first token whose cumulative probability exceeds u: never one of probability 0
             token = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)
-            self.picked.append(logp.gather(1, token).cpu())
+            self.picked.append(logp.gather(1, token))  # on the model's device until the end
             return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
 
         def logprobs(self) -> Any:
-            return torch.cat(self.picked, dim=1) if self.picked else None
+            return torch.cat(self.picked, dim=1).cpu() if self.picked else None
 
     return Sampler()
