@@ -60,10 +60,13 @@ def multinomial(llm: Any, rows: list[list[int]], tokens: int, seed: int) -> floa
     table of its draws; returns the seconds."""
     import torch
 
+    from tapekit.llm.transformers import _pad_id
     from tapekit.training._batched_llm import left_pad
 
     model, tokenizer = llm.load()
-    pad = tokenizer.pad_token_id
+    pad = _pad_id(tokenizer)  # the pad generate_batch uses (eos when there is none)
+    if pad is None:
+        raise SystemExit("bench/rollouts.py: the tokenizer has neither a pad nor an eos token")
     ids, mask = left_pad(rows, pad)
     width = ids.shape[1]
     started = time.perf_counter()
@@ -180,7 +183,7 @@ def main() -> None:
         f"{args.rows} rows x {args.tokens} tokens, prompts {min(map(len, rows))}-{max(map(len, rows))} tokens"
     )
     multinomial(llm, rows[:8], 4, 0), sampler(llm, rows[:8], 0)  # warm up
-    times = {"generate(do_sample)": [], "batched sampler": []}
+    times: dict[str, list[float]] = {"generate(do_sample)": [], "batched sampler": []}
     for seed in range(args.repeat):
         times["generate(do_sample)"].append(multinomial(llm, rows, args.tokens, seed))
         times["batched sampler"].append(sampler(llm, rows, seed))
