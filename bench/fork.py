@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from examples import research
+from tapekit.testing import research
 from tapekit import (
     Agent,
     AssistantStep,

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def load(args: argparse.Namespace) -> tuple[Any, Any]:
     """The model and tokenizer: ``--model`` when given, else a tiny model with random weights
     on a tokenizer trained here on the math problems (nothing is downloaded)."""
-    from examples.math.problems import make_problems
+    from examples.math_study.problems import make_problems
     from tapekit.training.tiny import TinyConfig, load_tiny, make_tiny
 
     if args.model:
@@ -45,7 +45,7 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def prompts(tokenizer: Any, n: int) -> list[list[int]]:
     """``n`` math questions as chat prompts (token ids), of different lengths."""
-    from examples.math.problems import make_problems
+    from examples.math_study.problems import make_problems
 
     out = []
     for p in make_problems(n, seed=2):
@@ -100,8 +100,8 @@ def sampler(llm: Any, rows: list[list[int]], seed: int) -> float:
 def rl_step(model: Any, tokenizer: Any, args: argparse.Namespace) -> dict[str, float]:
     """One RL step's rollouts of the math student: the wall time, the time in ``generate`` and
     the sampled tokens."""
-    from examples.math.problems import make_problems
-    from examples.math.rl_stage import math_setup
+    from examples.math_study.problems import make_problems
+    from examples.math_study.rl_stage import math_setup
     from tapekit.store import open_store
     from tapekit.training.policies import LocalPolicy
     from tapekit.training.rollouts import collect_rollouts

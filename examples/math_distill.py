@@ -1,7 +1,7 @@
 """The paper's math distillation (section 4.4) in small, offline: teacher tapes -> a student that learns.
 
 1. Arithmetic word problems in three difficulty levels are generated from a seed
-   (``examples/math/problems.py``), split into training and held-out problems.
+   (``examples/math_study/problems.py``), split into training and held-out problems.
 2. A multi-node teacher (plan -> act, calling a calculator tool over several turns -> answer)
    solves the training problems through the batch runner; its tapes go to a SQLite store. The
    teacher is a programmatic oracle LLM (offline) or any OpenAI-compatible model
@@ -37,7 +37,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `examples` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from examples.math.agents import (
+from examples.math_study.agents import (
     SHORT_SYSTEM,
     STUDENT_SYSTEM,
     Oracle,
@@ -47,9 +47,9 @@ from examples.math.agents import (
     start_tape,
     student_messages,
 )
-from examples.math.problems import LEVELS, split_problems
-from examples.math.rl_stage import ARMS
-from examples.math.scoring import MAX_LOOPS, evaluate_agent, strict, tasks_for
+from examples.math_study.problems import LEVELS, split_problems
+from examples.math_study.rl_stage import ARMS
+from examples.math_study.scoring import MAX_LOOPS, evaluate_agent, strict, tasks_for
 from tapekit import FunctionLLM, Tape
 from tapekit.batch import batch
 from tapekit.evaluate import EvalReport, Task
@@ -63,7 +63,7 @@ class Settings:
     rl: bool = True  # the RL stage after SFT (tiny student; off in --quick unless --rl)
     rl_seconds: float = 300.0
     rl_curriculum: str = "sec"
-    rl_arms: str = "levels"  # the curriculum's arms: "levels" or "sizes" (examples.math.rl_stage)
+    rl_arms: str = "levels"  # the curriculum's arms: "levels" or "sizes" (examples.math_study.rl_stage)
     n_train: int = 6000
     n_heldout: int = 150
     steps: int = 1000
@@ -355,7 +355,7 @@ def run(settings: Settings) -> list[StageResult]:
     sft_report = run_eval(student_agent(settings, after), tasks, store, "sft")
     report(StageResult("sft", settings.student, sft_report, seconds, model_path, adapter_path))
     if settings.rl and not lora:
-        from examples.math.rl_stage import RLStageSettings, after_sft
+        from examples.math_study.rl_stage import RLStageSettings, after_sft
 
         rl_settings = RLStageSettings(
             seconds=settings.rl_seconds,

@@ -1,6 +1,6 @@
 """Screenshot of the Studio's tape browser on the example tape: ``docs/studio-browser.png``.
 
-Runs the analyst team of ``examples/analyst.py`` with its scripted LLM into a temporary store,
+Runs the analyst team of ``tapekit.testing.analyst`` with its scripted LLM into a temporary store,
 serves the Studio on a free local port, opens a step of the search helper (so the panel shows
 its exact prompt and a two-level view stack) in Debian's Chromium, and saves the PNG.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from examples.analyst import ENVIRONMENT, MeteredBrain, make_analyst, start_tape  # noqa: E402
+from tapekit.testing.analyst import ENVIRONMENT, MeteredBrain, make_analyst, start_tape  # noqa: E402
 from tapekit import main_loop  # noqa: E402
 from tapekit.store import SQLiteStore  # noqa: E402
 from tapekit.studio import create_app  # noqa: E402

@@ -181,15 +181,15 @@ def chat_command(
 
     Examples:
 
-    $ tapekit chat --db chat.db --agent examples.analyst:team -m "Tell me about Vulcan in 3 sentences"
+    $ tapekit chat --db chat.db --agent tapekit.testing.analyst:team -m "Tell me about Vulcan in 3 sentences"
 
-    $ tapekit chat --db chat.db --agent examples.analyst:team --tape waiting -m "And Acme?"
+    $ tapekit chat --db chat.db --agent tapekit.testing.analyst:team --tape waiting -m "And Acme?"
 
-    $ tapekit chat --db mail.db --agent examples.mailer:assistant -m "email bob@example.com: lunch?"
+    $ tapekit chat --db mail.db --agent tapekit.testing.mailer:assistant -m "email bob@example.com: lunch?"
 
-    $ tapekit chat --db mail.db --agent examples.mailer:assistant --tape waiting -d approve
+    $ tapekit chat --db mail.db --agent tapekit.testing.mailer:assistant --tape waiting -d approve
 
-    $ tapekit chat --db mail.db --agent examples.mailer:assistant --tape latest -v
+    $ tapekit chat --db mail.db --agent tapekit.testing.mailer:assistant --tape latest -v
     """
     try:
         _chat(db, agent, tape, message or [], decision or [], max_loops, verbose)

@@ -45,7 +45,7 @@ def export_command(
 
     Examples:
 
-    $ tapekit run examples.analyst:team "Tell me about Vulcan in 3 sentences" --db demo.db
+    $ tapekit run tapekit.testing.analyst:team "Tell me about Vulcan in 3 sentences" --db demo.db
 
     $ tapekit export --db demo.db --out tapes.jsonl
 
@@ -103,7 +103,7 @@ def import_jsonl_command(
 
     Examples:
 
-    $ tapekit run examples.analyst:team "Tell me about Vulcan in 3 sentences" --db demo.db
+    $ tapekit run tapekit.testing.analyst:team "Tell me about Vulcan in 3 sentences" --db demo.db
 
     $ tapekit export --db demo.db --out tapes.jsonl
 

@@ -49,11 +49,11 @@ def run_command(
 
     Examples:
 
-    $ tapekit run examples.analyst:team "Tell me about Vulcan in 3 sentences"
+    $ tapekit run tapekit.testing.analyst:team "Tell me about Vulcan in 3 sentences"
 
-    $ tapekit run examples.analyst:team "Tell me about Acme in 3 sentences" --db demo.db --out acme.json
+    $ tapekit run tapekit.testing.analyst:team "Tell me about Acme in 3 sentences" --db demo.db --out acme.json
 
-    $ tapekit run examples.analyst:team --tape acme.json --json
+    $ tapekit run tapekit.testing.analyst:team --tape acme.json --json
     """
     try:
         code = _run(target, question, tape, db, out, max_loops, as_json)
@@ -127,11 +127,11 @@ def replay_command(
 
     Examples:
 
-    $ tapekit run examples.analyst:team "Tell me about Vulcan in 3 sentences" --db demo.db --out vulcan.json
+    $ tapekit run tapekit.testing.analyst:team "Tell me about Vulcan in 3 sentences" --db demo.db --out vulcan.json
 
-    $ tapekit replay examples.analyst:team latest --db demo.db
+    $ tapekit replay tapekit.testing.analyst:team latest --db demo.db
 
-    $ tapekit replay examples.analyst:team vulcan.json
+    $ tapekit replay tapekit.testing.analyst:team vulcan.json
     """
     try:
         code = _replay(target, tape, db)

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from examples.math.agents import STUDENT_SYSTEM
-from examples.math.problems import make_problems
-from examples.math.rl_stage import math_setup
-from examples.math.scoring import _written
+from examples.math_study.agents import STUDENT_SYSTEM
+from examples.math_study.problems import make_problems
+from examples.math_study.rl_stage import math_setup
+from examples.math_study.scoring import _written
 
 PROBLEMS = make_problems(12, seed=3)
 

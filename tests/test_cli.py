@@ -98,7 +98,9 @@ def test_every_help_example_runs(path: str, tmp_path: Path) -> None:
 
 def test_run_prints_the_tape_and_stores_it(tmp_path: Path) -> None:
     question = "Tell me about Vulcan in 3 sentences"
-    out = tapekit("run", "examples.analyst:team", question, "--db", "d.db", "--out", "t.json", cwd=tmp_path)
+    out = tapekit(
+        "run", "tapekit.testing.analyst:team", question, "--db", "d.db", "--out", "t.json", cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     assert f"environment                  observation user               {question}" in out.stdout
     assert "analyst/search_agent.search" in out.stdout and "stored as tape" in out.stderr
@@ -108,16 +110,16 @@ def test_run_prints_the_tape_and_stores_it(tmp_path: Path) -> None:
         (tape_id,) = store.list_tapes(tag="run")
         assert store.get_tape_info(tape_id).n_steps == len(tape["steps"]) == 19
         assert len(store.list_llm_calls()) == 8
-    as_json = tapekit("run", "examples.analyst:team", "--tape", "t.json", "--json", cwd=tmp_path)
+    as_json = tapekit("run", "tapekit.testing.analyst:team", "--tape", "t.json", "--json", cwd=tmp_path)
     assert json.loads(as_json.stdout)["steps"][0]["content"] == question
-    bad = tapekit("run", "examples.analyst:team", cwd=tmp_path)
+    bad = tapekit("run", "tapekit.testing.analyst:team", cwd=tmp_path)
     assert bad.returncode == 2 and "give either a QUESTION or --tape FILE" in bad.stderr
-    bad = tapekit("run", "examples.nowhere:team", "hi", cwd=tmp_path)
-    assert bad.returncode == 2 and "cannot import 'examples.nowhere'" in bad.stderr
+    bad = tapekit("run", "no_such_package.nowhere:team", "hi", cwd=tmp_path)
+    assert bad.returncode == 2 and "cannot import 'no_such_package.nowhere'" in bad.stderr
 
 
 VARIANT = """
-from examples.analyst import ENVIRONMENT, ActNode, make_analyst
+from tapekit.testing.analyst import ENVIRONMENT, ActNode, make_analyst
 from tapekit import AssistantStep
 
 
@@ -136,24 +138,28 @@ def team():
 
 def test_replay_exits_1_with_a_diff_on_divergence(tmp_path: Path) -> None:
     question = "Tell me about Acme in 3 sentences"
-    made = tapekit("run", "examples.analyst:team", question, "--db", "d.db", "--out", "t.json", cwd=tmp_path)
+    made = tapekit(
+        "run", "tapekit.testing.analyst:team", question, "--db", "d.db", "--out", "t.json", cwd=tmp_path
+    )
     assert made.returncode == 0, made.stderr
-    ok = tapekit("replay", "examples.analyst:team", "latest", "--db", "d.db", cwd=tmp_path)
-    assert ok.returncode == 0 and "replay ok: examples.analyst:team made the same 19 steps" in ok.stdout
+    ok = tapekit("replay", "tapekit.testing.analyst:team", "latest", "--db", "d.db", cwd=tmp_path)
+    assert (
+        ok.returncode == 0 and "replay ok: tapekit.testing.analyst:team made the same 19 steps" in ok.stdout
+    )
     (tmp_path / "variant.py").write_text(VARIANT)  # the working folder is on the import path
     for args in (["latest", "--db", "d.db"], ["t.json"]):
         diverged = tapekit("replay", "variant:team", *args, cwd=tmp_path)
         assert diverged.returncode == 1, diverged.stdout + diverged.stderr
         assert "replay diverged at step 18" in diverged.stdout
         assert "+++ replayed" in diverged.stdout and "ACME" in diverged.stdout
-    missing = tapekit("replay", "examples.analyst:team", "nope.json", cwd=tmp_path)
+    missing = tapekit("replay", "tapekit.testing.analyst:team", "nope.json", cwd=tmp_path)
     assert missing.returncode == 2 and "cannot read nope.json" in missing.stderr
 
 
 def test_export_and_import_round_trip(tmp_path: Path) -> None:
     assert (
         tapekit(
-            "run", "examples.analyst:team", "Tell me about Vulcan", "--db", "a.db", cwd=tmp_path
+            "run", "tapekit.testing.analyst:team", "Tell me about Vulcan", "--db", "a.db", cwd=tmp_path
         ).returncode
         == 0
     )
@@ -190,7 +196,9 @@ def test_export_otlp_to_a_file_and_to_a_collector(tmp_path: Path) -> None:
     from tapekit.otel import tapes_from_otlp_json
 
     assert (
-        tapekit("run", "examples.analyst:team", "Tell me about Acme", "--db", "a.db", cwd=tmp_path).returncode
+        tapekit(
+            "run", "tapekit.testing.analyst:team", "Tell me about Acme", "--db", "a.db", cwd=tmp_path
+        ).returncode
         == 0
     )
     out = tapekit("export", "--db", "a.db", "--format", "otlp", "--out", "spans.json", cwd=tmp_path)

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import PrivateAttr
 
-from examples import research
 from tapekit import (
     Agent,
     AssistantStep,
@@ -40,6 +36,7 @@ from tapekit import (
 )
 from tapekit._diff import signatures
 from tapekit.llm.base import LLMEvent
+from tapekit.testing import research
 
 # ----------------------------------------------------------------------------- a generic team
 
@@ -347,22 +344,6 @@ def test_resuming_inside_a_fork_with_tools_under_the_main_loop() -> None:
             async_main_loop(research.make_lead(latency_s=0), piece, research.TOOLS).get_final_tape()
         )
         assert content(resumed) == content(full), f"cut at {cut}"
-
-
-def test_research_example_runs_as_a_script() -> None:
-    root = Path(__file__).resolve().parents[1]
-    result = subprocess.run(
-        [sys.executable, str(root / "examples" / "research.py"), "--latency", "0.05"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=root,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert lines[2].split()[2:5] == ["lead.fan_out", "control", "fork"]
-    assert sum("lead/searcher.summarize" in line for line in lines) == 3
-    assert "16 steps, 8 LLM calls of 0.05 s each" in result.stdout
 
 
 def test_step_events_arrive_in_tape_order_so_a_recorder_always_holds_a_prefix() -> None:

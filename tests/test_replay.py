@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from examples.analyst import ENVIRONMENT, make_analyst, start_tape
+from tapekit.testing.analyst import ENVIRONMENT, make_analyst, start_tape
 from tapekit import LLMCall, Tape, main_loop, replay_tape
 from tapekit._diff import signatures
 from tapekit.core import Prompt

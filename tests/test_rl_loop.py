@@ -154,7 +154,7 @@ def test_rollouts_are_scored_stored_tagged_and_become_rl_rows(tmp_path: Path) ->
 
 
 def test_an_rl_setup_whose_reward_is_not_a_scorer_is_refused() -> None:
-    from examples.math.rl_stage import math_setup
+    from examples.math_study.rl_stage import math_setup
     from tests.rl_toy import PROBLEMS
 
     assert math_setup(PROBLEMS, reward="steps").reward == "steps"
@@ -163,8 +163,8 @@ def test_an_rl_setup_whose_reward_is_not_a_scorer_is_refused() -> None:
 
 
 def test_the_math_setup_grades_its_arms_by_level_or_by_size() -> None:
-    from examples.math.problems import difficulty
-    from examples.math.rl_stage import math_setup
+    from examples.math_study.problems import difficulty
+    from examples.math_study.rl_stage import math_setup
     from tapekit.training.rl_loop import RLRunConfig, make_sampler
     from tests.rl_toy import PROBLEMS
 
@@ -178,8 +178,8 @@ def test_the_math_setup_grades_its_arms_by_level_or_by_size() -> None:
 
 
 def test_a_pool_with_a_hard_tail_keeps_the_fixed_order_easy_to_hard() -> None:
-    from examples.math.problems import split_problems
-    from examples.math.rl_stage import easy_to_hard, math_setup, pool_levels
+    from examples.math_study.problems import split_problems
+    from examples.math_study.rl_stage import easy_to_hard, math_setup, pool_levels
 
     assert pool_levels(3) == ["level1", "level2", "level3"]
     assert pool_levels(5) == ["level1", "level2", "level3", "level4", "level5"]

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel
 
-from examples.analyst import ENVIRONMENT, make_analyst, start_tape
+from tapekit.testing.analyst import ENVIRONMENT, make_analyst, start_tape
 from tapekit import LLMCall, Tape, Thought, UserStep, main_loop
 from tapekit._diff import signatures
 from tapekit.core import LLMOutput, Prompt

@@ -26,13 +26,13 @@ httpx = pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from examples.analyst import ENVIRONMENT, make_analyst, scripted_brain, start_tape  # noqa: E402
-from examples.analyst import MeteredBrain as _MeteredBrain  # noqa: E402
 from tapekit import Agent, Environment, LLMOutput, Prompt, Tape, UserStep, main_loop  # noqa: E402
 from tapekit._diff import signatures  # noqa: E402
 from tapekit.store import SQLiteStore, TapeStore  # noqa: E402
 from tapekit.studio import create_app  # noqa: E402
 from tapekit.studio.runs import load_agents  # noqa: E402
+from tapekit.testing.analyst import ENVIRONMENT, make_analyst, scripted_brain, start_tape  # noqa: E402
+from tapekit.testing.analyst import MeteredBrain as _MeteredBrain  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -484,15 +484,15 @@ def test_all_text_is_escaped(client: TestClient, ids: dict[str, Any]) -> None:
 
 def test_agent_registration_errors_name_the_source() -> None:
     with pytest.raises(ValueError, match="must look like"):
-        load_agents(["examples.analyst"])
+        load_agents(["tapekit.testing.analyst"])
     with pytest.raises(ValueError, match="has no attribute 'nope'"):
-        load_agents(["examples.analyst:nope"])
+        load_agents(["tapekit.testing.analyst:nope"])
     with pytest.raises(ValueError, match="expected an Agent or \\(Agent, Environment\\), got Tape"):
-        load_agents(["examples.analyst:start_tape"])
+        load_agents(["tapekit.testing.analyst:start_tape"])
     with pytest.raises(ValueError, match="two registered agents are named 'analyst'"):
-        load_agents(["examples.analyst:team", "tests.test_studio:team"])
-    registered = load_agents(["examples.analyst:make_analyst"])["analyst"]
-    assert registered.environment is None and registered.source == "examples.analyst:make_analyst"
+        load_agents(["tapekit.testing.analyst:team", "tests.test_studio:team"])
+    registered = load_agents(["tapekit.testing.analyst:make_analyst"])["analyst"]
+    assert registered.environment is None and registered.source == "tapekit.testing.analyst:make_analyst"
 
 
 # --------------------------------------------------------------------------- the real server
@@ -554,11 +554,11 @@ def test_the_studio_command_serves_and_makes_a_token_off_loopback(tmp_path: Path
     with SQLiteStore(db) as s:
         tape_id, _ = record(s, "Tell me about Vulcan in 3 sentences", ["cli"])
     port = free_port()
-    process, _ = _start(["--db", str(db), "--port", str(port), "--agent", "examples.analyst:team"])
+    process, _ = _start(["--db", str(db), "--port", str(port), "--agent", "tapekit.testing.analyst:team"])
     try:
         page = _get(f"http://127.0.0.1:{port}/tapes/{tape_id}/steps/1")
         assert page.status_code == 200 and "Write a numbered plan" in page.text
-        assert _get(f"http://127.0.0.1:{port}/runs").text.count("examples.analyst:team") == 1
+        assert _get(f"http://127.0.0.1:{port}/runs").text.count("tapekit.testing.analyst:team") == 1
     finally:
         _stop(process)
     port = free_port()

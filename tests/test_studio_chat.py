@@ -22,7 +22,7 @@ sync_api = pytest.importorskip("playwright.sync_api")
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from examples.mailer import OUTBOX, assistant  # noqa: E402
+from tapekit.testing.mailer import OUTBOX, assistant  # noqa: E402
 from tapekit.human import WAITING_TAG, ApprovalDecision  # noqa: E402
 from tapekit.store import SQLiteStore  # noqa: E402
 from tapekit.studio import create_app  # noqa: E402
@@ -36,7 +36,7 @@ def start_session_elsewhere(db: Path, message: str) -> str:
     """Start a chat session in another process with ``tapekit chat``; return its id."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
-        [*CHAT, "--db", str(db), "--agent", "examples.mailer:assistant", "-m", message],
+        [*CHAT, "--db", str(db), "--agent", "tapekit.testing.mailer:assistant", "-m", message],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -143,7 +143,7 @@ def test_start_a_session_in_the_studio_and_resume_it_from_the_terminal(
             "--db",
             str(db),
             "--agent",
-            "examples.mailer:assistant",
+            "tapekit.testing.mailer:assistant",
             "--tape",
             tape_id,
             "-m",

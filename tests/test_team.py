@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from examples.analyst import ENVIRONMENT, make_analyst, run, start_tape
+from tapekit.testing.analyst import ENVIRONMENT, make_analyst, run, start_tape
 from tapekit import Call, Respond, SetNextNode, Tape, async_main_loop, main_loop
 from tapekit._diff import signatures
 

@@ -416,6 +416,10 @@ def write_form_set(directory: Path = DATA_DIR, seed: int = SEED) -> FormSet:
 
 
 if __name__ == "__main__":
-    written = write_form_set()
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=DATA_DIR, help="folder for train.json and test.json")
+    written = write_form_set(parser.parse_args().out)
     for company in [*written.train, *written.test]:
         print(f"{company.name}: {len(company.forms)} forms")

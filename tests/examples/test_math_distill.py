@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from examples.math.agents import (
+from examples.math_study.agents import (
     SHORT_SYSTEM,
     STUDENT_SYSTEM,
     MathAnswer,
@@ -27,7 +27,7 @@ from examples.math.agents import (
     start_tape,
     student_messages,
 )
-from examples.math.problems import (
+from examples.math_study.problems import (
     ALL_LEVELS,
     DIFFICULTIES,
     HARDER,
@@ -38,11 +38,11 @@ from examples.math.problems import (
     make_problems,
     split_problems,
 )
-from examples.math.scoring import lenient, step_credit, strict, tasks_for
+from examples.math_study.scoring import lenient, step_credit, strict, tasks_for
 from tapekit import FunctionLLM, LLMOutput, ToolCall, ToolResult, main_loop
 from tapekit.batch import batch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HAVE_TRAIN = all(
     importlib.util.find_spec(m) for m in ("torch", "transformers", "tokenizers", "trl", "datasets")
 )
@@ -234,7 +234,7 @@ def test_student_text_format_round_trips(text: str) -> None:
 
 
 def test_student_plan_is_the_operations_in_order() -> None:
-    from examples.math.agents import MathPlan, plan_expression, plan_operations
+    from examples.math_study.agents import MathPlan, plan_expression, plan_operations
 
     for problem in make_problems(60, seed=4):
         plan = plan_operations(problem.expression)

@@ -4,7 +4,7 @@ The model is a scripted stand-in (``mail_brain``): asked to "email ADDRESS: TEXT
 ``send_email``; given the tool's result it tells the user what happened; anything else it
 echoes. ``lookup_address`` runs without approval. Try it in the terminal:
 
-    tapekit chat --db mail.db --agent examples.mailer:assistant
+    tapekit chat --db mail.db --agent tapekit.testing.mailer:assistant
 
 and type ``email bob@example.com: lunch at noon?``; the session stops for your approval
 (yes / no / edit the arguments), and can be resumed by any later ``tapekit chat --tape ID``.
@@ -104,5 +104,5 @@ def make_agent() -> Agent:
 
 
 def assistant() -> tuple[Agent, ApprovalEnvironment]:
-    """The agent and its environment, for ``tapekit chat --agent examples.mailer:assistant``."""
+    """The agent and its environment, for ``tapekit chat --agent tapekit.testing.mailer:assistant``."""
     return make_agent(), ENVIRONMENT

@@ -312,7 +312,7 @@ def _happy_path_tape() -> Tape[Any, Any]:
     from examples.form_filler.users import SimulatedUser
     from tapekit import Agent, main_loop
     from tapekit.dialog import UserStep
-    from tests.test_form_filler import _RulePolicy
+    from tests.examples.test_form_filler import _RulePolicy
 
     user = SimulatedUser(make_intent(SHOP, "RequestReturnLabel", seed=2), behavior("UserHappyPath"))
     agent = Agent.create(name="assistant", nodes=[_RulePolicy()])

@@ -55,7 +55,7 @@ def test_a_failing_program_goes_back_to_the_engineer() -> None:
 
 
 def test_the_script_runs_offline(tmp_path: Path) -> None:
-    script = Path(__file__).resolve().parent.parent / "examples" / "data_science_team.py"
+    script = Path(__file__).resolve().parents[2] / "examples" / "data_science_team.py"
     done = subprocess.run(
         [sys.executable, str(script), "--out", str(tmp_path)], capture_output=True, text=True, timeout=120
     )

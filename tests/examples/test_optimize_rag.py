@@ -16,7 +16,7 @@ pytest.importorskip("bm25s", reason="the RAG example needs bm25s (pip install 't
 from tapekit import main_loop
 from tapekit.optimize import load_optimized, optimisable_nodes
 
-EXAMPLE = Path(__file__).parent.parent / "examples" / "rag.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rag.py"
 
 
 def load_example() -> ModuleType:

@@ -94,7 +94,7 @@ def step_credit(problems: list[Problem]) -> Any:
 
 def tasks_for(problems: list[Problem], grade: Callable[[Problem], str] | None = None) -> list[Task]:
     """Evaluation tasks: the start tape, the level as category (or ``grade(problem)``, e.g.
-    :func:`~examples.math.problems.difficulty`) and the answer as expected."""
+    :func:`~examples.math_study.problems.difficulty`) and the answer as expected."""
     return [
         Task(id=p.id, start=start_tape(p), category=grade(p) if grade else p.category, expected=p.answer)
         for p in problems

@@ -9,7 +9,7 @@ exact and lenient match are measured before, every ``eval_every`` steps and afte
 same batched greedy decoding, and printed as ``stage=rl ...`` lines like the other stages,
 with the curriculum's arm probabilities.
 
-Run alone on a saved SFT model: ``python -m examples.math.rl_stage MODEL_DIR [--seconds 300]``.
+Run alone on a saved SFT model: ``python -m examples.math_study.rl_stage MODEL_DIR [--seconds 300]``.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def math_setup(
     problems: list[Problem], system: str | None = None, reward: str = "strict", arms: str = "levels"
 ) -> Any:
     """The :class:`~tapekit.training.rl_loop.RLSetup` of the student on ``problems``: strict,
-    lenient and step credit (:func:`~examples.math.scoring.step_credit`) reported, ``reward``
+    lenient and step credit (:func:`~examples.math_study.scoring.step_credit`) reported, ``reward``
     names the one trained on; ``arms`` ("levels" or "sizes") grades the tasks' categories, which
     are the curriculum's arms."""
     from tapekit.training.rl_loop import RLSetup
@@ -277,11 +277,7 @@ def pool_levels(n: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """RL on a saved SFT model directory: ``python -m examples.math.rl_stage MODEL_DIR``."""
-    import torch
-
-    from tapekit.training.tiny import load_tiny
-
+    """RL on a saved SFT model directory: ``python -m examples.math_study.rl_stage MODEL_DIR``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", type=Path, help="the SFT student's directory (sft-tiny/final)")
     parser.add_argument("--seconds", type=float, default=300.0)
@@ -319,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         "--long-system", action="store_true", help="the student was tuned with STUDENT_SYSTEM"
     )
     args = parser.parse_args(argv)
+    import torch  # after parsing: `--help` needs no training stack
+
+    from tapekit.training.tiny import load_tiny
+
     torch.set_num_threads(args.threads)
     model, tokenizer = load_tiny(args.model)
     train, heldout = split_problems(args.train, args.heldout, 0, categories=pool_levels(args.levels))

@@ -11,7 +11,7 @@ from pathlib import Path
 from tapekit.store import SQLiteStore
 from tests.conftest import needs_local_model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_readme_starts_with_the_two_commands() -> None:

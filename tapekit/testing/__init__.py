@@ -1,0 +1,20 @@
+"""What tests of tapekit agents need: deterministic stand-ins for models, and small teams.
+
+- :class:`FunctionLLM` and :class:`ScriptedLLM` (re-exported from :mod:`tapekit.llm`): an LLM
+  that is a function of the prompt, or a list of outputs played in order. They run the real code
+  path (streaming events, usage, the LLM-call record), so a test sees what production sees.
+- :mod:`tapekit.testing.analyst`: the paper's Figure 3 team (an analyst with tools that Calls a
+  search helper) with its scripted brain; the project's demo and a realistic session fixture.
+- :mod:`tapekit.testing.research`: a lead whose node makes a ``Fork`` of three concurrent
+  searches, with a per-call latency to show the overlap.
+- :mod:`tapekit.testing.mailer`: an assistant whose ``send_email`` tool waits for a person's
+  approval (human in the loop).
+
+Importing :mod:`tapekit` does not import this package; the teams load only when named.
+"""
+
+from __future__ import annotations
+
+from tapekit.llm.scripted import FunctionLLM, ScriptedLLM
+
+__all__ = ["FunctionLLM", "ScriptedLLM"]
