@@ -287,7 +287,9 @@ class TapeMetadata(BaseModel):
     ``parent_id`` is the tape this one continues; ``author`` the agent or environment that
     made it (by adding steps or by revising another tape, whose id is ``author_tape_id``);
     ``n_added_steps`` how many steps the author added; ``error`` what went wrong, if anything;
-    ``result`` whatever the application wants to record as the session's outcome.
+    ``result`` whatever the application wants to record as the session's outcome; ``other`` a
+    free dict for anything else to keep with the tape (an import from the reference TapeAgents
+    package keeps the fields of its metadata subclasses under ``other["tapeagents"]``).
     """
 
     id: str = Field(default_factory=new_id)
@@ -297,6 +299,7 @@ class TapeMetadata(BaseModel):
     n_added_steps: int = 0
     error: str | None = None
     result: Any = None
+    other: dict[str, Any] = Field(default_factory=dict)
 
 
 ContextT = TypeVar("ContextT")

@@ -5,6 +5,7 @@ against the counts, ids and links that the data's README lists."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -215,13 +216,21 @@ def test_importing_again_changes_nothing_and_conflicts_are_named(tmp_path: Path)
     with SQLiteStore(tmp_path / "again.db") as store:
         import_reference([DATA / "tapes"], store)
         before = {i: store.get_tape_info(i).n_steps for i in store.list_tapes()}
-        import_reference([DATA / "tapes.yaml"], store)
+        again = import_reference([DATA / "tapes.yaml"], store)
         assert {i: store.get_tape_info(i).n_steps for i in store.list_tapes()} == before
+        assert again.unchanged == again.tapes and len(again.tapes) == 8
+        assert again.summary().endswith(
+            "8 of the 8 tapes were already stored with the same content (not written again)"
+        )
         changed = json.loads(TAPE_FILES[0].read_text())
         changed["steps"][2]["metadata"]["id"] = "another-id"
         bad = tmp_path / "changed.json"
         bad.write_text(json.dumps(changed))
-        with pytest.raises(ReferenceFormatError, match=r"already stored .* with other steps"):
+        with pytest.raises(
+            ReferenceFormatError,
+            match=r"already stored in .* with other content: 1 tape; nothing was imported"
+            r"(.|\n)*step 2 \(id 'another-id', kind 'set_next_node'\): metadata\.id is \"007c0951",
+        ):
             import_reference([bad], store)
 
 
@@ -285,3 +294,242 @@ def test_reference_tape_round_trips_unknown_kinds_exactly() -> None:
     assert isinstance(tape, Tape)
     again = Tape.model_validate_json(tape.model_dump_json())
     assert to_reference_tape(again) == data
+
+
+# ---------------------------------------------------------------------------- metadata subclasses
+# TapeAgents agents subclass TapeMetadata (GAIA: task, terminated, attempt_number, level, other;
+# the web agents: task_name, seed, other) and the reference writes the subclass's fields as
+# ordinary keys after its own seven. The fixtures below are the real files with such keys added
+# as the reference would write them: tape 05 as a GAIA-like tape, tape 04 as a web-agent tape, and
+# an extra step-metadata key (a StepMetadata subclass) on a generic step and on the ToolCalls step
+# with two parallel calls.
+
+CALC, TURN2 = EXPECTED["05_calc_agent_custom_steps"][0], EXPECTED["04_analyst_dialog_turn2"][0]
+SUBCLASS_META = {
+    CALC: {
+        "task": {"Question": "How many 1.5 kg bags?", "Level": "2", "file_name": ""},
+        "terminated": False,
+        "attempt_number": 1,
+        "level": 2,
+        "task_id": "c61d22de-5f6c-4958-a7f6-5e9707bd3466",
+        "other": {"timers": {"solve": 12.5}, "tags": ["retry"]},
+    },
+    TURN2: {"task_name": "workarena.servicenow.order-standard-laptop", "seed": 7, "other": {}},
+}
+SUBCLASS_STEP_META = {CALC: {3: {"duration_s": 0.42}}, TURN2: {25: {"duration_s": 1.5, "retries": [0]}}}
+
+
+def _with_subclass_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a reference tape) with the subclass fields above added, in the reference's order."""
+    tape_id = data["metadata"]["id"]
+    data["metadata"].update(SUBCLASS_META.get(tape_id, {}))
+    for index, extra in SUBCLASS_STEP_META.get(tape_id, {}).items():
+        data["steps"][index]["metadata"].update(extra)
+    return data
+
+
+def _subclass_fixture(fmt: str, folder: Path) -> Path:
+    """One reference file of format ``fmt`` (json: a folder of the 8 tape files; yaml: the
+    stream; sqlite: the database, its ``Tapes`` rows rewritten) holding the subclass fields."""
+    if fmt == "json":
+        out = folder / "tapes"
+        out.mkdir()
+        for path in TAPE_FILES:  # as save_json_tape writes: pydantic's JSON with a 4-space indent
+            data = _with_subclass_fields(json.loads(path.read_text()))
+            (out / path.name).write_text(json.dumps(data, indent=4, ensure_ascii=False))
+        return out
+    if fmt == "yaml":
+        yaml = pytest.importorskip("yaml")
+        docs = [_with_subclass_fields(d) for d in yaml.safe_load_all((DATA / "tapes.yaml").read_text())]
+        out = folder / "tapes.yaml"
+        with out.open("w") as f:  # stream_yaml_tapes' SafeDumper settings
+            yaml.safe_dump_all(docs, f, default_flow_style=False, explicit_start=True, sort_keys=False)
+        return out
+    out = folder / "tapedata.sqlite"
+    out.write_bytes((DATA / "tapedata.sqlite").read_bytes())
+    with sqlite3.connect(out) as conn:  # metadata: compact pydantic JSON; steps: json.dumps
+        rows = conn.execute("SELECT tape_id, metadata, steps FROM Tapes").fetchall()
+        for tape_id, meta, steps in rows:
+            data = _with_subclass_fields({"metadata": json.loads(meta), "steps": json.loads(steps)})
+            conn.execute(
+                "UPDATE Tapes SET metadata = ?, steps = ? WHERE tape_id = ?",
+                (json.dumps(data["metadata"], separators=(",", ":")), json.dumps(data["steps"]), tape_id),
+            )
+    conn.close()
+    return out
+
+
+def _expected(tape_id: str) -> dict[str, Any]:
+    name = next(name for name, (i, _) in EXPECTED.items() if i == tape_id)
+    return _with_subclass_fields(json.loads((DATA / "tapes" / f"{name}.json").read_text()))
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml", "sqlite"])
+def test_metadata_subclass_fields_are_kept_in_every_format(fmt: str, tmp_path: Path) -> None:
+    source = _subclass_fixture(fmt, tmp_path)
+    with SQLiteStore(tmp_path / "sub.db") as store:
+        report = import_reference([source], store)
+        assert len(report.tapes) == 8 and not report.unchanged
+        for tape_id, extra in SUBCLASS_META.items():
+            stored = store.get_tape(tape_id)
+            assert stored.metadata.other == {"tapeagents": extra}
+            assert store.get_tape_info(tape_id).other == {"tapeagents": extra}
+            assert to_reference_tape(stored) == _expected(tape_id)  # the file's data, nothing lost
+            assert list(to_reference_tape(stored)["metadata"]) == list(_expected(tape_id)["metadata"])
+        calc = store.get_tape(CALC)
+        assert calc.metadata.result == {"answer": 3.0, "expected": 3, "solved": True}  # not mixed up
+        assert calc.steps[3].metadata.other["tapeagents"]["metadata"] == {"duration_s": 0.42}
+        # the ToolCalls step with two calls is two ToolCall steps, each with the extra key
+        turn2 = store.get_tape(TURN2)
+        parallel = [
+            s for s in turn2.steps if isinstance(s, ToolCall) and s.metadata.prompt_id.startswith("28ffcfd2")
+        ]
+        assert len(parallel) == 2
+        assert all(s.metadata.other["tapeagents"]["metadata"]["retries"] == [0] for s in parallel)
+        # an untouched tape gets no metadata.other
+        assert store.get_tape_info(EXPECTED["07_team_session"][0]).other == {}
+        # and importing the same file again is a no-op, not a conflict
+        assert import_reference([source], store).unchanged == report.tapes
+
+
+def test_metadata_subclass_copies_in_the_three_formats_agree(tmp_path: Path) -> None:
+    files = [_subclass_fixture(fmt, tmp_path) for fmt in ("json", "yaml", "sqlite")]
+    with SQLiteStore(tmp_path / "all.db") as store:
+        report = import_reference(files, store)
+        assert len(report.tapes) == 8 and store.count_tapes() == 8
+        assert to_reference_tape(store.get_tape(CALC)) == _expected(CALC)
+
+
+def test_metadata_subclass_fields_survive_a_jsonl_export(tmp_path: Path) -> None:
+    with SQLiteStore(tmp_path / "a.db") as a, SQLiteStore(tmp_path / "b.db") as b:
+        import_reference([_subclass_fixture("json", tmp_path)], a)
+        a.export_jsonl(tmp_path / "out.jsonl")
+        b.import_jsonl(tmp_path / "out.jsonl")
+        assert to_reference_tape(b.get_tape(CALC)) == _expected(CALC)
+
+
+def test_the_studio_shows_metadata_subclass_fields(tmp_path: Path) -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    from fastapi.testclient import TestClient
+
+    from tapekit.studio import create_app
+
+    with SQLiteStore(tmp_path / "studio.db") as store:
+        import_reference([_subclass_fixture("json", tmp_path)], store)
+        with TestClient(create_app(store), raise_server_exceptions=False) as client:
+            page = client.get(f"/tapes/{CALC}")
+            assert page.status_code == 200, page.text[-2000:]
+            for text in ("task_id", "c61d22de-5f6c-4958-a7f6-5e9707bd3466", "attempt_number", "timers"):
+                assert text in page.text, text
+            assert "&#34;solved&#34;: true" in page.text or '"solved": true' in page.text  # the result too
+            step = client.get(f"/tapes/{CALC}/steps/3")
+            assert step.status_code == 200 and "duration_s" in step.text
+
+
+# ---------------------------------------------------------------------------- changed tapes
+
+
+def _changed_calc_tape(folder: Path, change: Any) -> Path:
+    data = json.loads(TAPE_FILES[4].read_text())
+    change(data)
+    path = folder / "changed" / "05_calc_agent_custom_steps.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(data, indent=4))
+    return path
+
+
+def test_reimporting_a_changed_tape_is_refused_naming_the_difference(tmp_path: Path) -> None:
+    """Same tape id, same step ids, other content: the import stops, names the tape, the step and
+    the field, and stores nothing (not even the other tapes of that import)."""
+    with SQLiteStore(tmp_path / "s.db") as store:
+        import_reference([TAPE_FILES[4]], store)
+        original = to_reference_tape(store.get_tape(CALC))
+        value = _changed_calc_tape(tmp_path, lambda d: d["steps"][5].update(value=4.0))
+        new_tape = tmp_path / "changed" / TAPE_FILES[7].name  # a new tape in the same import
+        new_tape.write_text(TAPE_FILES[7].read_text())
+        with pytest.raises(ReferenceFormatError) as e:
+            import_reference([value.parent], store)
+        message = str(e.value)
+        assert f"tape {CALC} from {value}" in message and "nothing was imported" in message
+        step_id = original["steps"][5]["metadata"]["id"]
+        assert (
+            f"step 5 (id '{step_id}', kind 'compute_result'): value is 3.5 in the store but 4.0 in {value}"
+            in message
+        )
+        assert to_reference_tape(store.get_tape(CALC)) == original  # the old content, as it was
+        assert store.list_tapes() == [CALC]  # the new tape of that import was not stored either
+
+        meta = _changed_calc_tape(tmp_path, lambda d: d["metadata"]["result"].update(solved=False))
+        with pytest.raises(
+            ReferenceFormatError, match=r"metadata\.result\.solved is true in the store but false"
+        ):
+            import_reference([meta], store)
+        extra = _changed_calc_tape(tmp_path, lambda d: d["metadata"].update(level=3))
+        with pytest.raises(ReferenceFormatError, match=r"metadata\.level is absent in the store but 3"):
+            import_reference([extra], store)
+        longer = _changed_calc_tape(tmp_path, lambda d: d["steps"].append(d["steps"][-1]))
+        with pytest.raises(ReferenceFormatError, match=r"the number of steps is 14 in the store but 15"):
+            import_reference([longer], store)
+        assert to_reference_tape(store.get_tape(CALC)) == original
+
+
+def test_two_copies_of_a_tape_that_differ_name_the_difference(tmp_path: Path) -> None:
+    changed = _changed_calc_tape(tmp_path, lambda d: d["steps"][3].update(expression="250 * 14"))
+    with SQLiteStore(tmp_path / "s.db") as store:
+        with pytest.raises(
+            ReferenceFormatError,
+            match=rf"tape {CALC} differs between .*05_calc_agent_custom_steps\.json and .*changed.*: "
+            r"step 3 \(id '[^']+', kind 'compute_action'\): expression is \"250 \* 14 / 1000\"",
+        ):
+            import_reference([TAPE_FILES[4], changed], store)
+        assert store.count_tapes() == 0
+
+
+def test_the_command_line_reports_a_changed_tape_and_an_unchanged_one(tmp_path: Path) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        return subprocess.run(
+            [sys.executable, "-m", "tapekit.cli", "import", "reference", *args, "--db", "m.db"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=180,
+        )
+
+    first = cli(str(TAPE_FILES[4]))
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip().endswith("1 tapes (14 steps, 8 kinds), 0 LLM calls, 0 training texts")
+    again = cli(str(TAPE_FILES[4]), "--tag", "again")
+    assert again.returncode == 0, again.stderr
+    assert "1 of the 1 tapes were already stored with the same content (not written again)" in again.stdout
+    changed = _changed_calc_tape(tmp_path, lambda d: d["steps"][13].update(value=4.0))
+    bad = cli(str(changed))
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert "error: already stored in m.db with other content: 1 tape; nothing was imported" in bad.stderr
+    assert (
+        "step 13 (id " in bad.stderr
+        and "kind 'answer_action'): value is 3.0 in the store but 4.0" in bad.stderr
+    )
+    with SQLiteStore(tmp_path / "m.db") as store:
+        assert store.get_tape_info(CALC).tags == ["again", "tapeagents"]
+        assert store.get_tape(CALC).steps[13].fields["value"] == 3.0
+
+
+def test_yaml_timestamps_read_as_the_json_copy_writes_them(tmp_path: Path) -> None:
+    """A datetime field of a metadata subclass is a YAML timestamp in the stream (the reference
+    dumps ``model_dump()``) and an ISO string in the JSON file: both copies are the same tape."""
+    yaml = pytest.importorskip("yaml")
+    import datetime
+
+    data = json.loads(TAPE_FILES[7].read_text())
+    data["metadata"]["started_at"] = datetime.datetime(2026, 11, 23, 10, 0, 5)
+    (tmp_path / "tape.yaml").write_text(yaml.safe_dump(data, explicit_start=True, sort_keys=False))
+    data["metadata"]["started_at"] = "2026-11-23T10:00:05"  # pydantic's JSON of that datetime
+    (tmp_path / "tape.json").write_text(json.dumps(data, indent=4))
+    assert "started_at: 2026-11-23 10:00:05" in (tmp_path / "tape.yaml").read_text()
+    with SQLiteStore(tmp_path / "s.db") as store:
+        report = import_reference([tmp_path / "tape.yaml", tmp_path / "tape.json"], store)
+        assert report.tapes == [data["metadata"]["id"]]
+        assert to_reference_tape(store.get_tape(report.tapes[0])) == data

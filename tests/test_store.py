@@ -19,7 +19,6 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel
 
-from tapekit.testing.analyst import ENVIRONMENT, make_analyst, start_tape
 from tapekit import LLMCall, Tape, Thought, UserStep, main_loop
 from tapekit._diff import signatures
 from tapekit.core import LLMOutput, Prompt
@@ -32,6 +31,7 @@ from tapekit.store import (
     open_store,
 )
 from tapekit.store._pgtemp import TempPostgres, postgres_unavailable
+from tapekit.testing.analyst import ENVIRONMENT, make_analyst, start_tape
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_UNAVAILABLE = postgres_unavailable()
@@ -135,6 +135,28 @@ def test_a_recorded_session_round_trips_step_by_step(store: TapeStore, store_url
     # the stored session continues its start tape, not the loop's short-lived per-turn tapes
     assert loaded.metadata.parent_id is None and store.ancestry(key) == []
     assert loaded.metadata.n_added_steps == len(final) - 1
+
+
+def test_metadata_other_is_stored_listed_updated_and_exported(store: TapeStore, tmp_path: Path) -> None:
+    """``TapeMetadata.other`` (e.g. the fields of a TapeAgents metadata subclass) is kept: read
+    back, listed, replaced by a later save, carried by a JSONL export; a value that is not JSON is
+    refused, naming the field."""
+    other = {"tapeagents": {"task_id": "t-1", "level": 2, "other": {"timers": [1.5]}}, "note": "é"}
+    tape = Tape(steps=[UserStep(content="hi")]).with_metadata(other=other)
+    key = store.save_tape(tape)
+    plain = store.save_tape(Tape(steps=[UserStep(content="plain")]))
+    assert store.get_tape(key).metadata == tape.metadata
+    assert store.get_tape_info(key).other == other and store.get_tape_info(plain).other == {}
+    assert {i.id: i.other for i in store.list_tape_infos()} == {key: other, plain: {}}
+    store.export_jsonl(tmp_path / "out.jsonl")
+    with SQLiteStore(tmp_path / "copy.db") as copy:
+        copy.import_jsonl(tmp_path / "out.jsonl")
+        assert copy.get_tape(key).metadata.other == other
+    grown = tape.append(UserStep(content="more")).with_metadata(id=key, other={"note": "changed"})
+    store.save_tape(grown)
+    assert store.get_tape(key).metadata.other == {"note": "changed"}
+    with pytest.raises(ValueError, match=r"its metadata\.other cannot be stored as JSON"):
+        store.save_tape(Tape().with_metadata(other={"when": object()}))
 
 
 def test_a_typed_tape_keeps_its_context_step_classes_and_metadata(store: TapeStore) -> None:
@@ -467,6 +489,10 @@ def test_an_old_sqlite_file_without_tags_opens(tmp_path: Path) -> None:
     with SQLiteStore(tmp_path / "old.db") as store:
         store.add_tags("old", ["kept"])
         assert store.list_tapes(tag="kept") == ["old"] and store.get_tape("old").metadata.author == "me"
+        # the tapes table gets the metadata.other column
+        assert store.get_tape_info("old").other == {}
+        store.save_tape(Tape().with_metadata(id="new", other={"level": 2}))
+        assert store.get_tape("new").metadata.other == {"level": 2}
 
 
 # ---------------------------------------------------------------------------- processes
@@ -677,9 +703,12 @@ def test_postgres_opens_without_ddl_and_upgrades_an_old_schema(pg_cluster: TempP
     with psycopg.connect(url, autocommit=True) as admin:  # a database made before token ids
         for name in TOKEN_COLUMNS:
             admin.execute(f"ALTER TABLE llm_calls DROP COLUMN {name}")
+        admin.execute("ALTER TABLE tapes DROP COLUMN other")  # and before metadata.other
         admin.execute("DROP INDEX tapes_author")
     with PostgresStore(url) as store:
         assert store._missing_schema() == []
         store.save_tape(Tape(steps=[UserStep(content="after the upgrade")]), tags=["t"])
         store.flush()
         assert len(store.list_tapes(tag="t")) == 1
+        store.save_tape(Tape().with_metadata(id="other", other={"level": 2}))
+        assert store.get_tape_info("other").other == {"level": 2}

@@ -7,8 +7,9 @@
 - a JSON list of its training texts (parsed and checked; a tape store keeps no training texts).
 
 Tapes keep their ids, metadata (``parent_id``, ``author``, ``author_tape_id``, ``error``,
-``result``) and context; steps keep their ids and prompt ids, and the LLM calls are stored under
-the same prompt ids, so every imported step links to the prompt behind it.
+``result``, and the fields of a ``TapeMetadata`` subclass under ``metadata.other["tapeagents"]``)
+and context; steps keep their ids and prompt ids, and the LLM calls are stored under the same
+prompt ids, so every imported step links to the prompt behind it.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic_core import to_jsonable_python
+
 from tapekit.core import LLMOutput, Prompt, Tape, TapeMetadata, ToolCallRequest
 from tapekit.llm.base import LLMCall, TrainingText
-from tapekit.migrate.steps import ReferenceFormatError, from_reference_steps, to_reference_steps
-from tapekit.store.base import TapeStore
+from tapekit.migrate.steps import EXTRA, ReferenceFormatError, from_reference_steps, to_reference_steps
+from tapekit.store.base import TapeNotFoundError, TapeStore
 
 __all__ = [
     "ImportReport",
@@ -46,14 +49,17 @@ IMPORT_TAG = "tapeagents"
 class ImportReport:
     """What :func:`import_reference` read and stored.
 
-    ``tapes``: the stored tape ids, in the order first seen (a tape found in several files,
-    e.g. a JSON file and the YAML stream, is stored once); ``step_kinds``: the reference kinds
-    of those tapes' top-level steps, counted once per tape; ``llm_calls``: prompt ids of the
-    stored LLM calls; ``training_texts``: training texts parsed (not stored); ``files``: the
-    files read, with what each held.
+    ``tapes``: the ids of the tapes read, in the order first seen (a tape found in several
+    files, e.g. a JSON file and the YAML stream, counts once), all of them in the store after
+    the import; ``unchanged``: those of them that were already stored with the same content
+    (nothing was written for them but the tags); ``step_kinds``: the reference kinds of the
+    tapes' top-level steps, counted once per tape; ``llm_calls``: prompt ids of the stored LLM
+    calls; ``training_texts``: training texts parsed (not stored); ``files``: the files read,
+    with what each held.
     """
 
     tapes: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
     step_kinds: Counter[str] = field(default_factory=Counter)
     llm_calls: list[str] = field(default_factory=list)
     training_texts: list[TrainingText] = field(default_factory=list)
@@ -67,6 +73,11 @@ class ImportReport:
             f"{len(self.tapes)} tapes ({n_steps} steps, {len(self.step_kinds)} kinds), "
             f"{len(self.llm_calls)} LLM calls, {len(self.training_texts)} training texts"
         )
+        if self.unchanged:
+            lines.append(
+                f"{len(self.unchanged)} of the {len(self.tapes)} tapes were already stored with the "
+                "same content (not written again)"
+            )
         return "\n".join(lines)
 
 
@@ -77,34 +88,112 @@ def reference_tape(data: Any, where: str = "tape") -> Tape[Any, Any]:
     """A tapekit tape for one reference tape (the dict its JSON or YAML holds).
 
     The context is kept as plain data (a nested tape stays a dict); ``where`` names the tape
-    in errors.
+    in errors. Metadata keys beyond the reference's own seven (the fields of a ``TapeMetadata``
+    subclass, such as the GAIA agent's ``task`` and ``level``) are kept, in their order, in
+    ``metadata.other["tapeagents"]``.
     """
     if not isinstance(data, dict) or "steps" not in data:
         raise ReferenceFormatError(f"{where}: not a TapeAgents tape (an object with 'metadata' and 'steps')")
     meta = data.get("metadata") or {}
     if not isinstance(meta, dict) or not isinstance(meta.get("id"), str) or not meta["id"]:
         raise ReferenceFormatError(f"{where}: the tape's metadata has no string 'id'")
-    unknown = sorted(set(meta) - set(_TAPE_META))
-    if unknown:
-        raise ReferenceFormatError(f"{where}: unexpected tape metadata keys {unknown}")
     where = f"{where} (tape {meta['id']})"
     steps = from_reference_steps(data["steps"], where)
+    extra = {k: v for k, v in meta.items() if k not in _TAPE_META}
     try:
-        metadata = TapeMetadata(**{k: meta[k] for k in _TAPE_META if k in meta})
+        metadata = TapeMetadata(
+            **{k: meta[k] for k in _TAPE_META if k in meta}, other={EXTRA: extra} if extra else {}
+        )
     except ValueError as e:
         raise ReferenceFormatError(f"{where}: bad tape metadata: {e}") from e
     return Tape(metadata=metadata, context=data.get("context"), steps=steps)
 
 
 def to_reference_tape(tape: Tape[Any, Any]) -> dict[str, Any]:
-    """The reference's JSON data for a tape made by :func:`reference_tape` (the inverse)."""
+    """The reference's JSON data for a tape made by :func:`reference_tape` (the inverse): the
+    seven keys of the reference's ``TapeMetadata``, then the subclass fields kept in
+    ``metadata.other["tapeagents"]`` (other keys of ``metadata.other`` have no place there)."""
     meta = tape.metadata.model_dump(mode="json")
+    extra = meta["other"].get(EXTRA)
     context: Any = tape.context
     return {
-        "metadata": {k: meta[k] for k in _TAPE_META},
+        "metadata": {**{k: meta[k] for k in _TAPE_META}, **(extra if isinstance(extra, dict) else {})},
         "context": context.model_dump(mode="json") if hasattr(context, "model_dump") else context,
         "steps": to_reference_steps(tape.steps),
     }
+
+
+# --------------------------------------------------------------------------- comparing tapes
+
+_ABSENT = object()  # a key one side lacks
+
+
+@dataclass(frozen=True)
+class _Length:
+    """The length of a list, where two lists differ only in length."""
+
+    n: int
+
+
+def _first_difference(
+    a: Any, b: Any, path: tuple[str | int, ...] = ()
+) -> tuple[tuple[str | int, ...], Any, Any] | None:
+    """Where two JSON values first differ: ``(path, value in a, value in b)``, or None if equal.
+
+    Keys missing on one side are ``_ABSENT``; lists of different lengths whose common part is
+    equal differ at their own path, with the two lengths (:class:`_Length`) as values.
+    """
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in [*a, *(k for k in b if k not in a)]:
+            found = _first_difference(a.get(key, _ABSENT), b.get(key, _ABSENT), (*path, key))
+            if found is not None:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
+            found = _first_difference(x, y, (*path, i))
+            if found is not None:
+                return found
+        return None if len(a) == len(b) else (path, _Length(len(a)), _Length(len(b)))
+    return None if a == b else (path, a, b)
+
+
+def _show(value: Any) -> str:
+    """A value in a difference message: its JSON, cut to 80 characters."""
+    if value is _ABSENT:
+        return "absent"
+    if isinstance(value, _Length):
+        return f"{value.n} items"
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _path_text(path: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "the tape"
+
+
+def _describe_difference(a: dict[str, Any], b: dict[str, Any], a_name: str, b_name: str) -> str | None:
+    """What first differs between two reference tapes (as :func:`to_reference_tape` gives them),
+    in words: which step (index, id and kind) or metadata field, and its value on each side
+    (``a_name`` and ``b_name`` name the sides); None if they are equal."""
+    found = _first_difference(a, b)
+    if found is None:
+        return None
+    path, x, y = found
+    where = _path_text(path)
+    if len(path) >= 2 and path[0] == "steps" and isinstance(path[1], int):
+        index = path[1]
+        steps = b["steps"] if index < len(b["steps"]) else a["steps"]
+        step = steps[index] if isinstance(steps[index], dict) else {}
+        step_id = (step.get("metadata") or {}).get("id")
+        rest = _path_text(path[2:]) if len(path) > 2 else "the whole step"
+        where = f"step {index} (id {step_id!r}, kind {step.get('kind')!r}): {rest}"
+    elif path == ("steps",):
+        where, x, y = "the number of steps", getattr(x, "n", x), getattr(y, "n", y)
+    return f"{where} is {_show(x)} in {a_name} but {_show(y)} in {b_name}"
 
 
 def _yaml_documents(path: Path) -> Iterator[Any]:
@@ -272,7 +361,9 @@ def read_reference_file(path: str | Path) -> _FileContents:
     if head == SQLITE_MAGIC:
         return _FileContents(tapes=_sqlite_tapes(path), llm_calls=read_llm_calls(path))
     if path.suffix.lower() in (".yaml", ".yml"):
-        docs = [d for d in _yaml_documents(path) if d is not None]
+        # a date or time the reference dumped as a YAML timestamp reads back as the string that
+        # its JSON writer makes of it, so the YAML and JSON copies of a tape agree
+        docs = [to_jsonable_python(d) for d in _yaml_documents(path) if d is not None]
         return _FileContents(tapes=[reference_tape(d, f"{path}, document {i}") for i, d in enumerate(docs)])
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -298,10 +389,6 @@ def _files(paths: Iterable[str | Path]) -> list[Path]:
     return out
 
 
-def _same(a: Tape[Any, Any], b: Tape[Any, Any]) -> bool:
-    return to_reference_tape(a) == to_reference_tape(b)
-
-
 def import_reference(
     paths: Iterable[str | Path], store: TapeStore, *, tags: Iterable[str] = (IMPORT_TAG,)
 ) -> ImportReport:
@@ -309,48 +396,79 @@ def import_reference(
     ``.yml``, ``.sqlite`` and ``.db`` files) and store their tapes (tagged ``tags``) and LLM
     calls in ``store``.
 
-    A tape that appears in several files (the same tape as JSON, in the YAML stream and in the
-    SQLite ``Tapes`` table) is stored once; if two copies differ, or differ from a tape already
-    stored under that id, a :class:`ReferenceFormatError` names both. Importing again changes
-    nothing.
+    Every file is read and checked before anything is stored. A tape that appears in several
+    files (the same tape as JSON, in the YAML stream and in the SQLite ``Tapes`` table) is
+    stored once. A tape already stored under its id with the same content is not written again
+    (it only gets ``tags``; see ``ImportReport.unchanged``), so importing again changes nothing.
+    If two copies of a tape differ, or a tape differs from the one stored under its id, a
+    :class:`ReferenceFormatError` names the tape, the files and the first difference (the step,
+    its id and kind, and the field), and nothing is stored: the store never keeps an old tape
+    while the import reports the new one.
     """
     if isinstance(paths, str | Path):
         paths = [paths]
     tags = tuple(tags)
     report = ImportReport()
-    seen: dict[str, tuple[Tape[Any, Any], str]] = {}
+    read: dict[str, tuple[Tape[Any, Any], dict[str, Any], str]] = {}  # id: tape, its data, its file
+    calls: list[LLMCall] = []
     for path in _files(paths):
         contents = read_reference_file(path)
         report.files[str(path)] = contents.describe()
         for tape in contents.tapes:
-            tape_id = tape.metadata.id
-            if tape_id in seen:
-                first, source = seen[tape_id]
-                if not _same(first, tape):
-                    raise ReferenceFormatError(f"tape {tape_id} differs between {source} and {path}")
+            tape_id, data = tape.metadata.id, to_reference_tape(tape)
+            if tape_id in read:
+                source = read[tape_id][2]
+                diff = _describe_difference(read[tape_id][1], data, source, str(path))
+                if diff is not None:
+                    raise ReferenceFormatError(
+                        f"tape {tape_id} differs between {source} and {path}: {diff} (nothing was imported)"
+                    )
                 continue
-            _check_stored(store, tape)
-            seen[tape_id] = (tape, str(path))
-            store.save_tape(tape, tags=tags)
-            report.tapes.append(tape_id)
-            report.step_kinds.update(s["kind"] for s in to_reference_steps(tape.steps))
-        for call in contents.llm_calls:
-            store.save_llm_call(call)
-            report.llm_calls.append(call.prompt.id)
+            read[tape_id] = (tape, data, str(path))
+        calls.extend(contents.llm_calls)
         report.training_texts.extend(contents.training_texts)
+    new: list[Tape[Any, Any]] = []
+    conflicts: list[str] = []
+    for tape_id, (tape, data, source) in read.items():
+        stored, problem = _compare_stored(store, tape_id, data, source)
+        if problem is not None:
+            conflicts.append(problem)
+        elif stored:
+            report.unchanged.append(tape_id)
+        else:
+            new.append(tape)
+        report.tapes.append(tape_id)
+        report.step_kinds.update(s["kind"] for s in data["steps"])
+    if conflicts:
+        more = [f"... and {len(conflicts) - 10} more"] if len(conflicts) > 10 else []
+        raise ReferenceFormatError(
+            f"already stored in {store.location} with other content: {len(conflicts)} "
+            f"{'tape' if len(conflicts) == 1 else 'tapes'}; nothing was imported (import changed "
+            "tapes into another store, or give them new tape ids)\n"
+            + "\n".join(["  " + c for c in conflicts[:10]] + more)
+        )
+    for tape in new:
+        store.save_tape(tape, tags=tags)
+    for tape_id in report.unchanged:
+        if tags:
+            store.add_tags(tape_id, tags)
+    for call in calls:
+        store.save_llm_call(call)
+        report.llm_calls.append(call.prompt.id)
     store.flush()
     return report
 
 
-def _check_stored(store: TapeStore, tape: Tape[Any, Any]) -> None:
-    """A tape already stored under this id must have the same steps (re-import is a no-op)."""
-    from tapekit.store.base import TapeNotFoundError
-
+def _compare_stored(
+    store: TapeStore, tape_id: str, data: dict[str, Any], source: str
+) -> tuple[bool, str | None]:
+    """Whether a tape is stored under ``tape_id``, and if so how it differs from ``data`` (read
+    from ``source``), in words (None: it does not differ)."""
     try:
-        stored = store.get_tape(tape.metadata.id)
+        stored = store.get_tape(tape_id)
     except TapeNotFoundError:
-        return
-    if [s.metadata.id for s in stored.steps] != [s.metadata.id for s in tape.steps]:
-        raise ReferenceFormatError(
-            f"tape {tape.metadata.id} is already stored in {store.location} with other steps"
-        )
+        return False, None
+    except ValueError as e:  # a stored tape with steps that no loaded class reads
+        return True, f"tape {tape_id} from {source}: the tape stored under this id cannot be read: {e}"
+    diff = _describe_difference(to_reference_tape(stored), data, "the store", source)
+    return True, None if diff is None else f"tape {tape_id} from {source}: {diff}"

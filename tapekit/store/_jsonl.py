@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from tapekit.core import Step, Tape, TapeMetadata
+from tapekit.core import Step, Tape
 from tapekit.llm.base import LLMCall
 
 if TYPE_CHECKING:
@@ -145,18 +145,9 @@ def _tape_write(store: TapeStore, item: dict[str, Any], lengths: dict[str, int])
         start = store._stored_length(info.id) or 0
     if start > len(steps):
         raise ValueError(f"tape {info.id} has {start} stored steps; the file has only {len(steps)}")
-    meta = TapeMetadata(
-        id=info.id,
-        parent_id=info.parent_id,
-        author=info.author,
-        author_tape_id=info.author_tape_id,
-        n_added_steps=info.n_added_steps,
-        error=info.error,
-        result=info.result,
-    )
     write = TapeWrite(
         info.id,
-        meta,
+        info.to_metadata(),
         item.get("context"),
         steps[start:],
         start,

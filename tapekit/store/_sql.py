@@ -31,7 +31,8 @@ SCHEMA = [
     context TEXT,
     n_steps INTEGER NOT NULL DEFAULT 0,
     created DOUBLE PRECISION NOT NULL,
-    updated DOUBLE PRECISION NOT NULL
+    updated DOUBLE PRECISION NOT NULL,
+    other TEXT
 )""",
     "CREATE INDEX IF NOT EXISTS tapes_parent ON tapes(parent_id)",
     "CREATE INDEX IF NOT EXISTS tapes_created ON tapes(created)",
@@ -70,17 +71,22 @@ SCHEMA = [
 
 # token ids of LLM calls (tapekit/store/_tokens.py), added to older files when they are opened
 TOKEN_COLUMNS = {"token_meta": "TEXT", "token_data": "BLOB"}  # BLOB is BYTEA in PostgreSQL
+# a tape's metadata.other (JSON, NULL when empty), added to older files when they are opened
+TAPE_EXTRA_COLUMNS = {"other": "TEXT"}
+# every column added after a table was first made, by table: (name, SQL type)
+ADDED_COLUMNS = {"llm_calls": TOKEN_COLUMNS, "tapes": TAPE_EXTRA_COLUMNS}
 
 TAPE_COLUMNS = (
-    "id, parent_id, author, author_tape_id, n_added_steps, error, result, context, n_steps, created, updated"
+    "id, parent_id, author, author_tape_id, n_added_steps, error, result, context, other, n_steps, "
+    "created, updated"
 )
 _TAPE_UPDATE = (
     "parent_id=excluded.parent_id, author=excluded.author, author_tape_id=excluded.author_tape_id, "
     "n_added_steps=excluded.n_added_steps, error=excluded.error, result=excluded.result, "
-    "context=excluded.context, n_steps=excluded.n_steps, updated=excluded.updated"
+    "context=excluded.context, other=excluded.other, n_steps=excluded.n_steps, updated=excluded.updated"
 )
 UPSERT_TAPE = (
-    f"INSERT INTO tapes ({TAPE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?) "
+    f"INSERT INTO tapes ({TAPE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) "
     f"ON CONFLICT(id) DO UPDATE SET {_TAPE_UPDATE}"
 )
 IMPORT_TAPE = UPSERT_TAPE + ", created=excluded.created"
@@ -102,7 +108,7 @@ REMOVE_TAG = "DELETE FROM tape_tags WHERE tape_id = ? AND tag = ?"
 
 _INFO_COLUMNS = (
     "t.id, t.parent_id, t.author, t.author_tape_id, t.n_steps, t.n_added_steps, t.error, t.result, "
-    "t.created, t.updated"
+    "t.created, t.updated, t.other"
 )
 _CALL_COLUMNS = (
     "prompt_id, model, prompt, output, prompt_tokens, output_tokens, cost, latency_s, timestamp, "
@@ -269,6 +275,7 @@ class SQLTapeStore(TapeStore):
                 n_added_steps=r[5],
                 error=r[6],
                 result=json.loads(r[7]) if r[7] else None,
+                other=json.loads(r[10]) if r[10] else {},
                 tags=tags[r[0]],
                 created=r[8],
                 updated=r[9],

@@ -56,7 +56,8 @@ class TapeWrite:
 @dataclass(slots=True)
 class TapeRows:
     """A :class:`TapeWrite` as the writer commits it: ``tape`` is the ``tapes`` row up to
-    ``n_steps`` (``created`` and ``updated`` follow it), ``steps`` the new ``steps`` rows."""
+    ``n_steps`` (``created`` and ``updated`` follow it; see ``TAPE_COLUMNS`` in ``_sql.py``),
+    ``steps`` the new ``steps`` rows."""
 
     tape_id: str
     tape: tuple[Any, ...]
@@ -190,6 +191,10 @@ def serialised(w: TapeWrite) -> TapeRows:
         result = "null" if meta.result is None else json.dumps(meta.result, default=str)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: its context or result cannot be stored as JSON: {e}") from e
+    try:
+        other = json.dumps(meta.other) if meta.other else None  # NULL: most tapes have none
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: its metadata.other cannot be stored as JSON: {e}") from e
     tape = (
         tape_id,
         meta.parent_id,
@@ -199,6 +204,7 @@ def serialised(w: TapeWrite) -> TapeRows:
         meta.error,
         result,
         context,
+        other,
         w.n_steps,
     )
     return TapeRows(tape_id, tape, rows, w.start, w.n_steps, w.tags, w.created, w.updated, w.exact_created)

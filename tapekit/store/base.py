@@ -64,7 +64,7 @@ class TapeInfo(BaseModel):
     """A stored tape's metadata, tags and size, without its steps: what lists and pickers show.
 
     ``created`` is when the tape was first saved and ``updated`` when it last changed (unix
-    seconds); ``n_steps`` how many steps are stored.
+    seconds); ``n_steps`` how many steps are stored; ``other`` the tape's ``metadata.other``.
     """
 
     id: str
@@ -75,9 +75,23 @@ class TapeInfo(BaseModel):
     n_added_steps: int = 0
     error: str | None = None
     result: Any = None
+    other: dict[str, Any] = Field(default_factory=dict)
     tags: list[str] = Field(default_factory=list)
     created: float = 0.0
     updated: float = 0.0
+
+    def to_metadata(self) -> TapeMetadata:
+        """The stored tape's :class:`~tapekit.core.TapeMetadata` (every field, ``other`` included)."""
+        return TapeMetadata(
+            id=self.id,
+            parent_id=self.parent_id,
+            author=self.author,
+            author_tape_id=self.author_tape_id,
+            n_added_steps=self.n_added_steps,
+            error=self.error,
+            result=self.result,
+            other=self.other,
+        )
 
 
 @dataclass(frozen=True)
@@ -265,17 +279,12 @@ class TapeStore(QueuedWriter, ABC):
         info = self.get_tape_info(tape_id)
         context = self._select_context(tape_id)
         steps = _load_steps(self._select_steps(tape_id, 0, info.n_steps))
-        meta = TapeMetadata(
-            id=tape_id,
-            parent_id=info.parent_id,
-            author=info.author,
-            author_tape_id=info.author_tape_id,
-            n_added_steps=info.n_added_steps,
-            error=info.error,
-            result=info.result,
-        )
         return tape_class.model_validate(
-            {"metadata": meta, "context": json.loads(context) if context else None, "steps": steps}
+            {
+                "metadata": info.to_metadata(),
+                "context": json.loads(context) if context else None,
+                "steps": steps,
+            }
         )
 
     def get_steps(

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tapekit.store._sql import SCHEMA, TOKEN_COLUMNS, SQLTapeStore
+from tapekit.store._sql import ADDED_COLUMNS, SCHEMA, SQLTapeStore
 
 __all__ = ["PostgresStore"]
 
@@ -87,12 +87,15 @@ class PostgresStore(SQLTapeStore):
                 self._read.execute("SELECT pg_advisory_xact_lock(7316206)")
                 for statement in SCHEMA:
                     self._read.execute(statement)
-                for name in self._missing_columns():  # databases made before token ids were kept
-                    pg_kind = "BYTEA" if TOKEN_COLUMNS[name] == "BLOB" else TOKEN_COLUMNS[name]
-                    self._read.execute(f"ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS {name} {pg_kind}")
+                # databases made before token ids (llm_calls) or metadata.other (tapes) were kept
+                for table, name in self._missing_columns():
+                    kind = ADDED_COLUMNS[table][name]
+                    pg_kind = "BYTEA" if kind == "BLOB" else kind
+                    self._read.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} {pg_kind}")
 
-    def _missing_schema(self) -> list[str] | None:
-        """The token columns ``llm_calls`` lacks, or None when a table or index is missing.
+    def _missing_schema(self) -> list[tuple[str, str]] | None:
+        """The added columns (``(table, column)``) the tables lack, or None when a table or
+        index is missing.
 
         Checked before any DDL: ``CREATE INDEX IF NOT EXISTS`` and ``ALTER TABLE ... IF NOT
         EXISTS`` take table locks even when there is nothing to do, and a second process opening
@@ -106,13 +109,20 @@ class PostgresStore(SQLTapeStore):
             return None
         return self._missing_columns()
 
-    def _missing_columns(self) -> list[str]:
+    def _missing_columns(self) -> list[tuple[str, str]]:
+        """The columns of ``ADDED_COLUMNS`` that the tables lack, as ``(table, column)``."""
         rows = self._read.execute(
-            "SELECT column_name FROM information_schema.columns "
-            "WHERE table_schema = current_schema() AND table_name = 'llm_calls'"
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = ANY(%s::text[])",
+            [list(ADDED_COLUMNS)],
         ).fetchall()
-        have = {r[0] for r in rows}
-        return [name for name in TOKEN_COLUMNS if name not in have]
+        have = {(r[0], r[1]) for r in rows}
+        return [
+            (table, name)
+            for table, columns in ADDED_COLUMNS.items()
+            for name in columns
+            if (table, name) not in have
+        ]
 
     def _writer_connect(self) -> _Conn:
         return _Conn(self._connect())

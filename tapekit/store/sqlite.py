@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tapekit._sqlite import connect
-from tapekit.store._sql import SCHEMA, TOKEN_COLUMNS, SQLTapeStore
+from tapekit.store._sql import ADDED_COLUMNS, SCHEMA, SQLTapeStore
 from tapekit.store.base import Totals
 
 __all__ = ["SQLiteStore", "Totals"]
@@ -51,10 +51,12 @@ class SQLiteStore(SQLTapeStore):
             db.execute("BEGIN IMMEDIATE")  # waits (busy_timeout) for another process creating it
             for statement in SCHEMA:
                 db.execute(statement)
-            have = {row[1] for row in db.execute("PRAGMA table_info(llm_calls)")}
-            for name, kind in TOKEN_COLUMNS.items():  # files written before token ids were kept
-                if name not in have:
-                    db.execute(f"ALTER TABLE llm_calls ADD COLUMN {name} {kind}")
+            # files written before token ids (llm_calls) or metadata.other (tapes) were kept
+            for table, columns in ADDED_COLUMNS.items():
+                have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+                for name, kind in columns.items():
+                    if name not in have:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
             db.execute("COMMIT")
         finally:
             db.close()

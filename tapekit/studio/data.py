@@ -15,7 +15,7 @@ from pydantic import ConfigDict, ValidationError
 
 from tapekit._diff import first_divergence, signatures
 from tapekit.agent import Agent, AgentError
-from tapekit.core import Call, Respond, Step, StepMetadata, Tape, TapeMetadata, step_kinds
+from tapekit.core import Call, Respond, Step, StepMetadata, Tape, step_kinds
 from tapekit.llm.base import LLMCall
 from tapekit.rendering import step_author, step_category
 from tapekit.store import TapeInfo, TapeStore
@@ -106,15 +106,7 @@ def lenient_steps(store: TapeStore, tape_id: str, start: int, stop: int) -> list
 
 def lenient_tape(store: TapeStore, info: TapeInfo) -> Tape[Any, Any]:
     """The stored tape ``info.id``, steps of unknown kinds as :class:`UnknownStep`."""
-    meta = TapeMetadata(
-        id=info.id,
-        parent_id=info.parent_id,
-        author=info.author,
-        author_tape_id=info.author_tape_id,
-        n_added_steps=info.n_added_steps,
-        error=info.error,
-        result=info.result,
-    )
+    meta = info.to_metadata()
     context = store._select_context(info.id)
     steps = lenient_steps(store, info.id, 0, info.n_steps)
     return Tape(metadata=meta, context=json.loads(context) if context else None, steps=steps)
