@@ -108,7 +108,7 @@ def read_params(agent: Agent, targets: list[str]) -> Params:
 
 def _set(node: Node, field: str, value: Any, target: str) -> None:
     info = type(node).model_fields.get(field)
-    if info is None:
+    if info is None or info.annotation is None:
         raise OptimizeError(f"node {target!r} ({type(node).__name__}) has no {field!r} field to set")
     try:
         checked: Any = TypeAdapter(info.annotation).validate_python(value)

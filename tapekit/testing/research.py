@@ -20,6 +20,7 @@ from typing import Any
 from tapekit import (
     Agent,
     AssistantStep,
+    Call,
     Fork,
     FunctionLLM,
     LLMOutput,
@@ -112,14 +113,19 @@ class SearchNode(Node):
     name: str = "search"
 
     def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
-        query = agent.compute_view(tape).top.steps[0].content  # the Call that opened this branch
+        opened = agent.compute_view(tape).top.steps[0]  # the Call that opened this branch
+        assert isinstance(opened, Call)
+        query = opened.content
         return Prompt(
             messages=[{"role": "user", "content": f"Search for: {query}"}],
             tools=TOOLS.tool_schemas(),
         )
 
     def generate_steps(self, agent: Agent, tape: Tape[Any, Any], llm_stream: LLMStream) -> Iterator[Step]:
-        call = llm_stream.get_output().tool_calls[0]
+        calls = llm_stream.get_output().tool_calls
+        if not calls:
+            raise ValueError("the searcher's LLM answered without a search tool call")
+        call = calls[0]
         yield ToolCall(name=call.name, arguments=json.loads(call.arguments), call_id=call.id)
 
     def make_llm_output(self, agent: Agent, tape: Tape[Any, Any], index: int) -> LLMOutput:
