@@ -10,7 +10,9 @@ and calls :func:`run_session` again. Nothing but the tape is needed to resume.
 An approval is recorded on the tape as an :class:`ApprovalDecision` step (with the edited
 arguments, if the person changed them) **before** the tool runs; :class:`ApprovalEnvironment`
 then runs the tool with those arguments, or answers a rejection with a :class:`ToolResult`
-whose ``error`` says so, which the agent sees like any tool error.
+whose ``error`` says so, which the agent sees like any tool error. A call takes one decision:
+:func:`approve` and :func:`reject` refuse a call that already has one, and should a tape hold
+two anyway, the environment acts on the first.
 """
 
 from __future__ import annotations
@@ -114,13 +116,18 @@ class ApprovalNeeded(ExternalObservationNeeded):
 
 
 def _decisions(tape: Tape[Any, Any]) -> dict[str, ApprovalDecision]:
-    """The decisions recorded since the tape's last observation, by the id of the call step."""
+    """The decisions recorded since the tape's last observation, by the id of the call step.
+
+    A call takes one decision: :func:`approve` and :func:`reject` refuse a call that has one.
+    Should a tape hold two for the same call anyway (steps appended by hand, or by an older
+    version), the **first** counts, so a rejection can never be overturned by a later approval.
+    """
     out: dict[str, ApprovalDecision] = {}
     for step in reversed(tape.steps):
         if isinstance(step, Observation):
             break
         if isinstance(step, ApprovalDecision):
-            out.setdefault(step.step_id, step)
+            out[step.step_id] = step  # walking backwards: the earliest decision is written last
     return out
 
 
@@ -188,21 +195,48 @@ def reply(tape: Tape[Any, Any], text: str) -> Tape[Any, Any]:
     return _added(tape, [UserStep(content=text, metadata=StepMetadata(other={"author": PERSON}))])
 
 
+def _described(call: ToolCall, decision: ApprovalDecision) -> str:
+    """``call`` and the decision it already has, for error messages."""
+    why = f", {decision.reason!r}" if decision.reason else ""
+    return f"{call.name}({call.call_id or call.metadata.id}): {decision.decision}{why}"
+
+
 def _call(tape: Tape[Any, Any], call: ToolCall | str | None, environment: Environment | None) -> ToolCall:
-    pending = pending_approvals(tape, environment) if environment is not None else None
-    candidates = (
-        pending if pending is not None else [a for a in unanswered_actions(tape) if isinstance(a, ToolCall)]
-    )
+    """The tool call that a new decision is for: ``call`` (a :class:`ToolCall`, its call id or
+    its step id), or the first undecided call at the tape's end; with ``environment``, only
+    calls whose tool needs approval there. A call that already has a decision is refused."""
+    decided = _decisions(tape)
+    waiting = [
+        a
+        for a in unanswered_actions(tape)
+        if isinstance(a, ToolCall) and (environment is None or _needs_approval(environment, a))
+    ]
+    undecided = [c for c in waiting if c.metadata.id not in decided]
     if call is None:
-        if not candidates:
-            raise ValueError("no tool call waits for a decision at the end of this tape")
-        return candidates[0]
+        if undecided:
+            return undecided[0]
+        done = "; ".join(_described(c, decided[c.metadata.id]) for c in waiting)
+        if done:
+            raise ValueError(
+                "no tool call waits for a decision at the end of this tape: every one already has "
+                f"a decision ({done}), and a call takes only one"
+            )
+        raise ValueError("no tool call waits for a decision at the end of this tape")
+    named = (
+        [call] if isinstance(call, ToolCall) else [c for c in waiting if call in (c.metadata.id, c.call_id)]
+    )
+    for c in named:
+        if c.metadata.id in decided:
+            raise ValueError(
+                f"tool call {c.call_id or c.metadata.id!r} already has a decision "
+                f"({_described(c, decided[c.metadata.id])}); a call takes only one, so this one is refused"
+            )
     if isinstance(call, ToolCall):
         return call
-    for c in candidates:
+    for c in undecided:
         if call in (c.metadata.id, c.call_id):
             return c
-    names = ", ".join(c.call_id or c.metadata.id for c in candidates) or "none"
+    names = ", ".join(c.call_id or c.metadata.id for c in undecided) or "none"
     raise ValueError(f"no pending tool call {call!r} at the end of this tape (pending: {names})")
 
 
@@ -236,9 +270,12 @@ def approve(
     environment: Environment | None = None,
 ) -> Tape[Any, Any]:
     """The session with an approval of ``call`` appended (a :class:`ToolCall`, its call id or
-    step id; default: the first pending call). With ``arguments`` the tool runs with those
-    instead (``decision="edited"``). ``environment`` limits the choice to calls that need
-    approval there."""
+    step id; default: the first call at the tape's end that has no decision yet). With
+    ``arguments`` the tool runs with those instead (``decision="edited"``). ``environment``
+    limits the choice to calls that need approval there.
+
+    A call takes one decision: a call that already has one (approved, edited or rejected) is
+    refused with :class:`ValueError`, as is a tape where no call waits for one."""
     if arguments is not None and not isinstance(arguments, dict):
         raise TypeError(f"edited arguments must be a JSON object (a dict), not {type(arguments).__name__}")
     decision: Literal["approved", "edited"] = "approved" if arguments is None else "edited"
@@ -252,8 +289,9 @@ def reject(
     reason: str = "",
     environment: Environment | None = None,
 ) -> Tape[Any, Any]:
-    """The session with a rejection of ``call`` appended (see :func:`approve`); the agent gets a
-    tool result whose error says the person rejected it, with ``reason``."""
+    """The session with a rejection of ``call`` appended (see :func:`approve`, which picks and
+    refuses calls the same way); the agent gets a tool result whose error says the person
+    rejected it, with ``reason``."""
     return _decide(tape, call, "rejected", None, reason, environment)
 
 

@@ -197,9 +197,10 @@ def _description(text: str | None) -> str:
 
 def _result_content(result: Any, output_schema: dict[str, Any] | None) -> Any:
     """A ``CallToolResult`` as observation content: its structured content when it has some
-    (a value the SDK wrapped as ``{"result": value}`` is unwrapped), else its text (one block:
-    the string, parsed when it is a JSON object or array; several: joined by newlines), else
-    its content blocks as JSON."""
+    (a value the SDK wrapped as ``{"result": value}`` is unwrapped; that is how ``MCPServer``
+    sends what a tool annotated ``-> str`` returns, so JSON text from such a tool stays a
+    string), else its text (one block: the string, parsed when it is a JSON object or array;
+    several: joined by newlines), else its content blocks as JSON."""
     structured = result.structured_content
     if structured is not None:
         declared = set((output_schema or {}).get("properties", {}))
@@ -216,9 +217,15 @@ def _result_content(result: Any, output_schema: dict[str, Any] | None) -> Any:
     return [b.model_dump(mode="json", exclude_none=True, by_alias=True) for b in blocks]
 
 
-def _error_text(result: Any) -> str:
+def _error_text(result: Any, tool: str) -> str:
+    """The message of an ``isError`` result: its text blocks, joined by newlines, without the
+    ``Error executing tool TOOL: `` that the SDK's ``MCPServer`` puts before a ``ToolError``'s
+    message (tapekit's own prefix names the server and the tool already). A crash, which that
+    SDK reports as only ``Error executing tool TOOL``, is kept as it is."""
     texts = [b.text for b in result.content or [] if getattr(b, "type", None) == "text"]
-    return "\n".join(texts) or "the tool reported an error without a message"
+    text = "\n".join(texts)
+    text = text.removeprefix(f"Error executing tool {tool}: ")
+    return text or "the tool reported an error without a message"
 
 
 class MCPEnvironment(ToolEnvironment):
@@ -442,7 +449,7 @@ class MCPEnvironment(ToolEnvironment):
             logger.warning("%s failed: %s", where, why)
             return result
         if answer.is_error:
-            result.error = f"{where}: {_error_text(answer)}"
+            result.error = f"{where}: {_error_text(answer, info.tool)}"
         else:
             result.content = _result_content(answer, info.output_schema)
         return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -111,6 +112,100 @@ def test_parse_and_format_are_inverses() -> None:
         OutputField(name="q", role="tool_call")
     with pytest.raises(ValueError, match="at least one output"):
         LLMFunction(instruction="x")
+
+
+def three_outputs() -> LLMFunction:
+    """Reasoning, an answer and a tool call: prefixes 'Reasoning', 'Answer' and 'Query'."""
+    return LLMFunction(
+        outputs=[
+            OutputField.rationale("answer"),
+            OutputField(name="answer"),
+            OutputField.tool_call("query", "retrieve", "query"),
+        ]
+    )
+
+
+TRICKY = [
+    "Answer: 3",
+    "answer : 3",
+    "  ANSWER:",
+    "\tAnswer:\t",
+    "Reasoning: again",
+    "Query: q",
+    "\\Answer: escaped by the writer",
+    "\\\\Answer: two backslashes",
+    "  \\\\\\query: three",
+    "Answers: not a prefix",
+    "Answer",
+    "\\",
+    "",
+    "  ",
+    "plain text",
+    "x Answer: not at a line start",
+]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"rationale": "2 + 1\nAnswer: 3\nso the answer is 3", "answer": "3", "query": "q"},
+        {"rationale": "r", "answer": "3\nReasoning: because\nAnswer: 4\nQuery: z", "query": "q"},
+        {"rationale": "answer :x\n  answer :x\n\tQUERY:y", "answer": "", "query": "Answer: 1\nAnswer: 2"},
+        {"rationale": "\\Answer: a\n\\\\Answer: b\n  \\answer: c", "answer": "\\", "query": "\\Query:"},
+        {"rationale": "Answer: first line", "answer": "Answer: 5", "query": "Query: Query:"},
+        {"rationale": "", "answer": "", "query": ""},
+        {"rationale": "a\n\n\nAnswer:\n\nb", "answer": "x\r\nAnswer: y", "query": "p\n  \n q"},
+    ],
+)
+def test_parse_reads_back_lines_that_look_like_prefixes(values: dict[str, str]) -> None:
+    fn = three_outputs()
+    assert fn.parse(fn.format_outputs(values)) == values
+
+
+def test_parse_inverts_format_for_random_tricky_values() -> None:
+    """A hypothesis-style search without the dependency: values made of tricky lines, seeded."""
+    fn = three_outputs()
+    rng = random.Random(20240531)
+    for _ in range(2000):
+        values = {
+            name: "\n".join(rng.choice(TRICKY) for _ in range(rng.randint(0, 5))).strip()
+            for name in ("rationale", "answer", "query")
+        }
+        text = fn.format_outputs(values)
+        assert fn.parse(text) == values, text
+
+
+def test_a_reasoning_line_that_reads_as_the_answer_is_escaped() -> None:
+    fn = answer_function()
+    values = {"rationale": "a first guess:\nAnswer: Lyon\nbut the context says Paris", "answer": "Paris"}
+    text = fn.format_outputs(values)
+    assert text == "Reasoning: a first guess:\n\\Answer: Lyon\nbut the context says Paris\nAnswer: Paris"
+    assert fn.parse(text) == values
+    # text written before the escape (nothing that reads as a later prefix) reads as it did
+    assert fn.parse("Reasoning: one\ntwo: \\three\nAnswer: Paris") == {
+        "rationale": "one\ntwo: \\three",
+        "answer": "Paris",
+    }
+    # non-text values are written as JSON and read back as that text
+    assert fn.parse(fn.format_outputs({"rationale": ["a"], "answer": 3})) == {
+        "rationale": '["a"]',
+        "answer": "3",
+    }
+
+
+def test_reuse_reproduces_a_rationale_with_an_answer_line() -> None:
+    """``reuse`` rebuilds each run's LLM output with format_outputs and parses it back: a thought
+    with a line starting 'Answer:' must come back whole, not split into the answer."""
+    tape = run(make_rag())
+    i = next(
+        i for i, s in enumerate(tape.steps) if s.metadata.node == "answer" and s.kind == "assistant_thought"
+    )
+    thought = tape.steps[i].model_copy(update={"content": "maybe\nAnswer: Lyon\nno: the context says Paris"})
+    edited = tape.model_copy(update={"steps": tape.steps[:i].appended([thought, *tape.steps[i + 1 :]])})
+    adapted, _ = make_rag().reuse(edited)
+    assert signatures(adapted.steps) == signatures(edited.steps)
+    (text,) = [t.output_text for t in make_rag().make_training_text(edited) if "Lyon" in t.output_text]
+    assert "\n\\Answer: Lyon\n" in text
 
 
 def test_a_rag_agent_fills_inputs_from_steps_and_emits_steps() -> None:

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from examples.mailer import OUTBOX, assistant
 from tapekit import Tape, ToolCall, ToolEnvironment, ToolResult, UserStep, main_loop
 from tapekit.human import (
     WAITING_TAG,
@@ -30,6 +29,7 @@ from tapekit.human import (
     waiting_on,
 )
 from tapekit.store import SQLiteStore
+from tapekit.testing.mailer import OUTBOX, assistant
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -141,6 +141,96 @@ def test_only_approval_tools_wait_and_plain_environments_never_run_them() -> Non
         approve(tape, "zzz", environment=env)
 
 
+def two_risky_calls() -> tuple[Tape[Any, Any], ApprovalEnvironment, list[str]]:
+    """A tape ending with two calls of an approval tool, the environment, and what ran."""
+    ran: list[str] = []
+
+    def risky(x: int) -> int:
+        """Deletes x."""
+        ran.append(f"risky {x}")
+        return x
+
+    tape: Tape[Any, Any] = Tape(
+        steps=[
+            UserStep(content="go"),
+            ToolCall(name="risky", arguments={"x": 1}, call_id="c1"),
+            ToolCall(name="risky", arguments={"x": 2}, call_id="c2"),
+        ]
+    )
+    return tape, ApprovalEnvironment([approval_required(risky)]), ran
+
+
+def test_a_rejected_call_cannot_be_approved_afterwards() -> None:
+    tape, env, ran = two_risky_calls()
+    one_call: Tape[Any, Any] = Tape(steps=list(tape.steps[:2]))
+    with pytest.raises(ValueError, match=r"every one already has a decision \(risky\(c1\): rejected, 'no'\)"):
+        env.react(approve(reject(one_call, "c1", reason="no")))
+    assert ran == []
+    rejected = reject(tape, "c1", reason="no")
+    # without a call id, approve picks the call that has no decision yet, not the rejected one
+    both = approve(rejected)
+    decisions = [s for s in both.steps if isinstance(s, ApprovalDecision)]
+    assert [(d.call_id, d.decision) for d in decisions] == [("c1", "rejected"), ("c2", "approved")]
+    done = env.react(both)
+    results = {s.call_id: s for s in done.steps if isinstance(s, ToolResult)}
+    assert results["c1"].error == "the person rejected this call: no" and ran == ["risky 2"]
+    # once every call has a decision, there is nothing left to decide: a clear error, no step
+    for decide in (approve, reject):
+        with pytest.raises(ValueError, match=r"every one already has a decision \(risky\(c1\): rejected"):
+            decide(both)
+        with pytest.raises(ValueError, match="every one already has a decision"):
+            decide(both, environment=env)
+
+
+@pytest.mark.parametrize("second", ["approve", "reject", "edit"])
+@pytest.mark.parametrize("first", ["approve", "reject"])
+@pytest.mark.parametrize("how", ["call id", "step id", "ToolCall", "environment"])
+def test_a_decided_call_takes_no_second_decision(first: str, second: str, how: str) -> None:
+    tape, env, ran = two_risky_calls()
+    call = tape.steps[1]
+    assert isinstance(call, ToolCall)
+    decided = approve(tape, "c1") if first == "approve" else reject(tape, "c1", reason="no")
+    target: ToolCall | str = {"call id": "c1", "step id": call.metadata.id, "ToolCall": call}.get(how, "c1")
+    extra: dict[str, Any] = {"environment": env} if how == "environment" else {}
+    word = "approved" if first == "approve" else "rejected"
+    with pytest.raises(ValueError, match=rf"tool call 'c1' already has a decision \(risky\(c1\): {word}"):
+        if second == "approve":
+            approve(decided, target, **extra)
+        elif second == "edit":
+            approve(decided, target, arguments={"x": 99}, **extra)
+        else:
+            reject(decided, target, **extra)
+    assert ran == []
+
+
+def test_the_first_decision_counts_when_a_tape_holds_two() -> None:
+    """Defence in depth: a second decision appended by hand (approve and reject refuse to) does
+    not overturn the first, in either order."""
+    tape, env, ran = two_risky_calls()
+    call = tape.steps[1]
+    assert isinstance(call, ToolCall)
+
+    def decision(kind: Any) -> ApprovalDecision:
+        return ApprovalDecision(
+            step_id=call.metadata.id, call_id="c1", name="risky", decision=kind, reason="r"
+        )
+
+    c2_rejected = reject(tape, "c2").steps[-1]
+    later_approved = tape.model_copy(
+        update={"steps": tape.steps.appended([decision("rejected"), decision("approved"), c2_rejected])}
+    )
+    assert pending_approvals(later_approved, env) == [] and waiting_on(later_approved, env) is None
+    done = env.react(later_approved)
+    results = {s.call_id: s for s in done.steps if isinstance(s, ToolResult)}
+    assert results["c1"].error == "the person rejected this call: r" and ran == []
+    later_rejected = tape.model_copy(
+        update={"steps": tape.steps.appended([decision("approved"), decision("rejected"), c2_rejected])}
+    )
+    done = env.react(later_rejected)
+    results = {s.call_id: s for s in done.steps if isinstance(s, ToolResult)}
+    assert results["c1"].content == 1 and results["c1"].error is None and ran == ["risky 1"]
+
+
 def test_the_main_loop_resumes_after_a_decision_without_help() -> None:
     """An ApprovalDecision is not an observation: the plain main loop hands the tool call back to
     the environment, which runs it (as the Studio's run page would)."""
@@ -170,7 +260,7 @@ def chat(db: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[s
 
 def test_chat_in_one_process_resumed_by_another(tmp_path: Path) -> None:
     db = tmp_path / "chat.db"
-    agent = ["--agent", "examples.mailer:assistant"]
+    agent = ["--agent", "tapekit.testing.mailer:assistant"]
     first = chat(db, *agent, stdin="hello there\nemail bob@example.com: lunch?\n")
     assert first.returncode == 0, first.stderr
     assert "mailer> You said: hello there" in first.stdout
@@ -202,13 +292,13 @@ def test_chat_in_one_process_resumed_by_another(tmp_path: Path) -> None:
 
 def test_chat_errors_are_named(tmp_path: Path) -> None:
     db = tmp_path / "chat.db"
-    out = chat(db, "--agent", "examples.mailer:nothing_here", "-m", "hi")
+    out = chat(db, "--agent", "tapekit.testing.mailer:nothing_here", "-m", "hi")
     assert out.returncode == 2 and "has no attribute 'nothing_here'" in out.stderr
-    out = chat(db, "--agent", "examples.mailer:assistant", "--tape", "nope", "-m", "hi")
+    out = chat(db, "--agent", "tapekit.testing.mailer:assistant", "--tape", "nope", "-m", "hi")
     assert out.returncode == 2 and "no tape 'nope'" in out.stderr
-    first = chat(db, "--agent", "examples.mailer:assistant", "-m", "email a@b: x")
+    first = chat(db, "--agent", "tapekit.testing.mailer:assistant", "-m", "email a@b: x")
     assert first.returncode == 0
-    bad = chat(db, "--agent", "examples.mailer:assistant", "--tape", "waiting", "-d", "edit {not json")
+    bad = chat(db, "--agent", "tapekit.testing.mailer:assistant", "--tape", "waiting", "-d", "edit {not json")
     assert bad.returncode == 2 and "the arguments are not JSON" in bad.stderr
     data = json.loads(json.dumps({"ok": True}))
     assert data["ok"]

@@ -233,7 +233,7 @@ def test_errors_hangs_and_deaths_become_error_observations(http_url: str) -> Non
 
     results = asyncio.run(session())
     errors = [r.error for r in results]
-    assert errors[0] == "MCP server 'alpha', tool 'fail': Error executing tool fail: the disk is full"
+    assert errors[0] == "MCP server 'alpha', tool 'fail': the disk is full"
     assert errors[1] is not None and errors[1].startswith("MCP server 'alpha', tool 'add': ")
     assert "valid list" in errors[1]
     assert errors[2] == "MCP server 'alpha', tool 'hang': no answer within 1.5 s (timed out)"
@@ -244,6 +244,35 @@ def test_errors_hangs_and_deaths_become_error_observations(http_url: str) -> Non
     assert errors[6] is not None
     assert errors[6].startswith("MCP server 'alpha', tool 'add': the server is not available")
     assert results[7].error is None and results[7].content == "beta"  # the other server is fine
+
+
+def test_what_a_call_gives_back_is_what_the_guide_says() -> None:
+    """docs/mcp.md, "What a call gives back", against a real server started over stdio."""
+    json_text = '{"a": [1, 2]}'
+    tape = calls(
+        ("shout", {"text": json_text}),  # -> str: structured content {"result": ...}, unwrapped
+        ("echo", {"text": json_text}),  # text only: a JSON object is parsed
+        ("echo", {"text": "[1, 2]"}),
+        ("echo", {"text": "{not json}"}),  # ... and text that is not JSON stays text
+        ("add", {"numbers": [1, 2]}),  # a model: its structured content
+        ("pid", {}),  # -> int: {"result": n}, unwrapped
+        ("fail", {"message": "the disk is full"}),  # ToolError: its own message
+        ("crash", {}),  # any other exception: the SDK sends no details
+        ("add", {"numbers": "x"}),  # arguments that fail the schema
+    )
+    tools = ("shout", "echo", "add", "pid", "fail", "crash")
+    with MCPEnvironment([stdio("alpha", *tools)], timeout_s=20) as env:
+        results = [s for s in env.react(tape).steps if isinstance(s, ToolResult)]
+    assert [r.content for r in results[:4]] == ['{"A": [1, 2]}', {"a": [1, 2]}, [1, 2], "{not json}"]
+    assert results[4].content == {"total": 3, "terms": [1, 2]}
+    assert isinstance(results[5].content, int) and results[5].content > 0
+    assert all(r.error is None for r in results[:6])
+    assert [r.content for r in results[6:]] == [None, None, None]
+    assert results[6].error == "MCP server 'alpha', tool 'fail': the disk is full"
+    assert results[7].error == "MCP server 'alpha', tool 'crash': Error executing tool crash"
+    assert results[8].error is not None and results[8].error.startswith(
+        "MCP server 'alpha', tool 'add': 1 validation error for addArguments"
+    )
 
 
 def test_a_dying_server_does_not_stop_the_agent() -> None:

@@ -4,8 +4,10 @@ An :class:`LLMFunction` has an instruction, named input fields, named output fie
 text, a rationale, or a tool call) and demos. It renders a chat prompt (the instruction and the
 format as the system message, each demo as a user/assistant pair, then the inputs) and parses
 the LLM's answer, ``Prefix: value`` lines in the outputs' order, back into values.
-:meth:`LLMFunction.format_outputs` is the exact inverse of :meth:`LLMFunction.parse`, which is
-what training text and demos need.
+:meth:`LLMFunction.parse` reads back exactly what :meth:`LLMFunction.format_outputs` wrote,
+which is what training text, demos and ``reuse`` need: a line inside a value that would read as
+an output's prefix (``Answer: 3`` in the reasoning) is written with a backslash before the
+prefix (``\\Answer: 3``), and parse takes that backslash off again.
 
 An :class:`LLMFunctionNode` is an LLM function placed in an agent: it fills the inputs from the
 steps the agent sees (:class:`StepSource`, or a function), and turns the outputs into steps.
@@ -149,11 +151,29 @@ class LLMFunction(BaseModel):
         return "\n".join(f"{f.prefix}: {f.render(values[f.name])}" for f in self.inputs)
 
     def format_outputs(self, values: dict[str, Any]) -> str:
-        """The answer text that :meth:`parse` reads back as ``values``."""
+        """The answer text that :meth:`parse` reads back as ``values``.
+
+        Each value is written after its ``Prefix: `` (non-text values as JSON, surrounding
+        whitespace stripped, as :meth:`parse` strips it). A line inside a value that starts
+        (after spaces or tabs) with backslashes and an output's prefix and colon, in any case,
+        gets one more backslash before the prefix, so that it cannot be read as the start of
+        a field; :meth:`parse` removes it. ``parse(format_outputs(values)) == values`` for
+        every text value without surrounding whitespace.
+        """
         missing = [f.name for f in self.outputs if f.name not in values]
         if missing:
             raise LLMFunctionError(f"the LLM function has no value for output(s) {missing}")
-        return "\n".join(f"{f.prefix}: {_as_text(values[f.name]).strip()}" for f in self.outputs)
+        escape = self._escape_pattern()
+        return "\n".join(
+            f"{f.prefix}: {escape.sub(_ESCAPED, _as_text(values[f.name]).strip())}" for f in self.outputs
+        )
+
+    def _escape_pattern(self) -> re.Pattern[str]:
+        """A line break, then a line that reads as an output field's start once its leading
+        backslashes are taken off (groups: the break and indent; the backslashes, prefix and
+        colon)."""
+        prefixes = "|".join(re.escape(f.prefix) for f in sorted(self.outputs, key=lambda f: -len(f.prefix)))
+        return re.compile(rf"(\n[ \t]*)(\\*(?:{prefixes})[ \t]*:)", re.I)
 
     def render(self, values: dict[str, Any]) -> Prompt:
         """The prompt for these inputs: system message, each demo as a user/assistant pair,
@@ -169,8 +189,11 @@ class LLMFunction(BaseModel):
 
     def parse(self, text: str) -> dict[str, str]:
         """The output values in ``text``: each output's value runs from its ``Prefix:`` at the
-        start of a line to the next output's prefix. With a single output, text without the
-        prefix is taken whole. :class:`LLMFunctionError` names a missing field."""
+        start of a line (case and spaces around it do not matter) to the next output's prefix,
+        stripped. A line of a value written as ``\\Prefix:`` (an output's prefix after a
+        backslash, see :meth:`format_outputs`) is not a field's start; one backslash is taken
+        off it. With a single output, text without the prefix is taken whole.
+        :class:`LLMFunctionError` names a missing field."""
         starts: list[tuple[int, int, OutputField]] = []
         pos = 0
         for f in self.outputs:
@@ -181,10 +204,11 @@ class LLMFunction(BaseModel):
                 raise LLMFunctionError(f"the output has no {f.prefix!r} field (for output {f.name!r})")
             starts.append((m.start(), m.end(), f))
             pos = m.end()
+        unescape = self._escape_pattern()
         values: dict[str, str] = {}
         for i, (_, end, f) in enumerate(starts):
             stop = starts[i + 1][0] if i + 1 < len(starts) else len(text)
-            values[f.name] = text[end:stop].strip()
+            values[f.name] = unescape.sub(_unescaped, text[end:stop].strip())
         return values
 
 
@@ -332,6 +356,15 @@ def _flat(items: list[Any] | tuple[Any, ...]) -> Iterator[Any]:
             yield from _flat(item)
         else:
             yield item
+
+
+_ESCAPED = r"\1\\\2"  # the line's break and indent, one more backslash, the rest
+
+
+def _unescaped(m: re.Match[str]) -> str:
+    """The inverse of :data:`_ESCAPED`: one backslash less (a line without one stays as it is)."""
+    rest = m.group(2)
+    return m.group(1) + (rest[1:] if rest.startswith("\\") else rest)
 
 
 def _as_text(value: Any) -> str:

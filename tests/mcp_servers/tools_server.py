@@ -27,12 +27,12 @@ class Sum(BaseModel):
 
 
 def build(name: str, only: set[str] | None = None) -> MCPServer:
-    """The server: arithmetic, echo, failures, a hang and a crash on demand; ``only`` keeps
-    just the tools named in it."""
+    """The server: arithmetic, echo (structured and plain), failures (deliberate and not), a
+    hang and a crash of the process on demand; ``only`` keeps just the tools named in it."""
     server = MCPServer(name, log_level="WARNING")
 
-    def tool(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return server.tool()(fn) if only is None or fn.__name__ in only else fn
+    def tool(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+        return server.tool(**options)(fn) if only is None or fn.__name__ in only else fn
 
     @tool
     def add(numbers: list[int]) -> Sum:
@@ -48,6 +48,12 @@ def build(name: str, only: set[str] | None = None) -> MCPServer:
         """The text in capitals."""
         return text.upper()
 
+    def echo(text: str) -> str:
+        """The text as it is, sent as a text block only (no structured content)."""
+        return text
+
+    tool(echo, structured_output=False)
+
     @tool
     def whoami() -> str:
         """The name of this server."""
@@ -57,6 +63,11 @@ def build(name: str, only: set[str] | None = None) -> MCPServer:
     def fail(message: str) -> str:
         """Always fails with ``message`` (reported to the client as ``isError``)."""
         raise ToolError(message)
+
+    @tool
+    def crash() -> str:
+        """Fails with an unexpected exception (the SDK withholds its text from the client)."""
+        raise RuntimeError("a secret from the server's log")
 
     @tool
     async def hang(seconds: float = 3600.0) -> str:
