@@ -24,6 +24,7 @@ from tapekit.core import (
     Thought,
     ToolCallRequest,
 )
+from tapekit.llm.base import escape_lone_surrogates
 
 __all__ = [
     "AssistantStep",
@@ -92,12 +93,13 @@ def tool_calls_from_output(output: LLMOutput) -> list[ToolCall]:
     """The tool calls of an LLM output as :class:`ToolCall` steps.
 
     Arguments that are not a JSON object raise ``ValueError`` naming the tool, so the node can
-    turn it into an error step instead of acting on garbage.
+    turn it into an error step instead of acting on garbage. A lone surrogate the arguments
+    decode to is written as its escape (see :func:`~tapekit.llm.base.escape_lone_surrogates`).
     """
     calls = []
     for request in output.tool_calls or []:
         try:
-            arguments = json.loads(request.arguments or "{}")
+            arguments = escape_lone_surrogates(json.loads(request.arguments or "{}"))
         except json.JSONDecodeError as e:
             raise ValueError(f"tool call {request.name!r} has invalid JSON arguments: {e}") from e
         if not isinstance(arguments, dict):

@@ -19,7 +19,7 @@ from tapekit.agent import Agent, Node, node_run_steps
 from tapekit.core import LLMOutput, Prompt, SetNextNode, Step, Tape, Thought
 from tapekit.dialog import view_to_messages
 from tapekit.errors import TapekitError
-from tapekit.llm.base import LLMStream
+from tapekit.llm.base import LLMStream, escape_lone_surrogates
 
 __all__ = [
     "LLMOutputParsingFailure",
@@ -108,13 +108,17 @@ def parse_steps(text: str, step_classes: Sequence[type[Step]]) -> list[Step]:
 
 
 def _load_json(text: str) -> Any:
-    """``json.loads(text)``, every failure a :class:`StepParsingError` that says why."""
+    """``json.loads(text)``, every failure a :class:`StepParsingError` that says why.
+
+    A lone surrogate in the decoded strings (from an escape such as ``\\ud83d`` in the JSON
+    text) is written as that escape, as in all LLM output (see
+    :func:`~tapekit.llm.base.escape_lone_surrogates`): the steps can always be stored."""
     if not isinstance(text, str):
         raise StepParsingError(f"the output must be text, not {type(text).__name__}")
     if not text.strip():
         raise StepParsingError("the output is empty")
     try:
-        return json.loads(text)
+        return escape_lone_surrogates(json.loads(text))
     except json.JSONDecodeError as e:
         cut = e.pos >= len(text.rstrip()) - 1 or "Unterminated" in e.msg
         hint = " (it looks cut off: raise the LLM's max_tokens or lower max_steps)" if cut else ""
@@ -126,11 +130,12 @@ def _load_json(text: str) -> Any:
 
 
 def steps_or_failure(text: str, step_classes: Sequence[type[Step]]) -> list[Step]:
-    """Like :func:`parse_steps`, but a bad output gives ``[LLMOutputParsingFailure]``."""
+    """Like :func:`parse_steps`, but a bad output gives ``[LLMOutputParsingFailure]`` (its
+    ``raw`` text with lone surrogates escaped, as in all LLM output)."""
     try:
         return parse_steps(text, step_classes)
     except StepParsingError as e:
-        return [LLMOutputParsingFailure(error=str(e), raw=text)]
+        return [LLMOutputParsingFailure(error=str(e), raw=escape_lone_surrogates(text))]
 
 
 class StructuredNode(Node):

@@ -40,6 +40,8 @@ from tapekit import (
     StopStep,
     Tape,
     Thought,
+    ToolEnvironment,
+    UserStep,
     main_loop,
     unanswered_actions,
 )
@@ -47,6 +49,7 @@ from tapekit.batch import BatchResult, BatchStats, abatch, batch, batch_tags, ba
 from tapekit.cli import app
 from tapekit.llm.base import LLMEvent
 from tapekit.store import SQLiteStore
+from tests.test_store_llm_text import check_half_emoji_session, half_emoji_agent
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,7 +60,7 @@ class BTask(Observation):
     kind: Literal["batch_test.task"] = "batch_test.task"
     word: str
     n: int
-    fail: str = ""  # "agent", "env", "bug" or "flaky": where this tape fails
+    fail: str = ""  # "agent", "env", "bug", "flaky" or "surrogate": where this tape fails
 
 
 class BNote(Thought):
@@ -139,7 +142,8 @@ class BEnv(Environment):
             raise RuntimeError(f"the environment is down for {task.word}")
         if task.fail == "bug":
             return "not a tape"  # the loop itself then fails: an unexpected error
-        answers = [BDone(i=a.i, value=f"{task.word}:{a.i}") for a in unanswered_actions(tape)]  # type: ignore[attr-defined]
+        half = " \ud83d" if task.fail == "surrogate" else ""  # text the store refuses
+        answers = [BDone(i=a.i, value=f"{task.word}:{a.i}{half}") for a in unanswered_actions(tape)]  # type: ignore[attr-defined]
         return tape.with_new_steps(answers, author=self.name)
 
 
@@ -315,12 +319,10 @@ def test_one_failing_tape_never_stops_the_others() -> None:
 def test_a_tape_with_text_the_store_refuses_fails_alone_and_every_other_tape_is_stored(
     store: SQLiteStore,
 ) -> None:
-    def half_emoji(prompt: Prompt) -> str:  # the model answers task w2 with a lone surrogate
-        text = answer(prompt)
-        return text + " \ud83d" if " w2 " in prompt.messages[-1]["content"] else text
-
-    tapes = make_tapes(6)
-    results = batch(make_agent(FunctionLLM(fn=half_emoji)), BEnv(), tapes, store=store, name="s")
+    """Text from the caller's own code (here the environment's observation) that the store
+    cannot hold fails that tape alone (a model's output is escaped instead: see below)."""
+    tapes = make_tapes(6, {2: "surrogate"})
+    results = batch(make_agent(), BEnv(), tapes, store=store, name="s")
     errors = {r.index: r.error for r in results if r.error}
     assert set(errors) == {2} and "lone surrogate" in (errors[2] or "")
     _, done, failed = batch_tags("s")
@@ -330,6 +332,21 @@ def test_a_tape_with_text_the_store_refuses_fails_alone_and_every_other_tape_is_
     reference = sequential([t for i, t in enumerate(tapes) if i != 2])
     stored = [store.get_tape(batch_tape_id("s", f"task-{i}")) for i in (0, 1, 3, 4, 5)]
     assert [content(t) for t in stored] == [content(t) for t in reference]
+
+
+def test_a_model_answering_half_an_emoji_fails_no_tape_of_a_batch(store: SQLiteStore) -> None:
+    """A model whose text and JSON hold lone surrogates: every tape finishes and is stored,
+    with the escapes in its steps and its LLM calls."""
+    tapes = [Tape(steps=[UserStep(content=f"hi {i}")]).with_metadata(id=f"t{i}") for i in range(3)]
+    results = batch(half_emoji_agent(), ToolEnvironment(), tapes, store=store, name="h", max_concurrency=3)
+    assert [r.error for r in results] == [None] * 3
+    _, done, failed = batch_tags("h")
+    assert set(store.list_tapes(tag=done)) == {batch_tape_id("h", f"t{i}") for i in range(3)}
+    assert store.list_tapes(tag=failed) == []
+    for r in results:
+        stored = store.get_tape(r.tape_id)
+        assert [s.llm_dict() for s in stored.steps] == [s.llm_dict() for s in r.tape.steps]
+        check_half_emoji_session(store, stored)
 
 
 def test_bad_arguments_fail_at_the_call() -> None:

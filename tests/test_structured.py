@@ -8,7 +8,10 @@ from typing import Literal
 
 import pytest
 
-from tapekit import Action, Agent, FunctionLLM, Node, Tape, Thought, UserStep
+from tapekit import Action, Agent, FunctionLLM, Node, Tape, Thought, UserStep, replay_tape
+from tapekit.core import LLMOutput, Prompt, ToolCallRequest
+from tapekit.dialog import tool_calls_from_output
+from tapekit.llm.base import escape_lone_surrogates
 from tapekit.llm.llamacpp import LlamaCppLLM
 from tapekit.structured import (
     LLMOutputParsingFailure,
@@ -174,6 +177,51 @@ def test_structured_node_round_trips_into_training_text() -> None:
     assert texts[0].output_text.startswith("bad")
     rebuilt = json.loads(texts[1].output_text.removesuffix("<|end|>\n"))
     assert rebuilt == {"steps": [s.llm_dict() for s in tape.steps[3:]]}
+
+
+# ---------------------------------------------------------------------------- lone surrogates in LLM output
+
+
+def test_json_decoding_to_a_lone_surrogate_gives_steps_with_its_escape() -> None:
+    escaped = '{"steps": [{"kind": "structtest_search", "query": "half \\ud83d, whole \\ud83d\\ude00"}]}'
+    raw = '{"steps": [{"kind": "structtest_search", "query": "half \ud83d, whole \ud83d\ude00"}]}'
+    for text in (escaped, raw):  # a JSON escape, and raw code points (a pair split in two)
+        assert json.loads(text)["steps"][0]["query"].startswith("half \ud83d")  # json.loads accepts it
+        (step,) = parse_steps(text, CLASSES)
+        assert isinstance(step, Search) and step.query == "half \\ud83d, whole \U0001f600"
+        step.model_dump_json()  # valid Unicode: it serialises, so any store can hold it
+    (failure,) = steps_or_failure("prose \ud83d", CLASSES)
+    assert isinstance(failure, LLMOutputParsingFailure) and failure.raw == "prose \\ud83d"
+    assert "not JSON" in failure.error
+
+
+def test_every_llm_streams_valid_unicode_and_tool_call_arguments_decode_to_it() -> None:
+    def half_emoji(prompt: Prompt) -> LLMOutput:
+        arguments = '{"q": "raw \ud83d", "e\\udc00": "escaped \\ud83d"}'
+        return LLMOutput(
+            content="half \ud83d", tool_calls=[ToolCallRequest(id="c1", name="f", arguments=arguments)]
+        )
+
+    events = list(FunctionLLM(fn=half_emoji).stream(Prompt(messages=[])))
+    assert "".join(e.chunk for e in events if e.chunk) == "half \\ud83d"
+    output = events[-1].output
+    assert output is not None and output.content == "half \\ud83d"
+    assert output.tool_calls is not None
+    assert output.tool_calls[0].arguments == '{"q": "raw \\ud83d", "e\\udc00": "escaped \\ud83d"}'
+    (call,) = tool_calls_from_output(output)
+    assert call.arguments == {"q": "raw \\ud83d", "e\\udc00": "escaped \\ud83d"}
+    valid = "whole \U0001f600"
+    assert escape_lone_surrogates(valid) is valid and escape_lone_surrogates(3) == 3
+
+
+def test_a_tape_with_escaped_output_replays_and_makes_training_text() -> None:
+    answer = '{"steps": [{"kind": "structtest_reply", "message": "bye \\ud83d"}]}'
+    agent = Agent.create(name="a", llms=answers(answer), nodes=[StructuredNode(step_classes=CLASSES)])
+    tape = agent.run(Tape(steps=[UserStep(content="hi")])).get_final_tape()
+    assert tape.metadata.error is None and tape.steps[-1].message == "bye \\ud83d"  # type: ignore[attr-defined]
+    assert replay_tape(agent, tape).ok
+    (text,) = agent.make_training_text(tape)
+    assert "bye \\\\ud83d" in text.output_text  # the rebuilt JSON escapes the backslash
 
 
 @needs_local_model

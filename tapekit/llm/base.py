@@ -4,15 +4,20 @@ Nodes never call the LLM themselves. The agent sends the node's :class:`~tapekit
 the LLM, forwards text chunks as they arrive, and hands the node a completed
 :class:`LLMStream`. Because a node sees the finished stream, ``generate_steps`` is a pure
 function of (tape, LLM output): that is what makes replay and training text exact.
+
+LLM output is valid Unicode: :meth:`LLM.astream` escapes every lone surrogate in it (see
+:func:`escape_lone_surrogates`, which owns the rule), so a model's half emoji never stops a
+session that stores its tape.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,7 +35,80 @@ __all__ = [
     "TokenTrace",
     "TrainingText",
     "answer_text",
+    "escape_lone_surrogates",
 ]
+
+
+_M = TypeVar("_M", bound=BaseModel)
+_SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+
+
+def _joined_pair(match: re.Match[str]) -> str:
+    return match.group().encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+
+
+def escape_lone_surrogates(value: Any) -> Any:
+    """``value`` with every lone surrogate in its text written as its escape, ``"\\ud83d"``.
+
+    This is tapekit's one rule for text an LLM makes that is not valid Unicode. A lone
+    surrogate (``"\\ud83d"``: half of an emoji's UTF-16 pair, which ``json.loads`` accepts and a
+    backend can pass on) cannot be encoded as UTF-8, so no store, HTTP client or tokenizer can
+    take it. Wherever LLM output enters tapekit, each one becomes the six ASCII characters
+    ``\\ud83d`` (Python's ``backslashreplace``); a high and a low surrogate side by side are
+    joined into their character first. That happens in two places, both calling this function:
+
+    - :meth:`LLM.astream`, so every LLM's chunks, text and tool calls (the LLM-call record, the
+      text a plain node reads, the raw text a structured node parses) hold the escape;
+    - the JSON tapekit decodes from an output (a :class:`~tapekit.structured.StructuredNode`'s
+      steps, tool-call arguments), where an escape ``\\ud83d`` in the JSON text decodes to a
+      lone surrogate again: the decoded strings hold the six characters the model wrote.
+
+    The session goes on with the escape in place of the broken character (nothing is dropped,
+    and the escape shows where it was) instead of failing on a model's output. A node of your
+    own that decodes JSON from an output can pass what it decodes through this function too.
+    Text from your own code is not changed: the store refuses it (see docs/store.md).
+
+    ``value`` is a str (returned as the same object when there is nothing to escape), or a
+    dict or list (decoded JSON: rebuilt, keys included); anything else is returned as is.
+    """
+    if isinstance(value, str):
+        if value.isascii():  # O(1) in CPython: the common case
+            return value
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            joined = _SURROGATE_PAIR.sub(_joined_pair, value)
+            return joined.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {escape_lone_surrogates(k): escape_lone_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [escape_lone_surrogates(item) for item in value]
+    return value
+
+
+def _escaped_copy(model: _M, fields: tuple[str, ...]) -> _M:
+    """``model`` with its text ``fields`` escaped: the same object when nothing changed."""
+    update = {}
+    for name in fields:
+        value = getattr(model, name)
+        if isinstance(value, str) and (escaped := escape_lone_surrogates(value)) is not value:
+            update[name] = escaped
+    return model.model_copy(update=update) if update else model
+
+
+def _valid_event(event: LLMEvent) -> LLMEvent:
+    """``event`` with its chunk and output escaped: the same object when nothing changed."""
+    event = _escaped_copy(event, ("chunk",))
+    output = event.output
+    if output is None:
+        return event
+    escaped = _escaped_copy(output, ("role", "content"))
+    if output.tool_calls:
+        calls = [_escaped_copy(call, ("id", "name", "arguments")) for call in output.tool_calls]
+        if any(c is not c0 for c, c0 in zip(calls, output.tool_calls, strict=True)):
+            escaped = escaped.model_copy(update={"tool_calls": calls})
+    return event if escaped is output else event.model_copy(update={"output": escaped})
 
 
 class LLMError(TapekitError, RuntimeError):
@@ -161,12 +239,15 @@ class LLM(BaseModel, ABC):
         """Yield text chunks (optional), then exactly one event with the final output."""
 
     async def astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
-        """Stream the answer to ``prompt``; the last event carries the complete output."""
+        """Stream the answer to ``prompt``; the last event carries the complete output.
+
+        Every chunk and the output are valid Unicode: a lone surrogate the backend gives is
+        written as its escape (see :func:`escape_lone_surrogates`)."""
         got_output = False
         async for event in self._astream(prompt):
             if event.output is not None:
                 got_output = True
-            yield event
+            yield _valid_event(event)
         if not got_output:
             raise RuntimeError(f"{type(self).__name__} ended its stream without an output")
 

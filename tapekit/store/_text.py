@@ -8,7 +8,9 @@ The store keeps valid Unicode text only: a lone surrogate (``"\\ud83d"``, which 
 accepts and ``surrogateescape`` decoding produces) cannot be encoded as UTF-8, so neither SQLite
 nor PostgreSQL can store it; PostgreSQL also refuses the NUL character in a text column. JSON
 fields (a step's data, an LLM call's prompt and output) escape NUL, so only lone surrogates are
-refused there.
+refused there. Text an LLM made never reaches this refusal: tapekit escapes its lone surrogates
+where the output enters (:func:`tapekit.llm.base.escape_lone_surrogates` owns that rule), so
+what is refused here is text from the caller's own code.
 """
 
 from __future__ import annotations
