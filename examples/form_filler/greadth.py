@@ -49,8 +49,8 @@ from examples.form_filler.costs import Price, call_lookup, check_prices, turn_ca
 from examples.form_filler.greadth_labels import TurnLabels, label_turns, labelled_turns
 from examples.form_filler.greadth_rules import CRITERIA, SHORT_NAMES
 from examples.form_filler.judge import GreadthJudge, as_judge
-from tapekit._eval_report import Estimate, _bootstrap
 from tapekit.core import Tape
+from tapekit.evaluate import Estimate, bootstrap_mean
 from tapekit.llm.base import LLMCall
 
 __all__ = ["METRICS", "Agreement", "GreadthReport", "TurnLabels", "greadth_report", "label_turns"]
@@ -119,7 +119,7 @@ class GreadthReport(BaseModel):
         if key not in self._cache:
             turns = self._turns(agent, behavior)
             values = [float(t.greadth if metric == "greadth" else t.labels[metric]) for t in turns]
-            self._cache[key] = _bootstrap(values, self.n_bootstrap, self.confidence, self.seed)
+            self._cache[key] = bootstrap_mean(values, self.n_bootstrap, self.confidence, self.seed)
         return self._cache[key]
 
     def agreement(self, agent: str | None = None) -> dict[str, Agreement]:

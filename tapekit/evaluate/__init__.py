@@ -25,9 +25,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tapekit._eval_report import Estimate, EvalReport, SampleResult, Score, pass_at_k, pass_hat_k
 from tapekit._sync import run_sync
 from tapekit.core import StepSequence, Tape
+from tapekit.evaluate._report import EvalReport, SampleResult, Score, pass_at_k, pass_hat_k
+from tapekit.evaluate._stats import Estimate, bootstrap_mean, mcnemar_exact, paired_difference
 from tapekit.llm.base import LLMCall
 
 __all__ = [
@@ -40,8 +41,11 @@ __all__ = [
     "aevaluate",
     "aevaluate_iter",
     "arescore",
+    "bootstrap_mean",
     "eval_tags",
     "evaluate",
+    "mcnemar_exact",
+    "paired_difference",
     "pass_at_k",
     "pass_hat_k",
     "rescore",

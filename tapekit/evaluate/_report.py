@@ -1,5 +1,6 @@
 """The evaluation report: per-attempt records, pass@k / pass^k estimators, bootstrap intervals,
-a rich table and JSON. :mod:`tapekit.evaluate` fills it; nothing here runs an agent.
+a rich table and JSON. :mod:`tapekit.evaluate` fills it; nothing here runs an agent. The statistics are
+:mod:`tapekit.evaluate._stats` (exported by :mod:`tapekit.evaluate`).
 
 Estimators (per task with ``n`` attempts of which ``c`` passed, then averaged over tasks):
 
@@ -17,12 +18,13 @@ from __future__ import annotations
 
 import json
 import math
-import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from tapekit.evaluate._stats import Estimate, bootstrap_mean, paired_difference
 
 __all__ = ["Estimate", "EvalReport", "SampleResult", "Score", "pass_at_k", "pass_hat_k"]
 
@@ -65,23 +67,6 @@ class SampleResult(BaseModel):
         return self.prompt_tokens + self.output_tokens
 
 
-class Estimate(BaseModel):
-    """A metric's value with its bootstrap confidence interval ``[low, high]``."""
-
-    model_config = ConfigDict(frozen=True)
-
-    value: float
-    low: float
-    high: float
-
-    def __str__(self) -> str:
-        return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
-
-    def short(self) -> str:
-        """Two decimals: ``0.94 [0.81, 1.00]`` (what tables show)."""
-        return f"{self.value:.2f} [{self.low:.2f}, {self.high:.2f}]"
-
-
 def _check_nck(n: int, c: int, k: int) -> None:
     if not 0 <= c <= n:
         raise ValueError(f"passed count c={c} must be between 0 and n={n}")
@@ -101,22 +86,6 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     """Unbiased pass^k for one task (every one of k attempts passes): C(c, k) / C(n, k)."""
     _check_nck(n, c, k)
     return math.comb(c, k) / math.comb(n, k)
-
-
-def _bootstrap(values: Sequence[float], n_resamples: int, confidence: float, seed: int) -> Estimate:
-    """Mean of ``values`` with a seeded percentile-bootstrap interval (resampling the values)."""
-    if not values:
-        return Estimate(value=math.nan, low=math.nan, high=math.nan)
-    mean = sum(values) / len(values)
-    if len(values) == 1 or n_resamples == 0:
-        return Estimate(value=mean, low=mean, high=mean)
-    rng = random.Random(seed)
-    n = len(values)
-    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(n_resamples))
-    tail = (1.0 - confidence) / 2.0
-    low = means[min(n_resamples - 1, math.floor(tail * n_resamples))]
-    high = means[min(n_resamples - 1, math.ceil((1.0 - tail) * n_resamples) - 1)]
-    return Estimate(value=mean, low=min(low, mean), high=max(high, mean))
 
 
 class EvalReport(BaseModel):
@@ -197,7 +166,7 @@ class EvalReport(BaseModel):
         return [fn(group) for group in self.by_task().values()]
 
     def _estimate(self, values: list[float]) -> Estimate:
-        return _bootstrap(values, self.n_bootstrap, self.confidence, self.seed)
+        return bootstrap_mean(values, self.n_bootstrap, self.confidence, self.seed)
 
     def _counts(self, group: list[SampleResult], scorer: str) -> tuple[int, int]:
         return len(group), sum(s.scores[scorer].passed for s in group if scorer in s.scores)
@@ -225,6 +194,29 @@ class EvalReport(BaseModel):
     def pass_hat_k(self, scorer: str | None = None) -> Estimate:
         """pass^k for the report's own k."""
         return self.pass_hat(self.k, scorer)
+
+    def compare(self, other: EvalReport, scorer: str | None = None, by_category: bool = True) -> Estimate:
+        """This report's pass@1 minus ``other``'s, paired by task, with a bootstrap interval.
+
+        Both reports must hold the same task ids (two systems on one task set). The bootstrap
+        resamples tasks within each category when ``by_category`` (a task-stratified bootstrap,
+        see :func:`~tapekit.evaluate.paired_difference`). A difference whose interval holds 0 is
+        no win (:meth:`Estimate.excludes_zero`).
+        """
+        name = self._scorer(scorer)
+        mine, theirs = self.by_task(), other.by_task()
+        if set(mine) != set(theirs):
+            only_here = sorted(set(mine) - set(theirs))[:5]
+            only_there = sorted(set(theirs) - set(mine))[:5]
+            raise ValueError(
+                f"compare needs the same tasks in both reports; only in this one: {only_here}, "
+                f"only in the other: {only_there}"
+            )
+        order = sorted(mine)
+        a = [pass_at_k(*self._counts(mine[t], name), 1) for t in order]
+        b = [pass_at_k(*other._counts(theirs[t], other._scorer(scorer)), 1) for t in order]
+        strata = [mine[t][0].category for t in order] if by_category else None
+        return paired_difference(a, b, strata, self.n_bootstrap, self.confidence, self.seed)
 
     def mean_score(self, scorer: str | None = None) -> Estimate:
         """Mean score value (per task, then over tasks), with its CI."""
