@@ -22,20 +22,20 @@ def _main() -> None:
     """tapekit: tapes, agents, batches and the Studio."""
 
 
-from tapekit._batch_cli import batch_command  # noqa: E402  (typer only; the rest loads when it runs)
+from tapekit._cli.batch import batch_command  # noqa: E402  (typer only; the rest loads when it runs)
 
 app.command("batch")(batch_command)
 
-from tapekit._cli_chat import chat_command  # noqa: E402
-from tapekit._cli_io import export_command, import_app  # noqa: E402
-from tapekit._cli_run import replay_command, run_command  # noqa: E402
+from tapekit._cli.chat import chat_command  # noqa: E402
+from tapekit._cli.io import export_command, import_app  # noqa: E402
+from tapekit._cli.run import replay_command, run_command  # noqa: E402
 
 app.command("run")(run_command)
 app.command("replay")(replay_command)
 app.command("chat")(chat_command)
 app.command("export")(export_command)
 app.add_typer(import_app, name="import")
-from tapekit.training._cli import train_app  # noqa: E402  (typer only; trainers load when run)
+from tapekit._cli.train import train_app  # noqa: E402  (typer only; trainers load when run)
 
 app.add_typer(train_app, name="train")
 
@@ -59,10 +59,9 @@ def studio_command(
     ),
 ) -> None:
     """Browse, diff, edit and resume the tapes of a store in your browser (the Studio)."""
-    import os
-    import sys
+    from tapekit._cli.common import project_on_path
 
-    sys.path.insert(0, os.getcwd())  # so that --agent finds the project's own modules
+    project_on_path()  # so that --agent finds the project's own modules
     try:
         from tapekit.studio import serve
     except ImportError as e:

@@ -14,7 +14,7 @@ from tapekit.core import Tape
 from tapekit.environment import Environment
 
 if TYPE_CHECKING:
-    from tapekit._batch_results import BatchStats
+    from tapekit.batch._results import BatchStats
 
 __all__ = ["DEFAULT_CONCURRENCY", "BatchConfig", "BatchOptions", "LLMConcurrency", "check_inputs"]
 

@@ -120,6 +120,7 @@ def dpo_command(
 
 def _rl(config_file: Path | None, overrides: dict[str, Any]) -> None:
     try:
+        from tapekit._cli.common import project_on_path
         from tapekit._loading import load_object
         from tapekit.training._common import TrainingError
         from tapekit.training.config import load_config
@@ -130,6 +131,7 @@ def _rl(config_file: Path | None, overrides: dict[str, Any]) -> None:
             raise TrainingError(
                 "tapekit train rl needs `setup` (module:attr) and `model` (a model directory)"
             )
+        project_on_path()
         setup = load_object(config.setup)()
         if not isinstance(setup, RLSetup):
             raise TrainingError(f"setup {config.setup!r} must return an RLSetup, got {type(setup).__name__}")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tapekit._cli_common import CliError, fail, load_target, pick_tape, read_tape_file
+from tapekit._cli.common import CliError, fail, load_target, pick_tape, read_tape_file
 
 if TYPE_CHECKING:
     from tapekit.core import Tape
@@ -51,7 +51,7 @@ def run_command(
 
     $ tapekit run tapekit.testing.analyst:team "Tell me about Vulcan in 3 sentences"
 
-    $ tapekit run tapekit.testing.analyst:team "Tell me about Acme in 3 sentences" --db demo.db --out acme.json
+    $ tapekit run tapekit.testing.analyst:team "Tell me about Acme" --db demo.db --out acme.json
 
     $ tapekit run tapekit.testing.analyst:team --tape acme.json --json
     """
@@ -127,7 +127,7 @@ def replay_command(
 
     Examples:
 
-    $ tapekit run tapekit.testing.analyst:team "Tell me about Vulcan in 3 sentences" --db demo.db --out vulcan.json
+    $ tapekit run tapekit.testing.analyst:team "Tell me about Vulcan" --db demo.db --out vulcan.json
 
     $ tapekit replay tapekit.testing.analyst:team latest --db demo.db
 

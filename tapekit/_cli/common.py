@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from tapekit.environment import Environment
     from tapekit.store import TapeStore
 
-__all__ = ["CliError", "fail", "load_target", "pick_tape", "read_tape_file"]
+__all__ = ["CliError", "fail", "load_target", "pick_tape", "project_on_path", "read_tape_file"]
 
 
 class CliError(TapekitError):
@@ -32,6 +32,15 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def project_on_path() -> None:
+    """Put the working folder first on ``sys.path`` (once), so that a ``module:attr`` target
+    names the project's own modules as ``python -m`` would. Every command that loads user code
+    calls this, and nothing else changes ``sys.path``."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def load_target(target: str) -> tuple[Agent, Environment | None]:
     """The agent (and environment, if the target gives one) that ``module:attr`` names: an
     Agent, an ``(agent, environment)`` pair, or a function returning either."""
@@ -39,8 +48,7 @@ def load_target(target: str) -> tuple[Agent, Environment | None]:
     from tapekit.agent import Agent
     from tapekit.environment import Environment
 
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # so that targets find the project's own modules
+    project_on_path()
     try:
         obj: Any = load_object(target)
     except ValueError as e:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tapekit._cli_common import CliError, fail, load_target, pick_tape
+from tapekit._cli.common import CliError, fail, load_target, pick_tape
 
 if TYPE_CHECKING:
     from tapekit.core import Step, Tape

@@ -105,14 +105,12 @@ def batch_command(
 
     Exit code: 0 if every tape finished without error, 1 if any failed, 130 if interrupted.
     """
-    import os
-    import sys
-
     from rich.console import Console
 
+    from tapekit._cli.common import project_on_path
+
     console = Console(stderr=True)
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # TARGET may be the project's own module, as in `tapekit studio`
+    project_on_path()  # TARGET may be the project's own module
     try:
         from tapekit.batch import BatchOptions, BatchStats, load_factory, load_object
         from tapekit.core import Tape

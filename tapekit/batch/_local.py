@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import PrivateAttr, SerializeAsAny
 
-from tapekit._batch_config import BatchConfig, LLMConcurrency, team
-from tapekit._batch_results import BatchResult, BatchStats, batch_tags, batch_tape_id
 from tapekit.agent import Agent
+from tapekit.batch._config import BatchConfig, LLMConcurrency, team
+from tapekit.batch._results import BatchResult, BatchStats, batch_tags, batch_tape_id
 from tapekit.core import LLMOutput, Prompt, Tape
 from tapekit.environment import Environment
 from tapekit.llm.base import LLM, LLMEvent, TrainingText

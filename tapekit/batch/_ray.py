@@ -29,11 +29,11 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from typing import Any
 
-from tapekit._batch_config import BatchConfig
-from tapekit._batch_local import alocal
-from tapekit._batch_results import BatchResult, BatchStats, batch_tape_id
 from tapekit._loading import load_factory
 from tapekit.agent import Agent
+from tapekit.batch._config import BatchConfig
+from tapekit.batch._local import alocal
+from tapekit.batch._results import BatchResult, BatchStats, batch_tape_id
 from tapekit.core import Tape
 from tapekit.environment import Environment
 

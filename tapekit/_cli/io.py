@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from tapekit._cli_common import CliError, fail, pick_tape
+from tapekit._cli.common import CliError, fail, pick_tape
 
 __all__ = ["export_command", "import_app"]
 

@@ -10,7 +10,7 @@ crash or ``kill -9`` loses nothing that was committed and never runs a finished 
 
 A failure of one tape (the agent, the environment, or anything unexpected) is recorded in that
 tape's ``metadata.error`` and never stops the others. ``backend="ray"`` spreads the tapes over
-a Ray cluster (see :mod:`tapekit._batch_ray`).
+a Ray cluster (see :mod:`tapekit.batch._ray`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import replace
 from typing import Any, Unpack
 
-from tapekit._batch_config import DEFAULT_CONCURRENCY, BatchConfig, BatchOptions, check_inputs
-from tapekit._batch_local import alocal
-from tapekit._batch_results import BatchResult, BatchStats, batch_tags, batch_tape_id
 from tapekit._loading import load_factory, load_object
 from tapekit._sync import run_sync
 from tapekit.agent import Agent
+from tapekit.batch._config import DEFAULT_CONCURRENCY, BatchConfig, BatchOptions, check_inputs
+from tapekit.batch._local import alocal
+from tapekit.batch._results import BatchResult, BatchStats, batch_tags, batch_tape_id
 from tapekit.core import Tape
 from tapekit.environment import Environment
 
@@ -81,7 +81,7 @@ def abatch(
     config = replace(config, stats=stats)
     indexed = list(enumerate(items))
     if config.backend == "ray":
-        from tapekit._batch_ray import aray_batch
+        from tapekit.batch._ray import aray_batch
 
         results = aray_batch(agent, environment, indexed, config)
     else:
