@@ -76,7 +76,7 @@ from tapekit.store import TapeInfo, TapeNotFoundError, TapeStore, open_store
 from tapekit.structured import LLMOutputParsingFailure, StructuredNode, parse_steps, steps_schema
 from tapekit.views import TapeView, TapeViewStack, cached_fold
 
-__version__ = "0.1.0"
+from tapekit._version import __version__  # noqa: E402
 
 # names loaded from their module on first access, so that `import tapekit` stays light: the LLM
 # backends (tapekit.llm) and the low-code frameworks (tapekit.frameworks)

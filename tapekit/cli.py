@@ -1,5 +1,7 @@
-"""The ``tapekit`` command line: ``tapekit studio`` (browse, diff, edit and resume tapes) and
-``tapekit batch`` (run an agent over many tapes with a progress bar).
+"""The ``tapekit`` command line: run, replay, chat, batch, train, import, export and the Studio.
+
+The commands live in the private :mod:`tapekit._cli` package; this module assembles the typer
+app (``python -m tapekit.cli`` works as ``tapekit``).
 
 Each command imports its heavy parts (web stack, Ray) only when it runs, so ``tapekit --help``
 stays fast and the core install stays small.

@@ -105,7 +105,7 @@ def to_readable(
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-    from tapekit import __version__
+    from tapekit._version import __version__
 
     resource = resource or Resource.create({"service.name": "tapekit"})
     scope = InstrumentationScope("tapekit", __version__, SCHEMA_URL)

@@ -21,15 +21,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from tapekit import (
-    Agent,
-    AssistantStep,
-    AssistantThought,
+from tapekit.agent import Agent, Node, node_run_steps
+from tapekit.core import (
     Call,
-    FunctionLLM,
     LLMOutput,
-    LLMStream,
-    Node,
     PartialStep,
     Prompt,
     Respond,
@@ -37,17 +32,21 @@ from tapekit import (
     Step,
     StepMetadata,
     Tape,
-    ToolCall,
     ToolCallRequest,
-    ToolEnvironment,
+)
+from tapekit.dialog import (
+    AssistantStep,
+    AssistantThought,
+    ToolCall,
     ToolResult,
     UserStep,
-    main_loop,
-    node_run_steps,
     tool_calls_from_output,
     view_to_messages,
 )
+from tapekit.environment import ToolEnvironment
+from tapekit.llm import FunctionLLM, LLMStream
 from tapekit.llm.base import LLMEvent
+from tapekit.orchestrator import main_loop
 
 TODAY = "2024-09-17"
 CORPUS: list[dict[str, str]] = json.loads((Path(__file__).parent / "data" / "corpus.json").read_text())

@@ -17,22 +17,11 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from tapekit import (
-    Agent,
-    AssistantStep,
-    FunctionLLM,
-    LLMOutput,
-    LLMStream,
-    Node,
-    Prompt,
-    SetNextNode,
-    Step,
-    Tape,
-    ToolCallRequest,
-    tool_calls_from_output,
-    view_to_messages,
-)
+from tapekit.agent import Agent, Node
+from tapekit.core import LLMOutput, Prompt, SetNextNode, Step, Tape, ToolCallRequest
+from tapekit.dialog import AssistantStep, tool_calls_from_output, view_to_messages
 from tapekit.human import ApprovalEnvironment, approval_required
+from tapekit.llm import FunctionLLM, LLMStream
 
 OUTBOX: list[dict[str, str]] = []  # what send_email sent, in this process
 

@@ -17,27 +17,12 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from tapekit import (
-    Agent,
-    AssistantStep,
-    Call,
-    Fork,
-    FunctionLLM,
-    LLMOutput,
-    LLMStream,
-    Node,
-    Prompt,
-    Respond,
-    SetNextNode,
-    Step,
-    Tape,
-    ToolCall,
-    ToolEnvironment,
-    ToolResult,
-    UserStep,
-    async_main_loop,
-    node_run_steps,
-)
+from tapekit.agent import Agent, Node, node_run_steps
+from tapekit.core import Call, Fork, LLMOutput, Prompt, Respond, SetNextNode, Step, Tape
+from tapekit.dialog import AssistantStep, ToolCall, ToolResult, UserStep
+from tapekit.environment import ToolEnvironment
+from tapekit.llm import FunctionLLM, LLMStream
+from tapekit.orchestrator import async_main_loop
 
 FACTS = {
     "vulcan materials products": "Vulcan Materials is the largest US producer of crushed stone and gravel.",

@@ -22,10 +22,13 @@ def test_readme_starts_with_the_two_commands() -> None:
     )
     test_command = (
         'pip install -e ".[dev]" && bash scripts/install-system.sh && bash scripts/install-local.sh && pytest'
-        " && mypy tapekit"
+        " && mypy tapekit && lint-imports"
     )
-    assert block[1].startswith(test_command)
-    assert (ROOT / ".ci" / "run").read_text().strip().endswith(test_command)
+    assert block[1] == test_command + "   # run the tests"
+    ci = (ROOT / ".ci" / "run").read_text()
+    # CI runs the README's own line, in a fresh venv outside the checkout
+    assert "grep -m1 -E '# run the tests$' README.md" in ci and '-m venv "$venv_root/venv"' in ci
+    assert 'bash -c "$readme_test"' in ci
 
 
 def test_readme_python_snippet_runs(capsys: object) -> None:
