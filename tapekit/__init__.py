@@ -4,7 +4,7 @@ The tape is a typed, granular log of an agent session that is also its resumable
 Everything a user needs is re-exported here; submodules hold the implementation.
 """
 
-import tapekit.migrate.steps  # noqa: F401  (registers the generic step kinds of imported tapes)
+from tapekit._version import __version__ as __version__
 from tapekit.agent import (
     Agent,
     AgentError,
@@ -75,8 +75,6 @@ from tapekit.orchestrator import (
 from tapekit.store import TapeInfo, TapeNotFoundError, TapeStore, open_store
 from tapekit.structured import LLMOutputParsingFailure, StructuredNode, parse_steps, steps_schema
 from tapekit.views import TapeView, TapeViewStack, cached_fold
-
-from tapekit._version import __version__  # noqa: E402
 
 # names loaded from their module on first access, so that `import tapekit` stays light: the LLM
 # backends (tapekit.llm) and the low-code frameworks (tapekit.frameworks)

@@ -25,6 +25,9 @@ __all__ = [
     "Call",
     "ControlStep",
     "Fork",
+    "GenericAction",
+    "GenericObservation",
+    "GenericThought",
     "LLMOutput",
     "Observation",
     "PartialStep",
@@ -204,6 +207,40 @@ class StopStep(ControlStep):
 
     kind: Literal["stop"] = "stop"
     reason: str = ""
+
+
+# --------------------------------------------------------------------------- generic steps
+
+
+class GenericThought(Thought):
+    """A step of a kind tapekit has no class for, made by an agent, kept as it is.
+
+    Imported tapes carry the step kinds of the system that made them (see :mod:`tapekit.migrate`);
+    a kind with no tapekit class becomes a generic step, so nothing is dropped and the tape
+    loads in any process without the original step classes. ``original_kind`` is the step's
+    own kind and ``fields`` its data fields (everything but ``metadata`` and ``kind``), in
+    their original order.
+    """
+
+    kind: Literal["generic_thought"] = "generic_thought"
+    original_kind: str
+    fields: dict[str, Any] = {}
+
+
+class GenericAction(Action):
+    """Like :class:`GenericThought`, for agent steps whose kind names an action (``*_action``)."""
+
+    kind: Literal["generic_action"] = "generic_action"
+    original_kind: str
+    fields: dict[str, Any] = {}
+
+
+class GenericObservation(Observation):
+    """Like :class:`GenericThought`, for steps the environment made (no agent, node or prompt)."""
+
+    kind: Literal["generic_observation"] = "generic_observation"
+    original_kind: str
+    fields: dict[str, Any] = {}
 
 
 class PartialStep(BaseModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import subprocess
 import sys
 
@@ -37,6 +38,18 @@ def test_import_pulls_no_heavy_dependencies() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_import_does_not_load_the_migration_tool_and_generic_steps_still_load() -> None:
+    step = {"kind": "generic_action", "original_kind": "x_action", "fields": {"a": 1}}
+    code = (
+        "import json, sys, tapekit\n"
+        f"tape = tapekit.Tape.model_validate({{'steps': [{step!r}]}})\n"
+        "migrate = sorted(m for m in sys.modules if m.startswith('tapekit.migrate'))\n"
+        "print(json.dumps([type(tape.steps[0]).__module__, migrate]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == ["tapekit.core", []]
 
 
 # The public names of `tapekit`, pinned: adding or removing one is an API change. To export a new

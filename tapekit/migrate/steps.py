@@ -3,22 +3,33 @@
 Dialog kinds map to tapekit's own classes (``user`` → :class:`~tapekit.dialog.UserStep`, a
 ``ToolCalls`` ``assistant`` step → one :class:`~tapekit.dialog.ToolCall` per call, ``tool`` →
 :class:`~tapekit.dialog.ToolResult`, ``call``/``respond``/``set_next_node`` → the control steps,
-...). Any other kind (a user's own step class) becomes a generic step that keeps its kind and all
-its fields, so nothing is dropped. What a tapekit class has no field for (the reference's ``llm``
-key, ``copy_output``, the raw tool-call arguments) is kept under ``metadata.other["tapeagents"]``,
-which is how :func:`to_reference_steps` gives back the original step dicts exactly.
+...). Any other kind (a user's own step class) becomes a generic step of :mod:`tapekit.core`
+(:class:`~tapekit.core.GenericThought`, :class:`~tapekit.core.GenericAction` or
+:class:`~tapekit.core.GenericObservation`) that keeps its kind and all its fields, so nothing is
+dropped. What a tapekit class has no field for (the reference's ``llm`` key, ``copy_output``,
+the raw tool-call arguments) is kept under ``metadata.other["tapeagents"]``, which is how
+:func:`to_reference_steps` gives back the original step dicts exactly.
 
-This module only needs pydantic; ``import tapekit`` imports it so that stored imported tapes
-load anywhere.
+The generic step classes live in :mod:`tapekit.core` (re-exported here), so stored imported
+tapes load in any process that imports tapekit, without importing this module.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from typing import Any
 
-from tapekit.core import Action, Call, Observation, Respond, SetNextNode, Step, StepMetadata, Thought
+from tapekit.core import (
+    Call,
+    GenericAction,
+    GenericObservation,
+    GenericThought,
+    Respond,
+    SetNextNode,
+    Step,
+    StepMetadata,
+)
 from tapekit.dialog import AssistantStep, AssistantThought, SystemStep, ToolCall, ToolResult, UserStep
 from tapekit.errors import TapekitError
 
@@ -37,34 +48,6 @@ _META_KEYS = ("id", "prompt_id", "node", "agent", "llm", "other")
 
 class ReferenceFormatError(TapekitError, ValueError):
     """Reference data that cannot be read: the message names the file, the tape and the step."""
-
-
-class GenericThought(Thought):
-    """A reference step of a kind tapekit has no class for, made by an agent (kept as is).
-
-    ``original_kind`` is its kind in the reference package and ``fields`` its data fields
-    (everything but ``metadata`` and ``kind``), in their original order.
-    """
-
-    kind: Literal["generic_thought"] = "generic_thought"
-    original_kind: str
-    fields: dict[str, Any] = {}
-
-
-class GenericAction(Action):
-    """Like :class:`GenericThought`, for agent steps whose kind names an action (``*_action``)."""
-
-    kind: Literal["generic_action"] = "generic_action"
-    original_kind: str
-    fields: dict[str, Any] = {}
-
-
-class GenericObservation(Observation):
-    """Like :class:`GenericThought`, for steps the environment made (no agent, node or prompt)."""
-
-    kind: Literal["generic_observation"] = "generic_observation"
-    original_kind: str
-    fields: dict[str, Any] = {}
 
 
 Generic = GenericThought | GenericAction | GenericObservation
