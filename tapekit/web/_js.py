@@ -1,0 +1,81 @@
+"""The JavaScript the browser environment runs in its pages (tapekit's own; no BrowserGym code).
+
+- :data:`TIMER_TRACKER` (an init script, run before the page's own scripts) keeps count of the
+  page's pending short ``setTimeout`` callbacks, so the environment can wait until a page has
+  settled instead of sleeping a fixed time after every action.
+- :data:`SETTLE_AND_MARK` waits for that (bounded), then gives every element of a standard HTML
+  tag a ``bid`` attribute, numbering them in document order with a per-page counter, so bids stay
+  stable across steps and equal BrowserGym's for the same page.
+"""
+
+from __future__ import annotations
+
+__all__ = ["HTML_TAGS", "SETTLE_AND_MARK", "TIMER_TRACKER"]
+
+# The standard HTML elements (https://html.spec.whatwg.org/ plus legacy ones): only these get a
+# bid, which keeps SVG internals and custom elements out, as BrowserGym's "standard_html" does.
+HTML_TAGS = (
+    "a abbr acronym address applet area article aside audio b base basefont bdi bdo big blockquote "
+    "body br button canvas caption center cite code col colgroup data datalist dd del details dfn "
+    "dialog dir div dl dt em embed fieldset figcaption figure font footer form frame frameset h1 h2 "
+    "h3 h4 h5 h6 head header hgroup hr html i iframe img input ins kbd label legend li link main map "
+    "mark menu meta meter nav noframes noscript object ol optgroup option output p param picture pre "
+    "progress q rp rt ruby s samp script search section select small source span strike strong style "
+    "sub summary sup svg table tbody td template textarea tfoot th thead time title tr track tt u ul "
+    "var video wbr"
+)
+
+# Short timeouts (<= 1 s) are what a page uses to update itself after an event (an autocomplete's
+# search delay, a menu's fade); longer ones are task clocks, and intervals are never "pending".
+TIMER_TRACKER = r"""
+(() => {
+  if (window.__tk_timers) return;
+  const pending = new Set();
+  const setT = window.setTimeout.bind(window);
+  const clearT = window.clearTimeout.bind(window);
+  Object.defineProperty(window, '__tk_timers', {value: pending});
+  Object.defineProperty(window, '__tk_setTimeout', {value: setT});
+  window.setTimeout = function (fn, delay, ...args) {
+    const ms = Number(delay) || 0;
+    if (typeof fn !== 'function' || ms > 1000) return setT(fn, delay, ...args);
+    const id = setT(function () { pending.delete(id); return fn.apply(this, arguments); }, delay, ...args);
+    pending.add(id);
+    return id;
+  };
+  window.clearTimeout = function (id) { pending.delete(id); return clearT(id); };
+})();
+"""
+
+SETTLE_AND_MARK = r"""
+async ([maxMs, tagList]) => {
+  const t0 = performance.now();
+  const sleep = (ms) => new Promise((r) => (window.__tk_setTimeout || setTimeout)(r, ms));
+  const frame = () => new Promise((r) => requestAnimationFrame(() => r()));
+  const busy = () => {
+    if (window.__tk_timers && window.__tk_timers.size > 0) return true;
+    if (window.jQuery && window.jQuery.timers && window.jQuery.timers.length > 0) return true;
+    const running = (a) => a.playState === 'running';
+    if (document.getAnimations && document.getAnimations().some(running)) return true;
+    return false;
+  };
+  await Promise.race([frame(), sleep(50)]);
+  while (busy() && performance.now() - t0 < maxMs) {
+    await sleep(10);
+  }
+  const settled = !busy();
+  const waited = performance.now() - t0;
+  if (!window.__tk_tags) window.__tk_tags = new Set(tagList.split(' '));
+  if (window.__tk_next_bid === undefined) window.__tk_next_bid = 0;
+  const seen = new Set();
+  for (const el of document.querySelectorAll('*')) {
+    if (!window.__tk_tags.has(el.tagName.toLowerCase())) continue;
+    let bid = el.getAttribute('bid');
+    if (bid === null || seen.has(bid)) {  // new, or a copy of a marked element
+      bid = String(window.__tk_next_bid++);
+      el.setAttribute('bid', bid);
+    }
+    seen.add(bid);
+  }
+  return {url: location.href, title: document.title, settled: settled, waited_ms: waited};
+}
+"""

@@ -1,0 +1,259 @@
+"""The steps of a web session: BrowserGym's action vocabulary as typed tapekit actions, the
+observation the browser environment answers with, and a parser for BrowserGym's call syntax.
+
+Every action has :meth:`WebAction.call`, the action as BrowserGym writes it (``click('12')``,
+``fill('7', "Ana")``), and :func:`parse_action` reads that text back, so an LLM agent can
+answer in the call syntax and a tape can be replayed in stock BrowserGym. Kinds are prefixed
+``web_`` to stay apart from other libraries' steps.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from tapekit.core import Action, Observation, Thought
+
+__all__ = [
+    "ACTION_CLASSES",
+    "Click",
+    "Fill",
+    "GoBack",
+    "Hover",
+    "Noop",
+    "OpenTask",
+    "Press",
+    "Scroll",
+    "SelectOption",
+    "SendMsgToUser",
+    "WebAction",
+    "WebObservation",
+    "WebThought",
+    "parse_action",
+]
+
+
+def _lit(value: Any) -> str:
+    """A Python literal as BrowserGym's call text writes it (strings double-quoted, JSON-escaped)."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_lit(v) for v in value) + "]"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return repr(value)
+
+
+class WebAction(Action):
+    """An action the browser environment performs on the episode's page.
+
+    Subclasses name BrowserGym's function in ``function`` and list its arguments, in order, in
+    ``arguments``; :meth:`call` writes the action as BrowserGym's call text.
+    """
+
+    function: ClassVar[str] = ""
+    arguments: ClassVar[tuple[str, ...]] = ()
+
+    def call(self) -> str:
+        """The action in BrowserGym's syntax, e.g. ``click("12")`` or ``fill("7", "Ana")``."""
+        args = ", ".join(_lit(getattr(self, name)) for name in self.arguments)
+        return f"{self.function}({args})"
+
+
+class Click(WebAction):
+    """Click the element with browser id ``bid`` (its center, with Playwright's checks)."""
+
+    kind: Literal["web_click"] = "web_click"
+    function: ClassVar[str] = "click"
+    arguments: ClassVar[tuple[str, ...]] = ("bid",)
+    bid: str
+
+
+class Fill(WebAction):
+    """Replace the text of the input, textarea or contenteditable element ``bid`` with ``text``."""
+
+    kind: Literal["web_fill"] = "web_fill"
+    function: ClassVar[str] = "fill"
+    arguments: ClassVar[tuple[str, ...]] = ("bid", "text")
+    bid: str
+    text: str
+
+
+class SelectOption(WebAction):
+    """Select one or several options (by value or label) of the ``<select>`` element ``bid``."""
+
+    kind: Literal["web_select_option"] = "web_select_option"
+    function: ClassVar[str] = "select_option"
+    arguments: ClassVar[tuple[str, ...]] = ("bid", "options")
+    bid: str
+    options: str | list[str]
+
+
+class Press(WebAction):
+    """Focus element ``bid`` and press a key combination (``Enter``, ``Control+a``, ``a``)."""
+
+    kind: Literal["web_press"] = "web_press"
+    function: ClassVar[str] = "press"
+    arguments: ClassVar[tuple[str, ...]] = ("bid", "key_comb")
+    bid: str
+    key_comb: str
+
+
+class Hover(WebAction):
+    """Move the mouse over element ``bid``."""
+
+    kind: Literal["web_hover"] = "web_hover"
+    function: ClassVar[str] = "hover"
+    arguments: ClassVar[tuple[str, ...]] = ("bid",)
+    bid: str
+
+
+class Scroll(WebAction):
+    """Scroll by ``dx``, ``dy`` pixels (a mouse wheel event; positive is right and down)."""
+
+    kind: Literal["web_scroll"] = "web_scroll"
+    function: ClassVar[str] = "scroll"
+    arguments: ClassVar[tuple[str, ...]] = ("dx", "dy")
+    dx: float
+    dy: float
+
+
+class GoBack(WebAction):
+    """Go back in the page's history."""
+
+    kind: Literal["web_go_back"] = "web_go_back"
+    function: ClassVar[str] = "go_back"
+
+
+class Noop(WebAction):
+    """Do nothing for ``wait_ms`` milliseconds (let an animation or a timer finish)."""
+
+    kind: Literal["web_noop"] = "web_noop"
+    function: ClassVar[str] = "noop"
+    arguments: ClassVar[tuple[str, ...]] = ("wait_ms",)
+    wait_ms: float = 1000
+
+
+class SendMsgToUser(WebAction):
+    """The agent's final answer: it ends the episode, which keeps the reward it has."""
+
+    kind: Literal["web_send_msg_to_user"] = "web_send_msg_to_user"
+    function: ClassVar[str] = "send_msg_to_user"
+    arguments: ClassVar[tuple[str, ...]] = ("text",)
+    text: str
+
+
+class OpenTask(Action):
+    """Start an episode of ``task`` with ``seed``: the environment opens a fresh page and answers
+    with the first :class:`WebObservation`. ``max_steps`` overrides the task's step limit.
+
+    A start tape holds this one action, so it is plain data: making it needs no browser.
+    """
+
+    kind: Literal["web_open_task"] = "web_open_task"
+    task: str
+    seed: int
+    max_steps: int | None = None
+
+
+class WebThought(Thought):
+    """A one-line rationale the agent writes before its action."""
+
+    kind: Literal["web_thought"] = "web_thought"
+    text: str
+
+
+class WebObservation(Observation):
+    """What the browser shows after an action (or after :class:`OpenTask`).
+
+    ``axtree`` is the compact accessibility tree (see :mod:`tapekit.web.axtree`): one line per
+    node, ``[bid] role "name" properties``, with the bids actions refer to. ``last_action_error``
+    says why the action just answered failed ('' when it did not); ``reward`` and ``done`` come
+    from the task; ``truncated`` is set when the episode ended without the task ending it (step
+    limit, final answer, a page that hung). ``step`` counts the episode's actions so far.
+    ``screenshot`` is a base64 PNG, only when the environment was asked to take them. Timings
+    are kept in ``metadata.other`` (``browser_s``), out of prompts and diffs.
+    """
+
+    kind: Literal["web_observation"] = "web_observation"
+    task: str
+    seed: int
+    episode_id: str
+    goal: str
+    axtree: str = ""
+    url: str = ""
+    title: str = ""
+    last_action_error: str = ""
+    reward: float = 0.0
+    done: bool = False
+    truncated: bool = False
+    step: int = 0
+    info: dict[str, Any] = Field(default_factory=dict)
+    screenshot: str | None = None
+
+
+ACTION_CLASSES: dict[str, type[WebAction]] = {
+    "click": Click,
+    "fill": Fill,
+    "select_option": SelectOption,
+    "press": Press,
+    "hover": Hover,
+    "scroll": Scroll,
+    "go_back": GoBack,
+    "noop": Noop,
+    "send_msg_to_user": SendMsgToUser,
+}
+"""BrowserGym's function names and the action classes they parse to."""
+
+# BrowserGym's own keyword names, accepted as aliases
+_ALIASES = {"value": "text", "delta_x": "dx", "delta_y": "dy"}
+
+
+def parse_action(text: str) -> WebAction:
+    """One action from BrowserGym's call syntax: ``click('12')``, ``fill("4", "Ana")``,
+    ``select_option('9', ["red", "blue"])``, ``scroll(0, 200)``, ``send_msg_to_user("done")``.
+
+    Arguments must be literals; BrowserGym's keyword names (``value``, ``delta_x``) are
+    accepted. Raises ``ValueError`` saying what is wrong (not a call, unknown function,
+    missing or extra arguments), for an agent to show the model.
+    """
+    source = text.strip()
+    try:
+        tree = ast.parse(source, mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"not an action call: {source[:80]!r} ({e.msg})") from None
+    call = tree.body
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+        raise ValueError(f"not an action call: {source[:80]!r}; write e.g. click('12')")
+    name = call.func.id
+    cls = ACTION_CLASSES.get(name)
+    if cls is None:
+        raise ValueError(f"unknown action {name!r}; known: {', '.join(ACTION_CLASSES)}")
+    params = cls.arguments
+    if len(call.args) > len(params):
+        raise ValueError(f"{name} takes {len(params)} arguments ({', '.join(params)}), got {len(call.args)}")
+    values: dict[str, Any] = {}
+    try:
+        for param, node in zip(params, call.args, strict=False):
+            values[param] = ast.literal_eval(node)
+        for keyword in call.keywords:
+            key = _ALIASES.get(keyword.arg or "", keyword.arg or "")
+            if key not in params:
+                raise ValueError(f"{name} has no argument {keyword.arg!r}; it takes {', '.join(params)}")
+            values[key] = ast.literal_eval(keyword.value)
+    except (ValueError, SyntaxError) as e:
+        if "has no argument" in str(e):
+            raise
+        raise ValueError(f"{name}: arguments must be literals ({e})") from None
+    for key in ("bid",):
+        if key in values and isinstance(values[key], int):
+            values[key] = str(values[key])
+    try:
+        return cls(**values)
+    except Exception as e:  # pydantic's ValidationError: missing or mistyped arguments
+        raise ValueError(
+            f"{name}: {e}".splitlines()[0] + f" (takes {', '.join(params) or 'nothing'})"
+        ) from None

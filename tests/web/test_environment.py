@@ -1,0 +1,267 @@
+"""The browser environment in real headless Chromium on MiniWob++ pages: episodes end to end with
+the teacher, determinism, resuming from cuts, errors, hung pages and killed browsers."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tapekit import Tape, async_main_loop, evaluate, main_loop
+from tapekit.web import (
+    Click,
+    Fill,
+    Noop,
+    OpenTask,
+    PageTask,
+    SendMsgToUser,
+    WebEnvironment,
+    WebEnvironmentError,
+    WebObservation,
+    _procs,
+    parse_axtree,
+)
+from tapekit.web.miniwob import eval_tasks, reward_scorer, start_tape
+from tapekit.web.teacher import teach, teacher_agent
+from tests.web.conftest import MISSING
+
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING))]
+
+
+def observations(tape: Tape[Any, Any]) -> list[WebObservation]:
+    return [s for s in tape.steps if isinstance(s, WebObservation)]
+
+
+def actions(tape: Tape[Any, Any]) -> list[str]:
+    return [s.call() for s in tape.steps if hasattr(s, "call")]
+
+
+def wait_dead(pids: list[int], timeout_s: float = 10) -> list[int]:
+    """The pids still alive after up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if _procs.alive(p)]
+        if not alive:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if _procs.alive(p)]
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.parametrize(("task", "seed"), [("click-link", 3), ("login-user", 4), ("use-autocomplete", 5)])
+def test_teacher_solves_episodes_in_main_loop(env: WebEnvironment, task: str, seed: int) -> None:
+    tape = main_loop(teacher_agent(), start_tape(task, seed), env).get_final_tape()
+    assert tape.metadata.error is None
+    obs = observations(tape)
+    assert obs[0].goal and obs[0].axtree and obs[0].step == 0
+    assert obs[-1].done and obs[-1].reward == 1.0 and not obs[-1].truncated
+    assert [o.step for o in obs] == list(range(len(obs)))
+    assert all(o.metadata.other["browser_s"] > 0 for o in obs)
+    assert tape.steps[-1].kind == "stop"
+
+
+def test_async_main_loop_runs_episodes_concurrently(env: WebEnvironment) -> None:
+    async def run() -> list[Tape[Any, Any]]:
+        agent = teacher_agent()
+        loops = [
+            async_main_loop(agent, start_tape(t, 7), env) for t in ("click-button", "enter-text", "click-tab")
+        ]
+        return await asyncio.gather(*(loop.get_final_tape() for loop in loops))
+
+    tapes = asyncio.run(run())
+    assert [observations(t)[-1].reward for t in tapes] == [1.0, 1.0, 1.0]
+    assert len({observations(t)[0].episode_id for t in tapes}) == 3
+
+
+def test_evaluate_scores_the_teacher_by_task(env: WebEnvironment) -> None:
+    tasks = eval_tasks("validation", n_seeds=2, tasks=["click-option", "choose-list"])
+    report = evaluate(teacher_agent(), env, tasks, reward_scorer)
+    assert report.n_tasks == 4
+    assert report.pass_at_1.value == 1.0
+
+
+def test_same_seed_same_goal_and_page(env: WebEnvironment) -> None:
+    first = [env.react(start_tape("click-checkboxes", s)).steps[-1] for s in (11, 12, 11)]
+    assert first[0].goal == first[2].goal and first[0].axtree == first[2].axtree
+    goals = {env.react(start_tape("click-checkboxes", s)).steps[-1].goal for s in range(20, 26)}
+    assert len(goals) > 1  # seeds do change the problem
+
+
+def test_teacher_reads_only_the_observation() -> None:
+    obs = WebObservation(
+        task="anything",
+        seed=0,
+        episode_id="e",
+        goal="Select Ab, cD and click Submit.",
+        axtree='[4] checkbox "Ab"\n[5] checkbox "x" checked\n[6] checkbox "cD" checked\n[9] button "Submit"',
+    )
+    action, why = teach(obs)
+    assert action.call() == 'click("4")' and "Ab" in why
+    done = obs.model_copy(
+        update={"axtree": obs.axtree.replace('"Ab"', '"Ab" checked').replace(' "x" checked', ' "x"')}
+    )
+    assert teach(done)[0].call() == 'click("9")'
+    lost = obs.model_copy(update={"goal": "Draw a circle."})
+    assert isinstance(teach(lost)[0], SendMsgToUser)
+
+
+# --------------------------------------------------------------------------- resuming
+
+
+def test_web_tapes_resume_from_any_cut() -> None:
+    agent = teacher_agent()
+    with WebEnvironment(max_concurrent=1) as env:
+        full = main_loop(agent, start_tape("enter-password", 9), env).get_final_tape()
+    assert observations(full)[-1].reward == 1.0
+    cuts = range(1, len(full))  # every cut but the finished tape
+    with WebEnvironment(max_concurrent=1) as fresh:  # no page of the first run survives
+        for cut in cuts:
+            resumed = main_loop(agent, full[:cut], fresh).get_final_tape()
+            assert resumed.metadata.error is None, (cut, resumed.metadata.error)
+            assert actions(resumed) == actions(full), cut
+            assert observations(resumed)[-1].reward == 1.0, cut
+        assert fresh.stats["replays"] >= 1
+    # the replayed page is the same page: same tree after the same actions
+    with WebEnvironment(max_concurrent=1) as env:
+        again = main_loop(agent, full[:4], env).get_final_tape()
+    assert [o.axtree for o in observations(again)] == [o.axtree for o in observations(full)]
+
+
+def test_a_fork_from_an_earlier_step_gets_its_own_page(env: WebEnvironment) -> None:
+    tape = env.react(start_tape("enter-text", 2))
+    box = next(x for x in parse_axtree(observations(tape)[-1].axtree) if x.role == "textbox")
+    a = env.react(tape.append(Fill(bid=box.bid, text="first")))
+    b = env.react(tape.append(Fill(bid=box.bid, text="second")))  # forks from the same cut
+    a2 = env.react(a.append(Noop(wait_ms=0)))
+    assert 'value="first"' in observations(a2)[-1].axtree
+    assert 'value="second"' in observations(b)[-1].axtree
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_action_errors_are_observations_and_the_episode_goes_on(env: WebEnvironment) -> None:
+    tape = env.react(start_tape("click-button", 1))
+    tape = env.react(tape.append(Click(bid="9999")))
+    obs = observations(tape)[-1]
+    assert 'bid "9999"' in obs.last_action_error and not obs.done and obs.step == 1
+    tape = env.react(tape.append(SendMsgToUser(text="giving up")))
+    final = observations(tape)[-1]
+    assert final.done and final.truncated and final.reward == 0.0
+    assert final.info["truncated_by"] == "final answer"
+    over = env.react(tape.append(Click(bid="1")))
+    assert "episode is over" in observations(over)[-1].last_action_error
+
+
+def test_step_limit_ends_the_episode(env: WebEnvironment) -> None:
+    tape = env.react(Tape(steps=[OpenTask(task="miniwob.click-button", seed=1, max_steps=2)]))
+    for _ in range(2):
+        tape = env.react(tape.append(Noop(wait_ms=0)))
+    last = observations(tape)[-1]
+    assert last.done and last.truncated and last.info["truncated_by"] == "step limit 2"
+
+
+def test_configuration_errors_stop_the_loop_with_a_message(env: WebEnvironment) -> None:
+    tape = main_loop(teacher_agent(), Tape(steps=[Click(bid="1")]), env).get_final_tape()
+    assert "comes before any episode" in (tape.metadata.error or "")
+    with pytest.raises(WebEnvironmentError, match="unknown task"):
+        env.react(Tape(steps=[OpenTask(task="nowhere", seed=0)]))
+
+
+def test_screenshots_are_optional_pngs() -> None:
+    with WebEnvironment(max_concurrent=1, screenshots=True) as env:
+        obs = env.react(start_tape("click-button", 1)).steps[-1]
+    assert isinstance(obs, WebObservation) and obs.screenshot is not None
+    assert base64.b64decode(obs.screenshot).startswith(b"\x89PNG")
+
+
+# --------------------------------------------------------------------------- hangs and crashes
+
+
+def _page(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / f"{name}.html"
+    path.write_text(f"<!DOCTYPE html><html><head><title>{name}</title></head><body>{body}</body></html>")
+    return path.as_uri()
+
+
+def test_hung_pages_become_error_observations_and_leave_no_process(tmp_path: Path) -> None:
+    tasks = [
+        PageTask("loops", _page(tmp_path, "loops", '<button onclick="while (true) {}">Hang</button>')),
+        PageTask("never-loads", _page(tmp_path, "never", "<script>while (true) {}</script>")),
+    ]
+    env = WebEnvironment(tasks, max_concurrent=1, timeout_s=3, action_timeout_s=1)
+    started = time.monotonic()
+    tape = env.react(Tape(steps=[OpenTask(task="loops", seed=0)]))
+    pids = env.browser_pids()
+    assert pids and all(_procs.alive(p) for p in pids)
+    button = next(x for x in parse_axtree(observations(tape)[-1].axtree) if x.role == "button")
+    tape = env.react(tape.append(Click(bid=button.bid)))
+    hung = observations(tape)[-1]
+    assert hung.done and hung.truncated and "did not finish within" in hung.last_action_error
+    never = observations(env.react(Tape(steps=[OpenTask(task="never-loads", seed=0)])))[-1]
+    assert never.done and "did not load" in never.last_action_error
+    ok = env.react(Tape(steps=[OpenTask(task="loops", seed=0)]))  # the browser still works
+    assert not observations(ok)[-1].done
+    pids = sorted(set(pids) | set(env.browser_pids()))
+    env.close()
+    assert time.monotonic() - started < 60
+    assert wait_dead(pids) == []
+
+
+def test_a_killed_browser_becomes_an_error_observation_and_leaves_no_process() -> None:
+    agent = teacher_agent()
+    env = WebEnvironment(max_concurrent=1, timeout_s=10)
+    try:
+        tape = env.react(start_tape("enter-text", 5))
+        old = env.browser_pids()
+        # kill the browser while an action runs: the action fails, the episode is replayed
+        killer = threading.Timer(0.5, os.kill, (old[0], signal.SIGKILL))
+        killer.start()
+        tape = env.react(tape.append(Noop(wait_ms=1500)))
+        killer.join()
+        obs = observations(tape)[-1]
+        assert "browser crashed" in obs.last_action_error and not obs.done
+        assert obs.axtree == observations(tape)[0].axtree  # the same page, replayed
+        # kill it between steps: the next action relaunches and replays without an error
+        new = env.browser_pids()
+        assert new and new[0] != old[0]
+        os.kill(new[0], signal.SIGKILL)
+        assert wait_dead([new[0]]) == []
+        final = main_loop(agent, tape, env).get_final_tape()
+        assert observations(final)[-1].reward == 1.0
+        assert env.stats["launches"] == 3 and env.stats["crashes"] >= 2
+        pids = sorted({*old, *new, *env.browser_pids()})
+    finally:
+        env.close()
+    assert env.browser_pids() == []
+    assert wait_dead(pids) == []
+
+
+def test_closing_twice_and_using_a_closed_environment() -> None:
+    env = WebEnvironment(max_concurrent=1)
+    env.react(start_tape("focus-text", 1))
+    pids = env.browser_pids()
+    env.close()
+    env.close()
+    assert wait_dead(pids) == []
+    with pytest.raises(WebEnvironmentError, match="closed"):
+        env.react(start_tape("focus-text", 1))
+
+
+def test_async_context_manager_closes_the_browser() -> None:
+    async def run() -> list[int]:
+        async with WebEnvironment(max_concurrent=1) as env:
+            await env.areact(start_tape("click-dialog", 1))
+            return env.browser_pids()
+
+    pids = asyncio.run(run())
+    assert pids and wait_dead(pids) == []

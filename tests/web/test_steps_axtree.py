@@ -1,0 +1,252 @@
+"""The web steps, the call syntax, the compact tree and the split: no browser needed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tapekit import Tape
+from tapekit.web import (
+    Click,
+    Fill,
+    GoBack,
+    Noop,
+    OpenTask,
+    Press,
+    Scroll,
+    SelectOption,
+    SendMsgToUser,
+    WebObservation,
+    WebThought,
+    flatten_axtree,
+    parse_action,
+    parse_axtree,
+)
+from tapekit.web.axtree import DomInfo, snapshot_bids
+from tapekit.web.miniwob import (
+    HELD_OUT_TASKS,
+    SPLIT,
+    STEP_LIMITS,
+    TRAIN_TASKS,
+    episodes,
+    eval_tasks,
+    reward_scorer,
+)
+
+# --------------------------------------------------------------------------- actions
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        Click(bid="12"),
+        Fill(bid="7", text='say "hi"\nnow'),
+        SelectOption(bid="3", options=["red", "blue"]),
+        SelectOption(bid="3", options="Ana"),
+        Press(bid="9", key_comb="Control+a"),
+        Scroll(dx=0, dy=200.5),
+        GoBack(),
+        Noop(wait_ms=250),
+        SendMsgToUser(text="done"),
+    ],
+)
+def test_call_text_parses_back_to_the_same_action(action: object) -> None:
+    text = action.call()  # type: ignore[attr-defined]
+    parsed = parse_action(text)
+    assert type(parsed) is type(action) and parsed.llm_dict() == action.llm_dict()  # type: ignore[attr-defined]
+
+
+def test_parse_accepts_browsergym_spellings() -> None:
+    def same(text: str, action: object) -> bool:
+        return parse_action(text).llm_dict() == action.llm_dict()  # type: ignore[attr-defined]
+
+    assert same("click('12')", Click(bid="12"))
+    assert same("click(12)", Click(bid="12"))
+    assert same("fill('4', value='Ana')", Fill(bid="4", text="Ana"))
+    assert same("scroll(delta_x=0, delta_y=-50)", Scroll(dx=0, dy=-50))
+    assert same("noop()", Noop())
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("click", "not an action call"),
+        ("click('1'", "not an action call"),
+        ("os.system('x')", "not an action call"),
+        ("drag('1', '2')", "unknown action 'drag'"),
+        ("click('1', '2')", "takes 1 arguments"),
+        ("fill('1')", "fill:"),
+        ("click(bid=x)", "arguments must be literals"),
+        ("click(target='1')", "has no argument 'target'"),
+    ],
+)
+def test_parse_errors_say_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_action(text)
+
+
+def test_web_tapes_round_trip_through_json() -> None:
+    obs = WebObservation(
+        task="miniwob.click-button", seed=3, episode_id="e1", goal="Click", axtree='[1] button "Ok"', step=0
+    )
+    tape = Tape(
+        steps=[OpenTask(task="miniwob.click-button", seed=3), obs, WebThought(text="why"), Click(bid="1")]
+    )
+    again = Tape.model_validate_json(tape.model_dump_json())
+    assert [s.model_dump() for s in again.steps] == [s.model_dump() for s in tape.steps]
+    assert "function" not in Click(bid="1").llm_dict()  # class-level metadata stays off the tape
+
+
+# --------------------------------------------------------------------------- the compact tree
+
+
+def _node(node_id: int, role: str, name: str = "", children: tuple[int, ...] = (), **extra: object) -> dict:
+    node: dict = {"nodeId": str(node_id), "role": {"value": role}, "childIds": [str(c) for c in children]}
+    if name:
+        node["name"] = {"value": name}
+    node["backendDOMNodeId"] = 100 + node_id
+    node.update(extra)
+    return node
+
+
+TREE = [
+    _node(1, "RootWebArea", "Task", (2,)),
+    _node(2, "generic", "", (3, 5, 7, 9, 12)),
+    _node(3, "generic", "", (4,)),  # a clickable link made of a span: keeps its bid
+    _node(4, "StaticText", "nam"),
+    _node(5, "button", "Submit", (6,)),
+    _node(6, "StaticText", "Submit"),  # repeats its parent's name: left out
+    _node(
+        7,
+        "textbox",
+        "",
+        (8,),
+        value={"value": "ana"},
+        properties=[{"name": "focused", "value": {"value": True}}],
+    ),
+    _node(8, "StaticText", "ana"),
+    _node(9, "generic", "", (10,), ignored=True),  # ignored: its children move up
+    _node(10, "checkbox", "USa", properties=[{"name": "checked", "value": {"value": "true"}}]),
+    _node(12, "image", ""),  # a nameless icon: shows its class
+]
+DOM = DomInfo(
+    bids={100 + i: str(i) for i in (2, 3, 5, 7, 10, 12)},
+    clickable={"3", "12"},
+    hints={"12": ("class", "star"), "2": ("id", "area")},
+)
+
+
+def test_flatten_keeps_clickable_generics_and_drops_noise() -> None:
+    text = flatten_axtree(TREE, DOM)
+    assert text.splitlines() == [
+        '[3] generic "nam"',
+        '[5] button "Submit"',
+        '[7] textbox "" value="ana" focused',
+        '[10] checkbox "USa" checked',
+        '[12] image class="star"',
+    ]
+
+
+def test_flatten_without_the_dom_shows_no_bids_but_keeps_text() -> None:
+    text = flatten_axtree(TREE)
+    assert "[" not in text
+    assert 'text "nam"' in text and 'button "Submit"' in text
+
+
+def test_flatten_cuts_long_trees_and_says_so() -> None:
+    text = flatten_axtree(TREE, DOM, max_chars=30)
+    assert text.endswith("more characters)")
+    assert len(text.splitlines()[0]) <= 30
+
+
+def test_parse_axtree_reads_lines_back_with_parents() -> None:
+    lines = parse_axtree(
+        '[1] dialog\n [2] button "Close" focused\n text "a \\"b\\""\n[4] textbox "" value="x y"'
+    )
+    assert [(x.bid, x.role, x.name, x.parent) for x in lines] == [
+        ("1", "dialog", "", -1),
+        ("2", "button", "Close", 0),
+        ("", "text", 'a "b"', 0),
+        ("4", "textbox", "", -1),
+    ]
+    assert lines[1].props == {"focused": True}
+    assert lines[3].value == "x y"
+
+
+def test_snapshot_bids_reads_bids_clicks_and_pointer_cursors() -> None:
+    strings = ["bid", "0", "1", "2", "class", "row", "pointer", "auto"]
+    snapshot = {
+        "strings": strings,
+        "documents": [
+            {
+                "nodes": {
+                    "backendNodeId": [10, 11, 12],
+                    "parentIndex": [-1, 0, 1],
+                    "attributes": [[0, 1], [0, 2, 4, 5], [0, 3]],
+                    "isClickable": {"index": [0]},
+                },
+                # node 1 sets a pointer cursor (a delegated handler); node 2 inherits it
+                "layout": {"nodeIndex": [0, 1, 2], "styles": [[7], [6], [6]]},
+            }
+        ],
+    }
+    dom = snapshot_bids(snapshot)
+    assert dom.bids == {10: "0", 11: "1", 12: "2"}
+    assert dom.clickable == {"0", "1"}
+    assert dom.hints == {"1": ("class", "row")}
+
+
+# --------------------------------------------------------------------------- the split
+
+
+def test_split_is_disjoint_and_sized_for_the_study() -> None:
+    train, valid, test = (set(r) for r in (SPLIT.train_seeds, SPLIT.validation_seeds, SPLIT.test_seeds))
+    assert not (train & valid) and not (train & test) and not (valid & test)
+    assert not set(TRAIN_TASKS) & set(HELD_OUT_TASKS)
+    assert len(episodes("test")) >= 160  # the learning study's test pairs
+    assert set(STEP_LIMITS) >= set(TRAIN_TASKS) | set(HELD_OUT_TASKS)
+    assert {t for t, _ in episodes("held_out")} == set(HELD_OUT_TASKS)
+
+
+def test_split_tasks_exist_in_the_wheel() -> None:
+    pytest.importorskip("miniwob")
+    from tapekit.web.miniwob import all_tasks
+
+    assert set(TRAIN_TASKS) | set(HELD_OUT_TASKS) <= set(all_tasks())
+
+
+def test_eval_tasks_start_from_open_task() -> None:
+    tasks = eval_tasks("validation", n_seeds=2, tasks=["click-button"])
+    assert [t.id for t in tasks] == ["click-button/100000", "click-button/100001"]
+    start = tasks[0].start_tape()
+    assert [s.llm_dict() for s in start.steps] == [
+        OpenTask(task="miniwob.click-button", seed=100000).llm_dict()
+    ]
+    with pytest.raises(ValueError, match="not in the test tasks"):
+        episodes("test", tasks=["click-button-sequence"])
+
+
+def test_reward_scorer_reads_the_last_observation() -> None:
+    obs = WebObservation(task="t", seed=1, episode_id="e", goal="g", reward=1.0, done=True)
+    assert reward_scorer(Tape(steps=[obs])).passed
+    failed = obs.model_copy(update={"reward": 0.0, "last_action_error": "boom"})
+    score = reward_scorer(Tape(steps=[obs, failed]))
+    assert not score.passed and score.feedback == "boom"
+    assert not reward_scorer(Tape()).passed
+
+
+# --------------------------------------------------------------------------- lazy imports
+
+
+def test_import_tapekit_does_not_import_the_browser() -> None:
+    code = (
+        "import sys, tapekit\n"
+        "assert 'tapekit.web' not in sys.modules, 'tapekit imported tapekit.web'\n"
+        "import tapekit.web\n"
+        "assert 'playwright' not in sys.modules, 'tapekit.web imported playwright'\n"
+        "assert 'miniwob' not in sys.modules, 'tapekit.web imported miniwob'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
