@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # `python examples/x.py ...` or `python -m examples.x.y ...`, as written in a shell line
 COMMAND = re.compile(r"python (-m examples\.[\w.]+|examples/[\w/]+\.py)")
 
