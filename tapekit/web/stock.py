@@ -132,19 +132,21 @@ def run_episode(
     """Run ``policy`` on MiniWob ``task`` with BrowserGym ``seed`` in stock BrowserGym (its own
     two browsers per episode, its fixed ``pre_observation_delay``), until the task ends, the
     policy answers with ``send_msg_to_user`` or ``max_steps`` (default: the split's limit)."""
-    import browsergym.miniwob  # noqa: F401  (registers the tasks)
+    import importlib
+
     import gymnasium as gym
 
     from tapekit.web.miniwob import miniwob_html_dir
 
     limit = max_steps or STEP_LIMITS.get(task, 10)
     episode = StockEpisode(task=task, seed=seed)
-    kwargs = {"task_kwargs": {"base_url": (miniwob_html_dir() / "miniwob").as_uri() + "/"}}
+    importlib.import_module("browsergym.miniwob")  # registers the tasks with gymnasium
+    base_url = (miniwob_html_dir() / "miniwob").as_uri() + "/"
     with debian_chromium(executable):
         env = gym.make(
             f"browsergym/miniwob.{task}",
+            task_kwargs={"base_url": base_url},
             pre_observation_delay=pre_observation_delay,
-            **kwargs,
         )
         try:
             started = time.perf_counter()

@@ -86,7 +86,8 @@ def test_evaluate_scores_the_teacher_by_task(env: WebEnvironment) -> None:
     tasks = eval_tasks("validation", n_seeds=2, tasks=["click-option", "choose-list"])
     report = evaluate(teacher_agent(), env, tasks, reward_scorer)
     assert report.n_tasks == 4
-    assert report.pass_at_1.value == 1.0
+    assert report.pass_at_1().value == 1.0
+    assert set(report.categories) == {"click-option", "choose-list"}
 
 
 def test_same_seed_same_goal_and_page(env: WebEnvironment) -> None:
