@@ -182,6 +182,8 @@ class WebEnvironment(Environment):
         settle_max_ms: the longest wait, after an action, for the page's short timers and
             animations to finish before it is observed (BrowserGym sleeps a fixed 500 ms).
         screenshots: put a base64 PNG of the viewport on every observation.
+        prewarm: blank pages kept ready for the next episodes (0: none); starting a page's
+            renderer is the largest part of a reset, and a spare is started in the background.
         axtree_max_chars: cut longer trees (None: never).
         chromium_args: extra command-line switches.
     """
@@ -197,6 +199,7 @@ class WebEnvironment(Environment):
         timeout_s: float = 10.0,
         settle_max_ms: int = 500,
         screenshots: bool = False,
+        prewarm: int = 1,
         axtree_max_chars: int | None = 4000,
         chromium_args: Sequence[str] = (),
         name: str = "browser",
@@ -217,6 +220,7 @@ class WebEnvironment(Environment):
         self.timeout_s = timeout_s
         self.settle_max_ms = settle_max_ms
         self.screenshots = screenshots
+        self.prewarm = max(0, prewarm)
         self.axtree_max_chars = axtree_max_chars
         self.chromium_args = tuple(chromium_args)
         self._marker = f"--tapekit-browser={new_id()}"
@@ -230,6 +234,10 @@ class WebEnvironment(Environment):
         self._launch_lock: asyncio.Lock | None = None
         self._slots: asyncio.Semaphore | None = None
         self._episodes: dict[str, _Episode] = {}
+        self._spares: list[tuple[Any, Any, Any, int]] = []
+        self._refills: set[asyncio.Task[None]] = set()
+        self._viewport: tuple[int, int] = (800, 600)
+        self._closing = False
         self._finalizer = weakref.finalize(self, _kill_marked, self._marker)
         self.stats: dict[str, int] = {"launches": 0, "replays": 0, "hangs": 0, "crashes": 0, "episodes": 0}
 
@@ -347,12 +355,20 @@ class WebEnvironment(Environment):
         """Forget the browser and its pages; close it, or kill it if it does not close."""
         browser, self._browser = self._browser, None
         self._episodes.clear()
+        self._spares.clear()
         if browser is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(browser.close(), self.timeout_s)
         _kill_marked(self._marker)
 
     async def _shutdown(self) -> None:
+        self._closing = True
+        for job in list(self._refills):
+            job.cancel()
+        await asyncio.gather(*self._refills, return_exceptions=True)
+        for context, _page, _cdp, generation in self._spares:
+            await self._close_context(context, generation)
+        self._spares.clear()
         for episode in list(self._episodes.values()):
             await self._close_episode(episode)
         await self._drop_browser()
@@ -393,18 +409,10 @@ class WebEnvironment(Environment):
     async def _new_episode(
         self, task: WebTask, seed: int, episode_id: str, max_steps: int | None
     ) -> _Episode:
-        browser = await self._ensure_browser()
+        await self._ensure_browser()
         await self._evict()
-        width, height = task.viewport
-        context = await self._guard(
-            browser.new_context(viewport={"width": width, "height": height}), "new context"
-        )
-        generation = self._generation
+        context, page, cdp, generation = await self._fresh_page(task.viewport)
         try:
-            await self._guard(context.add_init_script(TIMER_TRACKER), "init script")
-            context.set_default_timeout(self.action_timeout_s * 1000)
-            page = await self._guard(context.new_page(), "new page")
-            cdp = await self._guard(context.new_cdp_session(page), "CDP session")
             goal = await self._guard(task.setup(page, seed, self.timeout_s), f"loading {task.name}")
         except BaseException:
             await self._close_context(context, generation)
@@ -414,6 +422,60 @@ class WebEnvironment(Environment):
         self._episodes[episode_id] = episode
         self.stats["episodes"] += 1
         return episode
+
+    async def _blank_page(self, viewport: tuple[int, int]) -> tuple[Any, Any, Any, int]:
+        """A new context with one blank page (timer tracker installed) and its CDP session."""
+        browser = await self._ensure_browser()
+        generation = self._generation
+        width, height = viewport
+        context = await self._guard(
+            browser.new_context(viewport={"width": width, "height": height}), "new context"
+        )
+        try:
+            await self._guard(context.add_init_script(TIMER_TRACKER), "init script")
+            context.set_default_timeout(self.action_timeout_s * 1000)
+            page = await self._guard(context.new_page(), "new page")
+            cdp = await self._guard(context.new_cdp_session(page), "CDP session")
+        except BaseException:
+            await self._close_context(context, generation)
+            raise
+        return context, page, cdp, generation
+
+    async def _fresh_page(self, viewport: tuple[int, int]) -> tuple[Any, Any, Any, int]:
+        """A blank page for an episode: a spare made ahead of time when there is one (a new
+        page starts a renderer process, the largest part of a reset), else a new one."""
+        self._viewport = viewport
+        while self._spares:
+            context, page, cdp, generation = self._spares.pop(0)
+            if generation == self._generation and not page.is_closed():
+                self._refill()
+                if page.viewport_size != {"width": viewport[0], "height": viewport[1]}:
+                    await self._guard(
+                        page.set_viewport_size({"width": viewport[0], "height": viewport[1]}), "viewport"
+                    )
+                return context, page, cdp, generation
+            await self._close_context(context, generation)
+        fresh = await self._blank_page(viewport)
+        self._refill()
+        return fresh
+
+    def _refill(self) -> None:
+        """Start making spare pages in the background, up to ``prewarm`` of them."""
+        while self.prewarm and len(self._spares) + len(self._refills) < self.prewarm and not self._closing:
+            job = asyncio.get_running_loop().create_task(self._make_spare())
+            self._refills.add(job)
+            job.add_done_callback(self._refills.discard)
+
+    async def _make_spare(self) -> None:
+        try:
+            spare = await self._blank_page(self._viewport)
+        except Exception as e:  # the next episode makes its own page and says what is wrong
+            logger.debug("%s: no spare page: %s", self.name, e)
+            return
+        if self._closing or spare[3] != self._generation:
+            await self._close_context(spare[0], spare[3])
+        else:
+            self._spares.append(spare)
 
     async def _evict(self) -> None:
         idle = [e for e in self._episodes.values() if not e.busy]

@@ -182,6 +182,9 @@ _START = r"""
   Math.seedrandom(seed);
   core.EPISODE_MAX_TIME = maxTimeMs;
   core.startEpisodeReal();
+  if (!WOB_TASK_READY) return null;
+  const u = core.getUtterance();
+  return (u && typeof u === 'object') ? u.utterance : u;
 }
 """
 _GOAL = "() => { const u = core.getUtterance(); return (u && typeof u === 'object') ? u.utterance : u; }"
@@ -211,11 +214,14 @@ class MiniWobTask(WebTask):
         self.url = base + self.task + ".html"
 
     async def setup(self, page: Any, seed: int, timeout_s: float) -> str:
-        """Load the page, seed and start the episode, wait until the task is ready; the goal."""
+        """Load the page, seed and start the episode, wait until the task is ready (most are at
+        once); the goal."""
         await page.goto(self.url, wait_until="load", timeout=timeout_s * 1000)
-        await page.evaluate(_START, [seed, self.episode_max_time_ms])
-        await page.wait_for_function("() => WOB_TASK_READY", timeout=timeout_s * 1000)
-        return str(await page.evaluate(_GOAL))
+        goal = await page.evaluate(_START, [seed, self.episode_max_time_ms])
+        if goal is None:  # a task that gets ready later
+            await page.wait_for_function("() => WOB_TASK_READY", timeout=timeout_s * 1000)
+            goal = await page.evaluate(_GOAL)
+        return str(goal)
 
     def status(self, state: Any) -> TaskStatus:
         """BrowserGym's binary reward (raw reward > 0) and MiniWob's done flag."""
