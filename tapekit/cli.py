@@ -1,4 +1,4 @@
-"""The ``tapekit`` command line: run, replay, chat, batch, train, import, export and the Studio.
+"""The ``tapekit`` command line: run, replay, chat, batch, eval, train, import, export and the Studio.
 
 The commands live in the private :mod:`tapekit._cli` package; this module assembles the typer
 app (``python -m tapekit.cli`` works as ``tapekit``).
@@ -37,6 +37,9 @@ app.command("replay")(replay_command)
 app.command("chat")(chat_command)
 app.command("export")(export_command)
 app.add_typer(import_app, name="import")
+from tapekit._cli.eval import eval_command  # noqa: E402
+
+app.command("eval")(eval_command)
 from tapekit._cli.train import train_app  # noqa: E402  (typer only; trainers load when run)
 
 app.add_typer(train_app, name="train")

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tapekit._sync import run_sync
 from tapekit.core import StepSequence, Tape
 from tapekit.evaluate._report import EvalReport, SampleResult, Score, pass_at_k, pass_hat_k
+from tapekit.evaluate._scorers import contains_answer, exact_answer, final_answer
 from tapekit.evaluate._stats import Estimate, bootstrap_mean, mcnemar_exact, paired_difference
 from tapekit.llm.base import LLMCall
 
@@ -42,8 +43,11 @@ __all__ = [
     "aevaluate_iter",
     "arescore",
     "bootstrap_mean",
+    "contains_answer",
     "eval_tags",
     "evaluate",
+    "exact_answer",
+    "final_answer",
     "mcnemar_exact",
     "paired_difference",
     "pass_at_k",

@@ -44,6 +44,7 @@ from tapekit.dialog import (
     view_to_messages,
 )
 from tapekit.environment import ToolEnvironment
+from tapekit.evaluate import Task
 from tapekit.llm import FunctionLLM, LLMStream
 from tapekit.llm.base import LLMEvent
 from tapekit.orchestrator import main_loop
@@ -463,3 +464,16 @@ def start_tape(question: str = "Tell me about Vulcan in 3 sentences") -> Tape[An
 def run(question: str = "Tell me about Vulcan in 3 sentences") -> Tape[Any, Any]:
     """Run the scripted team until it answers the user; return the final tape."""
     return main_loop(make_analyst(), start_tape(question), ENVIRONMENT).get_final_tape()
+
+
+TASKS = [
+    Task(id="ticker-vulcan", question="What is Vulcan's ticker?", expected="VMC", category="ticker"),
+    Task(id="ticker-acme", question="What is Acme's ticker?", expected="ACME", category="ticker"),
+    Task(
+        id="about-vulcan", question="Tell me about Vulcan in 3 sentences", expected="Vulcan", category="about"
+    ),
+    Task(id="about-acme", question="Tell me about Acme in 2 sentences", expected="robotics", category="about"),
+]
+"""Four questions with expected answers for ``tapekit eval`` and evaluation tests. The scripted
+brain answers the first three; on the fourth it finds Acme's prices but describes Vulcan (its
+search corpus knows no Acme), so ``contains`` fails it: a report with a failure to look at."""
