@@ -154,44 +154,49 @@ def test_rollouts_are_scored_stored_tagged_and_become_rl_rows(tmp_path: Path) ->
 
 
 def test_an_rl_setup_whose_reward_is_not_a_scorer_is_refused() -> None:
-    from examples.math_study.rl_stage import math_setup
-    from tests.rl_toy import PROBLEMS
+    from tests.rl_toy import make_setup
 
-    assert math_setup(PROBLEMS, reward="steps").reward == "steps"
+    assert make_setup(reward="steps").reward == "steps"
     with pytest.raises(ValueError, match="reward 'exact' is not one of the scorers"):
-        math_setup(PROBLEMS, reward="exact")
+        make_setup(reward="exact")
 
 
-def test_the_math_setup_grades_its_arms_by_level_or_by_size() -> None:
-    from examples.math_study.problems import difficulty
-    from examples.math_study.rl_stage import math_setup
-    from tapekit.training.rl_loop import RLRunConfig, make_sampler
-    from tests.rl_toy import PROBLEMS
+def test_the_toy_setup_scores_a_calculator_solution_in_full_and_its_tapes_replay(tmp_path: Path) -> None:
+    # the toy itself (tests/rl_toy.py): an oracle that makes the problem's calculator calls one
+    # turn at a time, then answers, gets the calculator's results and full marks on every task,
+    # and its multi-turn tapes replay from the text the agent renders for each turn
+    from tapekit import FunctionLLM, Prompt, ToolResult, open_store, reconstruct_llm_calls, replay_tape
+    from tapekit.training.rollouts import collect_rollouts
+    from tests.rl_toy import PROBLEMS, make_setup
 
-    by_size = math_setup(PROBLEMS, arms="sizes")
-    assert [t.category for t in by_size.tasks] == [difficulty(p) for p in PROBLEMS]
-    assert [t.category for t in math_setup(PROBLEMS).tasks] == [p.category for p in PROBLEMS]
-    sampler = make_sampler(RLRunConfig(curriculum="sec"), by_size.tasks)
-    assert sampler.categories == sorted({difficulty(p) for p in PROBLEMS})
-    with pytest.raises(ValueError, match="arms must be one of"):
-        math_setup(PROBLEMS, arms="digits")
+    by_question = {p.question: p for p in PROBLEMS}
 
+    def oracle(prompt: Prompt) -> str:
+        problem = by_question[next(m["content"] for m in prompt.messages if m["role"] == "user")]
+        results = [int(m["content"]) for m in prompt.messages if m["role"] == "tool"]
+        if len(results) == len(problem.operations):
+            return f"Answer: {results[-1]}"
+        op, operand = problem.operations[len(results)]
+        return f"calculator: {results[-1] if results else problem.start}{op}{operand}"
 
-def test_a_pool_with_a_hard_tail_keeps_the_fixed_order_easy_to_hard() -> None:
-    from examples.math_study.problems import split_problems
-    from examples.math_study.rl_stage import easy_to_hard, math_setup, pool_levels
-
-    assert pool_levels(3) == ["level1", "level2", "level3"]
-    assert pool_levels(5) == ["level1", "level2", "level3", "level4", "level5"]
-    for n in (2, 6):
-        with pytest.raises(ValueError, match="3 to 5 levels"):
-            pool_levels(n)
-    train, _ = split_problems(60, 10, categories=pool_levels(5))
-    assert easy_to_hard("levels", math_setup(train).tasks) == pool_levels(5)
-    assert easy_to_hard("levels", math_setup(train[:2]).tasks) == ["level1", "level2"]
-    by_size = easy_to_hard("sizes", math_setup(train, arms="sizes").tasks)
-    assert by_size[0] == "level1" and by_size[-2:] == ["level4", "level5"]
-    assert {"level2-small", "level3-small"} <= set(by_size)
+    setup = make_setup()
+    agent = setup.agent_for(FunctionLLM(fn=oracle))
+    store = open_store(str(tmp_path / "oracle.db"))
+    batch = collect_rollouts(
+        agent, setup.environment, list(setup.tasks), setup.scorers, reward="steps", group_size=1,
+        step=0, policy_version=0, store=store, max_loops=4,
+    )  # fmt: skip
+    assert len(batch.tapes) == len(PROBLEMS) and batch.failed == 0
+    assert {len(p.operations) for p in PROBLEMS} == {1, 2, 3}  # up to three tool turns
+    for tape, task in zip(batch.tapes, batch.tasks, strict=True):
+        problem = next(p for p in PROBLEMS if p.id == task.id)
+        results = [s for s in tape.steps if isinstance(s, ToolResult)]
+        assert [r.content for r in results] == [result for *_, result in problem.steps()]
+        scores = tape.metadata.result["scores"]
+        assert scores["strict"] == scores["lenient"] == scores["steps"] == 1.0 and scores["digits"] > 0
+        replayed = replay_tape(agent, tape, llm_calls=reconstruct_llm_calls(agent, tape))
+        assert replayed.ok, replayed.diff
+    store.close()
 
 
 def test_lockstep_batches_wait_for_every_session_and_ignore_arrival_order() -> None:

@@ -64,7 +64,7 @@ def local_ray() -> Iterator[Any]:
             include_dashboard=False,
             configure_logging=False,
             log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},  # workers import tests and examples
+            runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},  # workers import tests (the toy setup)
         )
     yield ray
     if started:
