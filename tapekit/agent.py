@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any, Self
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny
 
 from tapekit import reconstruction
+from tapekit._engine import next_move
 from tapekit._node_run import Called, Finished, call_llm, finish_open_run
 from tapekit._runs import (
     attributed,
     closes_branch,
     ends_turn,
     node_run_steps,
-    pending_fork,
     with_last,
 )
 from tapekit.core import (
@@ -285,18 +285,21 @@ class Agent(BaseModel):
         run concurrently within this turn (the main loop passes its own); without one, a branch
         that makes an action is an error.
         """
-        if self._manager is not None:
-            raise AgentError(
-                f"run the root agent {self.root.name!r}, not its subagent {self.full_name!r} "
-                "(or run a .clone() of the subagent on its own)"
-            )
+        self._check_root()
         return AsyncAgentStream(self._arun(tape, environment), tape)
 
     def run(self, tape: Tape[Any, Any], environment: Environment | None = None) -> AgentStream:
         """Sync version of :meth:`arun`."""
-        if self._manager is not None:
-            self.arun(tape)  # raises the explanatory error
+        self._check_root()
         return AgentStream(self._arun(tape, environment), tape)
+
+    def _check_root(self) -> None:
+        """Raise :class:`AgentError` unless this is a root agent (only a team's root runs)."""
+        if _manager_of(self) is not None:
+            raise AgentError(
+                f"run the root agent {self.root.name!r}, not its subagent {self.full_name!r} "
+                "(or run a .clone() of the subagent on its own)"
+            )
 
     async def _arun(
         self, start: Tape[Any, Any], environment: Environment | None = None, branch_len: int = 0
@@ -309,20 +312,20 @@ class Agent(BaseModel):
         where = ""
         try:
             iterations = 0
-            stack = self.compute_view(tape)
-            top = stack.top
-            if pending_fork(stack, branch_len) is None and top.run_open and top.last_node is not None:
+            move = next_move(tape, self.name, branch_len)
+            if move.finishing:
+                top = move.stack.top
                 where = f"finishing the interrupted run of {top.agent_name}.{top.last_node}"
                 finished = Finished(tape)
-                async for event in finish_open_run(self, tape, stack, branch_len, finished):
+                async for event in finish_open_run(self, tape, move.stack, branch_len, finished):
                     yield event
                 tape = finished.tape
                 if finished.stop:
                     yield AgentEvent(final_tape=self._final(start, tape))
                     return
             while True:
-                stack = self.compute_view(tape)
-                fork_at = pending_fork(stack, branch_len)
+                move = next_move(tape, self.name, branch_len)
+                stack, fork_at = move.stack, move.fork_at
                 if fork_at is not None:
                     where = f"the fork of {stack.views[fork_at].agent_name}"
                     joined = ForkOutcome()
@@ -340,10 +343,8 @@ class Agent(BaseModel):
                     )
                 iterations += 1
                 seq = tape.steps
-                top = stack.top
                 closing = closes_branch(stack, branch_len)
-                agent = self.find_agent(top.agent_name)
-                node = agent.select_node(top)
+                agent, node = move.runner(self)
                 where = f"node {agent.full_name}.{node.name}"
                 prompt = node.make_prompt(agent, tape)
                 called = Called()

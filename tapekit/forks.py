@@ -1,10 +1,11 @@
 """Running a :class:`~tapekit.core.Fork`: its branches concurrently, joined in branch order.
 
 A fork made by a node starts one subagent call per branch. Each branch runs on its own tape
-(the tape as it was at the fork, the branch's Call, then the branch's own steps): agent turns,
-and environment reactions to the branch's actions, until the branch's subagent responds. The
-joined steps reach the caller in branch order (see :func:`run_fork`), so a tape cut anywhere
-inside a fork is a resume point.
+(the tape as it was at the fork, the branch's Call, then the branch's own steps) through the
+main loop's own engine (:func:`tapekit._engine.alternate`): agent turns, and environment
+reactions to the branch's actions, until the branch's subagent responds. A branch fails the
+way a session does, with the same error text. The joined steps reach the caller in branch
+order (see :func:`run_fork`), so a tape cut anywhere inside a fork is a resume point.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tapekit._engine import alternate
 from tapekit._runs import attributed, tape_of
 from tapekit.core import Tape
 from tapekit.events import AgentEvent
@@ -138,43 +140,18 @@ async def _run_branch(
     environment: Environment | None,
     end: ForkOutcome,
 ) -> AsyncIterator[AgentEvent]:
-    """One fork branch: agent turns, and environment reactions to the branch's actions,
-    until the branch's subagent responds. Steps past ``known`` are new to the caller. How the
-    branch ended is left in ``end``."""
-    from tapekit.environment import ExternalObservationNeeded, unanswered_actions
-
+    """One fork branch, run by the engine's loop (:func:`tapekit._engine.alternate`) until the
+    branch's subagent responds: its steps as agent events (those past ``known`` are new to
+    the caller, the environment's included), and how the branch ended left in ``end``."""
     for step in tape.steps[known:]:
         yield AgentEvent(step=step)
-    while True:
-        final = None
-        async for event in agent._arun(tape, environment, branch_len):
-            if event.final_tape is not None:
-                final = event.final_tape
-            else:
-                yield event
-        assert final is not None
-        tape = end.tape = final
-        if tape.metadata.error is not None:
-            end.error = tape.metadata.error
-            return
-        if len(agent.compute_view(tape)) <= branch_len:
-            return
-        actions = unanswered_actions(tape)
-        if not actions:
-            end.error = "the branch stopped before its subagent responded"
-            return
-        if environment is None:
-            kinds = ", ".join(sorted({a.kind for a in actions}))
-            end.error = (
-                f"the branch made actions ({kinds}) but the agent runs without an environment: "
-                "run it with main_loop/amain_loop, or pass environment= to arun"
-            )
-            return
-        try:
-            new = await environment.areact(tape)
-        except ExternalObservationNeeded as e:
-            end.error = f"a branch cannot wait on the outside world ({e})"
-            return
-        for step in new.steps[len(tape) :]:
-            yield AgentEvent(step=step)
-        tape = end.tape = new
+    async for event in alternate(agent, tape, environment, branch_len=branch_len):
+        if event.agent_event is not None:
+            if event.agent_event.final_tape is None:  # the turn's tape comes as agent_tape
+                yield event.agent_event
+        elif event.tape is not None:
+            if event.env_tape is not None:
+                for step in event.env_tape.steps[len(tape) :]:
+                    yield AgentEvent(step=step)
+            tape = event.tape
+    end.tape, end.error = tape, tape.metadata.error

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tapekit._diff import diff_text, first_divergence, signatures
+from tapekit._engine import alternate
 from tapekit._sync import run_sync
 from tapekit.agent import Agent
 from tapekit.core import Action, Observation, Step, Tape
@@ -40,13 +40,11 @@ __all__ = [
     "replay_tape",
 ]
 
-logger = logging.getLogger(__name__)
-
 
 def amain_loop(
     agent: Agent,
     tape: Tape[Any, Any],
-    environment: Environment,
+    environment: Environment | None = None,
     max_loops: int | None = None,
     *,
     store: Any = None,
@@ -57,6 +55,11 @@ def amain_loop(
     """Alternate agent turns and environment reactions on ``tape`` until the agent is done
     (no action to answer), an error is recorded on the tape, an action waits on the outside
     world, or ``max_loops`` agent/environment rounds have run.
+
+    Without an ``environment`` nothing answers the agent's actions: the loop stops at the
+    first one as if it waited on the outside world (an ``external`` event saying so), and a
+    fork branch that makes one fails. The loop is :func:`tapekit._engine.alternate`, the one
+    that runs fork branches too.
 
     With a ``store`` (a tapekit store), the session is persisted as it runs, under ``tape_id``
     (default: the start tape's id) with ``tags``: every step as soon as it is made, every LLM
@@ -72,7 +75,7 @@ def amain_loop(
         recorder = SessionRecorder(store, tape, tape_id, tags=tags)
     elif tape_id is not None or tuple(tags):
         raise ValueError("tape_id= and tags= say how to store the session: pass store= too")
-    events = _main_loop(agent, tape, environment, max_loops)
+    events = alternate(agent, tape, environment, max_loops)
     if recorder is not None:
         events = _recorded(events, recorder)
     return AsyncMainLoopStream(events, tape)
@@ -85,7 +88,7 @@ async_main_loop = amain_loop
 def main_loop(
     agent: Agent,
     tape: Tape[Any, Any],
-    environment: Environment,
+    environment: Environment | None = None,
     max_loops: int | None = None,
     *,
     store: Any = None,
@@ -115,45 +118,6 @@ async def _recorded(
             recorder.write_all()
         raise
     recorder.finish()
-
-
-async def _main_loop(
-    agent: Agent, tape: Tape[Any, Any], environment: Environment, max_loops: int | None
-) -> AsyncIterator[MainLoopEvent]:
-    loops = 0
-    while max_loops is None or loops < max_loops:
-        loops += 1
-        waiting = unanswered_actions(tape)
-        if not waiting or agent.compute_view(tape).top.run_open:
-            final = None
-            async for event in agent.arun(tape, environment):
-                yield MainLoopEvent(agent_event=event)
-                if event.final_tape is not None:
-                    final = event.final_tape
-            assert final is not None
-            tape = final
-            yield MainLoopEvent(agent_tape=tape)
-            if tape.metadata.error:
-                return
-            waiting = unanswered_actions(tape)
-        if not waiting:
-            return
-        try:
-            new = await environment.areact(tape)
-        except ExternalObservationNeeded as e:
-            yield MainLoopEvent(external=e)
-            return
-        except Exception as e:
-            logger.warning("environment %s failed: %s: %s", environment.name, type(e).__name__, e)
-            logger.debug("traceback of the environment failure", exc_info=True)
-            tape = tape.with_metadata(error=f"{type(e).__name__}: {e} (in environment {environment.name})")
-            yield MainLoopEvent(env_tape=tape)
-            return
-        for step in new.steps[len(tape) :]:
-            if isinstance(step, Observation):
-                yield MainLoopEvent(observation=step)
-        tape = new
-        yield MainLoopEvent(env_tape=tape)
 
 
 # --------------------------------------------------------------------------- replay

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from tapekit._engine import next_move
 from tapekit._runs import attributed, content_diff, node_run_steps, tape_of
 from tapekit.core import Fork, LLMOutput, Prompt, SetNextNode, Step, StepSequence, Tape, TapeMetadata, new_id
 from tapekit.errors import ReconstructionError
@@ -146,9 +147,8 @@ def reuse(agent: Agent, tape: Tape[Any, Any]) -> tuple[Tape[Any, Any], list[LLMC
         if not originals:  # only the original agent's routing is left: drop it
             i = end
             continue
-        top = root.compute_view(new).top
-        member = root.find_agent(top.agent_name)
-        node = member.select_node(top)
+        move = next_move(new, root.name)
+        member, node = move.runner(root)
         where = f"{member.full_name}.{node.name} at step {i}"
         prompt = node.make_prompt(member, new)
         stream = LLMStream()

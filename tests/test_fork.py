@@ -16,6 +16,7 @@ from tapekit import (
     AssistantStep,
     AssistantThought,
     Call,
+    Environment,
     Fork,
     FunctionLLM,
     LLMCall,
@@ -27,9 +28,11 @@ from tapekit import (
     SetNextNode,
     Step,
     Tape,
+    ToolCall,
     ToolEnvironment,
     UserStep,
     async_main_loop,
+    main_loop,
     node_run_steps,
     reconstruct_llm_calls,
     replay_tape,
@@ -252,6 +255,50 @@ def test_a_branch_action_without_an_environment_is_a_clear_error() -> None:
     assert tape.metadata.error is not None
     assert "branch 0 (searcher)" in tape.metadata.error
     assert "without an environment" in tape.metadata.error
+
+
+class SearchOnce(Node):
+    """A root's one node: a search tool call (no LLM), like each searcher branch makes."""
+
+    def generate_steps(self, agent: Agent, tape: Tape[Any, Any], llm_stream: LLMStream) -> Iterator[Step]:
+        yield ToolCall(name="search", arguments={"query": "vulcan materials stock"})
+
+
+def solo() -> tuple[Agent, Tape[Any, Any]]:
+    """A session with no fork whose first move is the searchers' kind of action."""
+    return Agent.create("solo", nodes=[SearchOnce()]), Tape(steps=[UserStep(content="search")])
+
+
+class Broken(Environment):
+    """An environment whose backend is down: every reaction raises."""
+
+    name = "broken"
+
+    def react(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
+        raise ConnectionError("backend down")
+
+
+def test_a_branch_whose_environment_fails_records_the_main_loops_failure_text() -> None:
+    # the main loop's text for a failed environment, on a session with no fork
+    session_error = main_loop(*solo(), Broken()).get_final_tape().metadata.error
+    assert session_error == "ConnectionError: backend down (in environment broken)"
+    # the same text, naming the branch, when the environment fails inside a fork branch
+    forked = main_loop(research.make_lead(latency_s=0), research.start_tape(), Broken()).get_final_tape()
+    error = forked.metadata.error or ""
+    assert f"branch 0 (searcher) of the fork failed: {session_error}" in error, error
+    assert [s.kind for s in forked.steps[3:]] == ["call", "tool_call"]  # the branch's steps are kept
+
+
+def test_without_an_environment_the_loop_waits_and_a_branch_fails_with_the_same_text() -> None:
+    events = list(main_loop(*solo()))
+    external = events[-1].external
+    assert external is not None and isinstance(external.action, ToolCall)
+    assert str(external).startswith("nothing answers the actions (tool_call)")
+    assert events[-2].tape is not None and events[-2].tape.metadata.error is None
+    forked = main_loop(research.make_lead(latency_s=0), research.start_tape()).get_final_tape()
+    assert f"branch 0 (searcher) of the fork failed: ExternalObservationNeeded: {external}" in (
+        forked.metadata.error or ""
+    )
 
 
 def test_a_failing_branch_fails_the_fork_and_keeps_the_branches_before_it() -> None:

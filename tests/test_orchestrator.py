@@ -26,7 +26,8 @@ from tapekit import (
     async_main_loop,
     main_loop,
 )
-from tapekit.core import LLMOutput, ToolCallRequest
+from tapekit._engine import next_move
+from tapekit.core import LLMOutput, StepMetadata, ToolCallRequest
 from tapekit.dialog import AssistantStep, tool_calls_from_output
 from tests.test_fork import InFlightLLM
 
@@ -122,6 +123,21 @@ def test_a_tape_ending_in_an_unanswered_action_goes_to_the_environment_first() -
     pending = start().append(Count(n=0))  # made elsewhere; its run is closed (no run markers)
     events = list(main_loop(agent, pending, CountEnv(), max_loops=1))
     assert events[0].observation is not None and events[0].observation.n == 0  # type: ignore[attr-defined]
+
+
+def test_who_moves_next_is_read_from_the_tape_alone() -> None:
+    agent = Agent.create(name="counter", nodes=[CountNode()])
+    fresh = next_move(start(), "counter")
+    assert (fresh.actor, fresh.agent_name, fresh.finishing) == ("agent", "counter", False)
+    assert fresh.runner(agent) == (agent, agent.nodes[0]) and fresh.describe() == "counter"
+    pending = next_move(start().append(Count(n=0)), "counter")
+    assert pending.actor == "environment" and [a.kind for a in pending.waiting] == ["looptest_count"]
+    assert pending.describe() == "the environment (answering looptest_count)"
+    # a run cut after its action but before its last step: the agent finishes it first
+    meta = StepMetadata(agent="counter", node="CountNode", prompt_id="p", run_end=False)
+    cut = next_move(start().append(Count(n=0, metadata=meta)), "counter")
+    assert cut.actor == "agent" and cut.finishing and cut.waiting
+    assert cut.describe() == "counter (finishing its interrupted CountNode run)"
 
 
 class ChatNode(Node):

@@ -4,30 +4,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
 from tapekit._cli.common import CliError, fail, load_target, pick_tape, read_tape_file
 
-if TYPE_CHECKING:
-    from tapekit.core import Tape
-    from tapekit.environment import Environment
-
 __all__ = ["replay_command", "run_command"]
-
-
-def _nobody() -> Environment:
-    """An environment for agents given without one: every action waits for the outside."""
-    from tapekit.environment import Environment, ExternalObservationNeeded, unanswered_actions
-
-    class Nobody(Environment):
-        name = "nobody"
-
-        async def areact(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
-            raise ExternalObservationNeeded(unanswered_actions(tape)[-1], "no environment was given")
-
-    return Nobody()
 
 
 def run_command(
@@ -89,7 +72,7 @@ def _run(
     store = open_store(db) if db else None
     try:
         tags = ["run"] if store is not None else []
-        loop = main_loop(agent, start, environment or _nobody(), max_loops, store=store, tags=tags)
+        loop = main_loop(agent, start, environment, max_loops, store=store, tags=tags)
         for event in loop:
             if event.agent_event is not None and event.agent_event.llm_call is not None:
                 calls[event.agent_event.llm_call.prompt.id] = event.agent_event.llm_call

@@ -14,9 +14,10 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from tapekit._engine import next_move
 from tapekit.agent import Agent
 from tapekit.core import Step, StepMetadata, Tape, TapeMetadata, new_id, step_kinds
-from tapekit.environment import Environment, ExternalObservationNeeded, unanswered_actions
+from tapekit.environment import Environment, unanswered_actions
 from tapekit.errors import TapekitError
 from tapekit.llm.base import LLMCall
 from tapekit.orchestrator import amain_loop
@@ -116,17 +117,6 @@ class RunResult:
     stopped: str
 
 
-class _NoEnvironment(Environment):
-    """Stands in when an agent was registered without an environment: actions wait."""
-
-    name = "no environment"
-
-    async def areact(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
-        raise ExternalObservationNeeded(
-            unanswered_actions(tape)[-1], "no environment is registered with this agent to answer it"
-        )
-
-
 async def advance(
     registered: RegisteredAgent,
     tape: Tape[Any, Any],
@@ -140,13 +130,14 @@ async def advance(
 
     ``step`` stops after one node run (the step whose ``metadata.run_end`` is true) or after one
     environment reaction: both leave a valid resume point. ``run`` goes on until the agent is
-    done, waits on the outside world, fails, or has run ``max_loops`` rounds. With a ``store``,
+    done, waits on the outside world, fails, or has run ``max_loops`` rounds; an agent registered
+    without an environment waits at its first action (nothing answers it). With a ``store``,
     the child is stored as it grows (every step and LLM call, through the main loop's recorder),
     under the id the result carries; each completed LLM call also goes to ``on_llm_call``.
     Raises :class:`NothingToDoError` when nothing could be added (e.g. the last action waits
     for the user).
     """
-    environment = registered.environment or _NoEnvironment()
+    environment = registered.environment
     loops = 1 if mode == "step" else max_loops
     child_id = new_id()
     recorder = SessionRecorder(store, tape, child_id, parent_id=tape.metadata.id, write_start=False)
@@ -187,7 +178,7 @@ async def advance(
     meta = TapeMetadata(
         id=child_id,
         parent_id=tape.metadata.id,
-        author=registered.agent.name if made_by_agent else environment.name,
+        author=registered.agent.name if made_by_agent or environment is None else environment.name,
         n_added_steps=added,
         error=error,
     )
@@ -278,15 +269,9 @@ def appended_tape(tape: Tape[Any, Any], step: Step) -> Tape[Any, Any]:
 
 
 def next_actor(tape: Tape[Any, Any], root_name: str | None) -> str:
-    """Who moves next on ``tape``: the environment (unanswered actions) or the agent, in words."""
-    from tapekit.views import TapeViewStack
-
-    waiting = unanswered_actions(tape)
+    """Who moves next on ``tape`` (:func:`tapekit._engine.next_move`), in words; without the
+    team's root name only the environment's turn is known."""
     if root_name is None:
+        waiting = unanswered_actions(tape)
         return "the environment (answering " + waiting[-1].kind + ")" if waiting else "an agent"
-    top = TapeViewStack.compute(tape, root_name).top
-    if top.run_open:
-        return f"{top.agent_name} (finishing its interrupted {top.last_node} run)"
-    if waiting:
-        return f"the environment (answering {', '.join(a.kind for a in waiting)})"
-    return top.agent_name
+    return next_move(tape, root_name).describe()
