@@ -72,7 +72,7 @@ from tapekit.orchestrator import (
     reconstruct_llm_calls,
     replay_tape,
 )
-from tapekit.store import TapeInfo, TapeNotFoundError, TapeStore, open_store
+from tapekit.store import TapeFilter, TapeInfo, TapeNotFoundError, TapeStore, open_store
 from tapekit.structured import LLMOutputParsingFailure, StructuredNode, parse_steps, steps_schema
 from tapekit.views import TapeView, TapeViewStack, cached_fold
 
@@ -177,6 +177,7 @@ __all__ = [
     "StructuredNode",
     "SystemStep",
     "Tape",
+    "TapeFilter",
     "TapeInfo",
     "TapeMetadata",
     "TapeNotFoundError",

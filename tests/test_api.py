@@ -120,6 +120,7 @@ EXPORTED = sorted(
         "StructuredNode",
         "SystemStep",
         "Tape",
+        "TapeFilter",
         "TapeInfo",
         "TapeMetadata",
         "TapeNotFoundError",

@@ -36,6 +36,7 @@ from tapekit.batch._local import alocal
 from tapekit.batch._results import BatchResult, BatchStats, batch_tape_id
 from tapekit.core import Tape
 from tapekit.environment import Environment
+from tapekit.store.base import TapeStore
 
 __all__ = ["aray_batch"]
 
@@ -53,18 +54,17 @@ def _split_llm(llm_concurrency: Any, parts: int, index: int) -> Any:
     return {key: _split(limit, parts, index) for key, limit in llm_concurrency.items()}
 
 
-def _store_address(store: Any) -> str | None:
+def _store_address(store: TapeStore | None) -> str | None:
     """Where the workers open the store: a PostgreSQL DSN or an SQLite path."""
     if store is None:
         return None
-    for attribute in ("dsn", "path"):
-        value = getattr(store, attribute, None)
-        if isinstance(value, str) and value:
-            return value
-    raise ValueError(
-        f"the Ray backend needs a store its workers can open (an SQLite file or a PostgreSQL URL); "
-        f"{type(store).__name__} has neither a path nor a dsn"
-    )
+    address = store.address
+    if not address:
+        raise ValueError(
+            "the Ray backend needs a store its workers can open (an SQLite file or a PostgreSQL URL); "
+            f"{type(store).__name__} lives in this process only (its address is None)"
+        )
+    return address
 
 
 def _step_modules(tape: Tape[Any, Any]) -> set[str]:
@@ -72,10 +72,13 @@ def _step_modules(tape: Tape[Any, Any]) -> set[str]:
 
 
 def _run_share(
-    payload: Any, share: list[tuple[int, type[Tape[Any, Any]], str, list[str]]], config: BatchConfig
+    payload: Any,
+    share: list[tuple[int, type[Tape[Any, Any]], str, list[str]]],
+    config: BatchConfig,
+    address: str | None,
 ) -> Iterator[dict[str, Any]]:
-    """The body of one Ray worker: the local batch on ``share`` (with its part of the limits
-    and the store's address in ``config``), one result dict per tape."""
+    """The body of one Ray worker: the local batch on ``share`` (with its part of the limits in
+    ``config``) on the store it opens at ``address``, one result dict per tape."""
     from tapekit._sync import iterate_sync
 
     if isinstance(payload, str):
@@ -88,10 +91,10 @@ def _run_share(
             importlib.import_module(module)
         items.append((index, tape_class.model_validate_json(text)))
     store = None
-    if config.store is not None:
+    if address is not None:
         from tapekit.store import open_store
 
-        store = open_store(config.store)
+        store = open_store(address)
     try:
         results = alocal(agent, environment, items, replace(config, store=store, stats=BatchStats()))
         for result in iterate_sync(results):
@@ -157,11 +160,11 @@ async def aray_batch(
             config,
             max_concurrency=_split(max_concurrency, n, w),
             llm_concurrency=_split_llm(config.llm_concurrency, n, w),
-            store=address,
+            store=None,
             stats=None,
             backend="local",
         )
-        generators.append((run_share.remote(payload, share, part), [i for i, _ in indexed[w::n]]))
+        generators.append((run_share.remote(payload, share, part, address), [i for i, _ in indexed[w::n]]))
     queue: asyncio.Queue[BatchResult] = asyncio.Queue()
     total_concurrency = sum(_split(max_concurrency, n, w) for w in range(n))
 

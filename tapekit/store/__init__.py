@@ -1,6 +1,8 @@
 """Where tapes and LLM calls live: SQLite by default (one file, WAL, batched writes), PostgreSQL
-for many processes on many machines. Both implement :class:`TapeStore`; :func:`open_store`
-picks one from a path or a ``postgresql://`` URL."""
+for many processes on many machines, memory for tests and short scripts. All three implement
+:class:`TapeStore`, the interface to type a store parameter with and to subclass for another
+backend (:mod:`tapekit.testing.store_conformance` checks one); :func:`open_store` picks SQLite
+or PostgreSQL from a path or a ``postgresql://`` URL."""
 
 from __future__ import annotations
 
@@ -8,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from tapekit.store.base import StoreWriteError, TapeFilter, TapeInfo, TapeNotFoundError, TapeStore, Totals
+from tapekit.store.memory import MemoryStore
 from tapekit.store.postgres import PostgresStore
 from tapekit.store.sqlite import SQLiteStore
 
 __all__ = [
+    "MemoryStore",
     "PostgresStore",
     "SQLiteStore",
     "StoreWriteError",

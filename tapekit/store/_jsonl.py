@@ -1,28 +1,40 @@
-"""A store's tapes and LLM calls as JSONL: export, and a transactional import.
+"""The JSONL form of a store's tapes and LLM calls: writing an export, reading an import.
 
 The file starts with a header line (``{"format": "tapekit-store", "version": 1}``), then one
 object per line: ``{"type": "tape", "info", "context", "steps"}`` or ``{"type": "llm_call",
-"call"}``. An import reads and checks the whole file before it stores anything, and commits it
-in one transaction: a file with a bad line stores nothing, and the error names the file and line.
+"call"}``. An import reads and checks the whole file before it stores anything, so that
+:meth:`TapeStore.import_jsonl <tapekit.store.TapeStore.import_jsonl>` can commit it in one
+transaction: a file with a bad line stores nothing, and the error names the file and line.
+
+Nothing here touches a store: :meth:`~tapekit.store.TapeStore.export_jsonl` hands
+:func:`write_jsonl` what it read, and :func:`read_import` turns a file into the writes the
+store commits, asking only how many steps of a tape are stored already.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
 from tapekit.core import Step, Tape
 from tapekit.llm.base import LLMCall
+from tapekit.store._writes import TapeRows, TapeWrite, Write, call_write, check_id, check_tags, serialised
+from tapekit.store.base import TapeInfo
 
-if TYPE_CHECKING:
-    from tapekit.store._writes import TapeRows, Write
-    from tapekit.store.base import TapeStore
-
-__all__ = ["JSONL_FORMAT", "JSONL_VERSION", "export_jsonl", "import_jsonl", "read_jsonl_lines"]
+__all__ = [
+    "JSONL_FORMAT",
+    "JSONL_VERSION",
+    "ExportedTape",
+    "Import",
+    "read_import",
+    "read_jsonl_lines",
+    "write_jsonl",
+]
 
 JSONL_FORMAT = "tapekit-store"
 JSONL_VERSION = 1
@@ -50,51 +62,46 @@ def read_jsonl_lines(path: str | Path) -> Iterator[tuple[int, str, Any]]:
             yield number, line, item
 
 
-def export_jsonl(store: TapeStore, path: str | Path, tape_ids: Iterable[str] | None, llm_calls: bool) -> int:
-    """Write ``store``'s tapes (all, or ``tape_ids``) and the LLM calls behind them to ``path``
-    (see :meth:`TapeStore.export_jsonl`); returns how many tapes were written."""
-    from tapekit.store._writes import check_id
-    from tapekit.store.base import TapeFilter, TapeNotFoundError
+class ExportedTape(NamedTuple):
+    """One tape as an export writes it: its info, and its context and steps as stored JSON."""
 
-    store.flush()
-    if tape_ids is None:
-        ids = store._select_ids(TapeFilter(), None, 0)
-        ids.reverse()  # oldest first: parents before their children
-    else:
-        if isinstance(tape_ids, str):
-            raise TypeError("tape_ids must be a list of ids, not a string")
-        ids = [check_id(t) for t in tape_ids]
-    prompt_ids: dict[str, None] = {}
+    info: TapeInfo
+    context: str | None
+    steps: list[str]
+
+
+def write_jsonl(path: str | Path, tapes: Iterable[ExportedTape], calls: Iterable[LLMCall]) -> int:
+    """Write the header, then ``tapes``, then ``calls`` to ``path`` (``calls`` is iterated
+    after the last tape); returns how many tapes were written."""
+    n = 0
     with open(path, "w", encoding="utf-8") as out:
         out.write(json.dumps({"format": JSONL_FORMAT, "version": JSONL_VERSION}) + "\n")
-        for tape_id in ids:
-            infos = store._select_infos(TapeFilter(), None, 0, ids=[tape_id])
-            if not infos:
-                raise TapeNotFoundError(tape_id, store.location)
-            info = infos[0]
-            context = store._select_context(tape_id) or "null"
-            steps = ",".join(store._select_steps(tape_id, 0, info.n_steps))
+        for info, context, steps in tapes:
             out.write(
-                f'{{"type":"tape","info":{info.model_dump_json()},"context":{context},"steps":[{steps}]}}\n'
+                f'{{"type":"tape","info":{info.model_dump_json()},"context":{context or "null"},'
+                f'"steps":[{",".join(steps)}]}}\n'
             )
-            if llm_calls and tape_ids is not None:
-                prompt_ids.update(dict.fromkeys(store._select_prompt_ids(tape_id)))
-        if llm_calls:
-            calls = store._select_llm_calls(None if tape_ids is None else list(prompt_ids))
-            for call in calls:
-                out.write(f'{{"type":"llm_call","call":{call.model_dump_json()}}}\n')
-    return len(ids)
+            n += 1
+        for call in calls:
+            out.write(f'{{"type":"llm_call","call":{call.model_dump_json()}}}\n')
+    return n
 
 
-def import_jsonl(store: TapeStore, path: str | Path) -> list[str]:
-    """Store the tapes and LLM calls of ``path`` in ``store`` in one transaction (see
-    :meth:`TapeStore.import_jsonl`); returns the ids of the tapes in the file."""
-    from tapekit.store._writes import WriteGroup, call_write
+@dataclass
+class Import:
+    """What a file imports: the writes to commit together, the stored length of each tape once
+    they are committed, and the ids of the file's tapes in file order."""
 
-    store._check_open()
-    writes: list[Write] = []
-    lengths: dict[str, int] = {}  # the stored length of each tape once this import is committed
-    imported: list[str] = []
+    writes: list[Write] = field(default_factory=list)
+    lengths: dict[str, int] = field(default_factory=dict)
+    tape_ids: list[str] = field(default_factory=list)
+
+
+def read_import(path: str | Path, stored_length: Callable[[str], int]) -> Import:
+    """Read and check every line of the export ``path``: the writes that store it in a store
+    where ``stored_length(tape_id)`` steps of each tape are stored already (only the steps
+    beyond those are written). A bad line is a ``ValueError`` naming the file and line."""
+    found = Import()
     header_seen = False
     for number, _, item in read_jsonl_lines(path):
         try:
@@ -106,21 +113,17 @@ def import_jsonl(store: TapeStore, path: str | Path) -> list[str]:
                 continue
             kind = item.get("type")
             if kind == "tape":
-                write = _tape_write(store, item, lengths)
-                writes.append(write)
-                imported.append(write.tape_id)
+                write = _tape_write(item, found.lengths, stored_length)
+                found.writes.append(write)
+                found.tape_ids.append(write.tape_id)
             elif kind == "llm_call":
-                writes.append(call_write(LLMCall.model_validate(item["call"])))
+                found.writes.append(call_write(LLMCall.model_validate(item["call"])))
             else:
                 raise ValueError(f"unknown line type {kind!r}")
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError, ValidationError) as e:
             message = "nested too deeply to read" if isinstance(e, RecursionError) else str(e)
             raise ValueError(f"{path}, line {number}: {message}") from e
-    if writes:
-        store._put(WriteGroup(writes))
-    store.flush()
-    store._known_lengths.update(lengths)
-    return imported
+    return found
 
 
 def _check_header(item: dict[str, Any]) -> None:
@@ -130,19 +133,18 @@ def _check_header(item: dict[str, Any]) -> None:
         raise ValueError(f"export version {item.get('version')!r} is not supported")
 
 
-def _tape_write(store: TapeStore, item: dict[str, Any], lengths: dict[str, int]) -> TapeRows:
+def _tape_write(
+    item: dict[str, Any], lengths: dict[str, int], stored_length: Callable[[str], int]
+) -> TapeRows:
     """The write that imports one tape line: its steps beyond those stored, its metadata."""
-    from tapekit.store._writes import TapeWrite, check_id, check_tags, serialised
-    from tapekit.store.base import TapeInfo
-
     info = TapeInfo.model_validate(item["info"])
     check_id(info.id)
     steps: list[Step] = list(Tape.model_validate({"steps": item["steps"]}).steps)
     if len(steps) != info.n_steps:
         raise ValueError(f"tape {info.id} says n_steps={info.n_steps} but has {len(steps)} steps")
-    start = lengths.get(info.id, store._known_lengths.get(info.id))
-    if start is None:  # as in save_tape: not written by this store, so committed is all there is
-        start = store._stored_length(info.id) or 0
+    start = lengths.get(info.id)
+    if start is None:
+        start = stored_length(info.id)
     if start > len(steps):
         raise ValueError(f"tape {info.id} has {start} stored steps; the file has only {len(steps)}")
     write = TapeWrite(

@@ -14,9 +14,9 @@ from operator import itemgetter
 from typing import Any
 
 from tapekit.llm.base import LLMCall
-from tapekit.store._tokens import decode_tokens
-from tapekit.store._writes import CallWrite, TagWrite, TapeRows, Write
-from tapekit.store.base import TapeFilter, TapeInfo, TapeStore, Totals
+from tapekit.store._writer import QueuedTapeStore
+from tapekit.store._writes import CallWrite, TagWrite, TapeRows, Write, call_from_row
+from tapekit.store.base import TapeFilter, TapeInfo, Totals
 
 # DOUBLE PRECISION is REAL in SQLite; the first three tables are the original SQLite schema
 SCHEMA = [
@@ -144,26 +144,8 @@ def _where(f: TapeFilter) -> tuple[str, list[Any]]:
     return " AND ".join(clauses), args
 
 
-def _call(row: Sequence[Any]) -> LLMCall:
-    _, model, prompt, output, pt, ot, cost, latency, ts, token_meta, token_data = row
-    call = LLMCall.model_validate(
-        {
-            "prompt": json.loads(prompt),
-            "output": json.loads(output),
-            "model": model,
-            "prompt_tokens": pt,
-            "output_tokens": ot,
-            "cost": cost,
-            "latency_s": latency,
-            "timestamp": ts,
-        }
-    )
-    call.tokens = decode_tokens(token_meta, token_data)
-    return call
-
-
-class SQLTapeStore(TapeStore):
-    """A :class:`TapeStore` on an SQL database with the shared schema (SQLite, PostgreSQL)."""
+class SQLTapeStore(QueuedTapeStore):
+    """A :class:`~tapekit.store.TapeStore` on an SQL database with the shared schema (SQLite, PostgreSQL)."""
 
     #: how this dialect writes "no limit" when only an offset is given
     _no_limit = "LIMIT -1"
@@ -299,7 +281,7 @@ class SQLTapeStore(TapeStore):
         )
         return [r[0] for r in rows]
 
-    def _count(self, where: TapeFilter) -> int:
+    def _select_count(self, where: TapeFilter) -> int:
         sql, args = _where(where)
         return int(self._fetch(f"SELECT COUNT(*) FROM tapes t WHERE {sql}", args)[0][0])
 
@@ -317,7 +299,7 @@ class SQLTapeStore(TapeStore):
     def _select_llm_calls(self, prompt_ids: Sequence[str] | None) -> Iterator[LLMCall]:
         if prompt_ids is None:
             for row in self._fetch(f"SELECT {_CALL_COLUMNS} FROM llm_calls ORDER BY timestamp, prompt_id"):
-                yield _call(row)
+                yield call_from_row(row)
             return
         for i in range(0, len(prompt_ids), _CHUNK):
             chunk = list(prompt_ids[i : i + _CHUNK])
@@ -327,7 +309,7 @@ class SQLTapeStore(TapeStore):
                 chunk,
             )
             for row in rows:
-                yield _call(row)
+                yield call_from_row(row)
 
     def _select_llm_call_ids(self, model: str | None) -> list[str]:
         sql, args = "SELECT prompt_id FROM llm_calls", []

@@ -1,9 +1,9 @@
-"""The store's writer: a queue and a background thread with its own connection that commits
+"""The SQL stores' writer: a queue and a background thread with its own connection that commits
 queued writes in batches (``batch_size`` writes, or what arrived within ``flush_interval_s``).
 
 A batch the database refuses is committed again write by write (an import as a whole), so one
 bad row never loses another nor stops the writer; the writes that fail on their own are reported
-once, by the next ``flush`` or read, as :class:`StoreWriteError`.
+once, by the next ``flush`` or read, as :class:`~tapekit.store.StoreWriteError`.
 """
 
 from __future__ import annotations
@@ -11,18 +11,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any
 
-from tapekit.errors import TapekitError
 from tapekit.store._writes import Write, WriteGroup, describe, flat
+from tapekit.store.base import StoreWriteError, TapeStore
 
-__all__ = ["QueuedWriter", "StoreWriteError"]
-
-
-class StoreWriteError(TapekitError, RuntimeError):
-    """Queued writes the database refused (each named); the store's other writes were committed
-    and the store keeps working. Raised once, by the next ``flush`` or read."""
+__all__ = ["QueuedTapeStore"]
 
 
 @dataclass(slots=True)
@@ -33,15 +29,15 @@ class _Flush:
 _STOP = object()
 
 
-class QueuedWriter:
-    """The queue, the writer thread and their life cycle (a base of :class:`TapeStore`). A
-    subclass supplies ``_writer_connect``, ``_writer_close``, ``_commit`` and ``_close_readers``,
-    and calls ``_start_writer`` at the end of its ``__init__``."""
-
-    #: where the data lives, for messages (a path or a DSN without password)
-    location: str = "the store"
+class QueuedTapeStore(TapeStore):
+    """A :class:`TapeStore` whose saves are queued and committed in batches by a writer thread
+    with its own connection: ``_submit`` queues, ``flush`` waits for the writer, ``close``
+    commits what is queued and stops it. A subclass supplies ``_writer_connect``,
+    ``_writer_close``, ``_commit`` and ``_close_readers`` (and the reads), and calls
+    ``_start_writer`` at the end of its ``__init__``."""
 
     def __init__(self, batch_size: int = 512, flush_interval_s: float = 0.05) -> None:
+        super().__init__()
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
         if not isinstance(flush_interval_s, int | float) or flush_interval_s < 0:
@@ -54,20 +50,23 @@ class QueuedWriter:
         self._wake = threading.Event()
         self._error: BaseException | None = None
         self._failed_writes: list[str] = []  # writes the writer could not commit, not yet reported
-        self._closed = False
         self._writer: threading.Thread | None = None
 
+    @abstractmethod
     def _writer_connect(self) -> Any:
-        raise NotImplementedError
+        """A connection for the writer thread (used only by that thread)."""
 
+    @abstractmethod
     def _writer_close(self, conn: Any) -> None:
-        raise NotImplementedError
+        """Close the writer thread's connection."""
 
+    @abstractmethod
     def _commit(self, conn: Any, writes: list[Write]) -> None:
-        raise NotImplementedError
+        """Commit ``writes`` (in order) in one transaction on the writer's connection."""
 
+    @abstractmethod
     def _close_readers(self) -> None:
-        raise NotImplementedError
+        """Close the connections used for reading."""
 
     def _start_writer(self) -> None:
         """Start the writer thread; backends call this at the end of ``__init__``."""
@@ -75,11 +74,8 @@ class QueuedWriter:
         self._writer = threading.Thread(target=self._write_loop, name=name, daemon=True)
         self._writer.start()
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError(f"{type(self).__name__} on {self.location} is closed")
-
-    def _put(self, item: Any) -> None:
+    def _submit(self, item: Write | WriteGroup) -> None:
+        """Queue ``item`` for the writer thread."""
         self._check_open()
         self._raise_writer_error()
         self._queue.put(item)
@@ -116,21 +112,12 @@ class QueuedWriter:
                 break
         self._raise_writer_error()
 
-    def close(self) -> None:
-        """Commit what is queued and stop the writer (closing twice is harmless)."""
-        if self._closed:
-            return
-        self._closed = True
+    def _close(self) -> None:
+        """Commit what is queued, stop the writer and close the reading connections."""
         if self._writer is not None and self._writer.is_alive():
             self._put_urgent(_STOP)
             self._writer.join()
         self._close_readers()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _write_loop(self) -> None:
         try:
@@ -148,7 +135,7 @@ class QueuedWriter:
                     try:
                         item = self._queue.get_nowait()
                     except queue.Empty:
-                        # wait for the batch to fill (``_put`` wakes us), a flush, or the deadline,
+                        # wait for the batch to fill (``_submit`` wakes us), a flush, or the deadline,
                         # rather than waking for every write (which slowed the callers down)
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:

@@ -11,13 +11,14 @@ does not keep thousands of objects alive for the garbage collector to scan over 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tapekit.core import Step, TapeMetadata
 from tapekit.llm.base import LLMCall
 from tapekit.store._text import check_text, model_json
-from tapekit.store._tokens import encode_tokens
+from tapekit.store._tokens import decode_tokens, encode_tokens
 
 __all__ = [
     "CallWrite",
@@ -26,6 +27,7 @@ __all__ = [
     "TapeWrite",
     "Write",
     "WriteGroup",
+    "call_from_row",
     "call_write",
     "check_id",
     "check_tags",
@@ -55,9 +57,12 @@ class TapeWrite:
 
 @dataclass(slots=True)
 class TapeRows:
-    """A :class:`TapeWrite` as the writer commits it: ``tape`` is the ``tapes`` row up to
-    ``n_steps`` (``created`` and ``updated`` follow it; see ``TAPE_COLUMNS`` in ``_sql.py``),
-    ``steps`` the new ``steps`` rows."""
+    """A :class:`TapeWrite` as a backend commits it: ``tape`` is the tape's row, ``(id,
+    parent_id, author, author_tape_id, n_added_steps, error, result, context, other, n_steps)``
+    (``result`` and ``context`` as JSON, ``other`` as JSON or None when empty; ``created`` and
+    ``updated`` follow it in the SQL table, see ``TAPE_COLUMNS`` in ``_sql.py``), ``steps`` the
+    new steps' rows, ``(tape_id, idx, step_id, kind, agent, node, prompt_id, data)`` with
+    ``data`` the step's JSON."""
 
     tape_id: str
     tape: tuple[Any, ...]
@@ -72,8 +77,10 @@ class TapeRows:
 
 @dataclass(slots=True)
 class CallWrite:
-    """A completed LLM call as its ``llm_calls`` row (prompt and output as JSON, token ids in
-    their stored form, see ``_tokens.py``), to upsert by prompt id."""
+    """A completed LLM call as its ``llm_calls`` row, ``(prompt_id, model, prompt, output,
+    prompt_tokens, output_tokens, cost, latency_s, timestamp, token_meta, token_data)`` (prompt
+    and output as JSON, token ids in their stored form, see ``_tokens.py``), to upsert by prompt
+    id; :func:`call_from_row` reads it back."""
 
     prompt_id: str
     row: tuple[Any, ...]
@@ -153,6 +160,25 @@ def call_write(call: LLMCall) -> CallWrite:
         token_data,
     )
     return CallWrite(call.prompt.id, row)
+
+
+def call_from_row(row: Sequence[Any]) -> LLMCall:
+    """The :class:`LLMCall` stored as ``row`` (the row of a :class:`CallWrite`)."""
+    _, model, prompt, output, pt, ot, cost, latency, ts, token_meta, token_data = row
+    call = LLMCall.model_validate(
+        {
+            "prompt": json.loads(prompt),
+            "output": json.loads(output),
+            "model": model,
+            "prompt_tokens": pt,
+            "output_tokens": ot,
+            "cost": cost,
+            "latency_s": latency,
+            "timestamp": ts,
+        }
+    )
+    call.tokens = decode_tokens(token_meta, token_data)
+    return call
 
 
 def describe(w: Write | WriteGroup) -> str:

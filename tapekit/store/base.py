@@ -1,15 +1,17 @@
-"""The tape store interface: what every backend offers, and the logic they share.
+"""The tape store interface, :class:`TapeStore`: what every backend offers and what a backend
+implements.
 
-A store keeps tapes (their steps, metadata and tags) and the LLM calls behind the steps. Writes
-are queued and a background thread with its own connection commits them in batches, so agents
-never wait on the database and a batch of thousands of tapes does not turn into thousands of
-commits. Reads first wait for this store's own queued writes, so a reader always sees them.
+A store keeps tapes (their steps, metadata and tags) and the LLM calls behind the steps. Every
+public method (saving, reading, listing, tags, totals, JSONL) is written once, here, over a
+small set of protected backend methods; a backend (:class:`~tapekit.store.SQLiteStore`,
+:class:`~tapekit.store.PostgresStore`, :class:`~tapekit.store.MemoryStore`, or your own)
+subclasses :class:`TapeStore` and implements those. The class docstring lists them with the
+rules they follow (ordering, atomicity, thread safety); :mod:`tapekit.testing.store_conformance`
+checks a backend against them.
 
-:class:`TapeStore` holds everything that does not depend on the database (argument checking,
-ancestry walks, the deprecated session recorder); the writer thread is ``_writer.py``, the
-records it commits (built and checked on the caller's thread) ``_writes.py``, JSONL import and
-export ``_jsonl.py``. A backend implements the ``_select_*`` queries and ``_commit`` (see
-``tapekit/store/_sql.py``).
+Saves are serialised and checked on the caller's thread (``_writes.py``, ``_text.py``), so a
+backend receives plain rows. The SQL backends queue them for a writer thread (``_writer.py``,
+the shared SQL in ``_sql.py``); JSONL import and export is ``_jsonl.py``.
 """
 
 from __future__ import annotations
@@ -21,26 +23,26 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import BaseModel, Field
 
 from tapekit.core import Step, Tape, TapeMetadata
 from tapekit.errors import TapekitError
 from tapekit.llm.base import LLMCall
-from tapekit.store import _jsonl
-from tapekit.store._writer import QueuedWriter, StoreWriteError
-from tapekit.store._writes import (
-    TagWrite,
-    TapeWrite,
-    Write,
-    call_write,
-    serialised,
-)
+from tapekit.store._writes import TagWrite, TapeWrite, Write, WriteGroup, call_write, serialised
 from tapekit.store._writes import check_id as _check_id
 from tapekit.store._writes import check_tags as _check_tags
 
+if TYPE_CHECKING:
+    from tapekit.events import MainLoopEvent
+
 __all__ = ["StoreWriteError", "TapeFilter", "TapeInfo", "TapeNotFoundError", "TapeStore", "Totals"]
+
+
+class StoreWriteError(TapekitError, RuntimeError):
+    """Queued writes the database refused (each named); the store's other writes were committed
+    and the store keeps working. Raised once, by the next ``flush`` or read."""
 
 
 class Totals(dict[str, dict[str, float]]):
@@ -65,6 +67,7 @@ class TapeInfo(BaseModel):
 
     ``created`` is when the tape was first saved and ``updated`` when it last changed (unix
     seconds); ``n_steps`` how many steps are stored; ``other`` the tape's ``metadata.other``.
+    :attr:`metadata` is the tape's whole :class:`~tapekit.core.TapeMetadata`.
     """
 
     id: str
@@ -80,8 +83,14 @@ class TapeInfo(BaseModel):
     created: float = 0.0
     updated: float = 0.0
 
+    @property
+    def metadata(self) -> TapeMetadata:
+        """The stored tape's :class:`~tapekit.core.TapeMetadata` (every field, ``other``
+        included), as ``store.get_tape(id).metadata`` would give it, without loading steps."""
+        return self.to_metadata()
+
     def to_metadata(self) -> TapeMetadata:
-        """The stored tape's :class:`~tapekit.core.TapeMetadata` (every field, ``other`` included)."""
+        """The stored tape's :class:`~tapekit.core.TapeMetadata` (a new object each call)."""
         return TapeMetadata(
             id=self.id,
             parent_id=self.parent_id,
@@ -96,11 +105,17 @@ class TapeInfo(BaseModel):
 
 @dataclass(frozen=True)
 class TapeFilter:
-    """Which tapes a list or count selects; every field left ``None`` matches all tapes.
+    """Which tapes :meth:`TapeStore.list_tapes`, :meth:`~TapeStore.list_tape_infos` and
+    :meth:`~TapeStore.count_tapes` select: every field given must hold; a field left ``None``
+    does not filter, so ``TapeFilter()`` matches every tape.
 
-    ``agent`` selects tapes with at least one step made by that agent (its full name, e.g.
-    ``analyst/search_agent``); ``since``/``until`` bound ``created`` (``since <= created <
-    until``, unix seconds).
+    - ``author``: the tape's ``metadata.author`` is this.
+    - ``agent``: at least one step was made by this agent (its full name, e.g.
+      ``analyst/search_agent``).
+    - ``has_error``: failed (``True``: ``metadata.error`` is set) or clean (``False``) tapes.
+    - ``tag``: the tape has this tag.
+    - ``since``, ``until``: ``since <= created < until`` (unix seconds).
+    - ``parent_id``: direct continuations of this tape.
     """
 
     author: str | None = None
@@ -124,41 +139,142 @@ class TapeFilter:
                 raise TypeError(f"{name} must be unix seconds (a number) or None, not {value!r}")
 
 
+_FILTER_FIELDS = tuple(TapeFilter.__dataclass_fields__)
+
+
+def _filter(where: TapeFilter | None, keywords: dict[str, Any], method: str) -> TapeFilter:
+    """``where`` (default: every tape); the filter keywords of older versions still work, with a
+    ``DeprecationWarning``."""
+    if not keywords:
+        if where is None:
+            return TapeFilter()
+        if not isinstance(where, TapeFilter):
+            raise TypeError(
+                f"{method}: where must be a TapeFilter or None, not {type(where).__name__} "
+                f"(write {method}(TapeFilter(author=...)))"
+            )
+        return where
+    unknown = sorted(set(keywords) - set(_FILTER_FIELDS))
+    if unknown:
+        raise TypeError(f"{method}() got unexpected keyword arguments {unknown}")
+    if where is not None:
+        raise TypeError(f"{method}: pass the filter as where=TapeFilter(...) only, not also as keywords")
+    shown = ", ".join(f"{k}=..." for k in keywords)
+    warnings.warn(
+        f"{method}({shown}) is deprecated: pass where=TapeFilter({shown})",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return TapeFilter(**keywords)
+
+
 def _load_steps(texts: list[str]) -> list[Any]:
     # one parse of a JSON array is ~3x faster than one parse per step
     return json.loads(f"[{','.join(texts)}]") if texts else []
 
 
-class TapeStore(QueuedWriter, ABC):
-    """Tapes, their steps and tags, and the LLM calls behind the steps, in a database.
+def _check_page(limit: int | None, offset: int) -> None:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit must be a non-negative integer or None, not {limit!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be a non-negative integer, not {offset!r}")
 
-    Use :func:`tapekit.store.open_store` to pick the backend from a path or URL. Every write
-    (``save_tape``, ``save_llm_call``, tag changes) is queued and committed by a background
-    thread within ``flush_interval_s``; ``flush`` waits for it, ``close`` (or leaving a ``with``
-    block) commits what is queued and stops the thread.
+
+def _check_slice(start: int, stop: int | None) -> None:
+    for name, value in (("start", start), ("stop", stop)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"{name} must be an integer or None, not {value!r}")
+
+
+class TapeStore(ABC):
+    """Tapes, their steps and tags, and the LLM calls behind the steps: the interface every
+    store implements, and the type to accept wherever a store is passed (``store: TapeStore |
+    None``).
+
+    Use :func:`tapekit.store.open_store` to open SQLite or PostgreSQL from a path or URL, or
+    :class:`~tapekit.store.MemoryStore` for tests and short scripts. ``close()`` (or leaving a
+    ``with`` block) commits what is queued and releases the store; ``flush()`` waits until
+    every save made so far is committed. Every read first waits for this store's own saves, so
+    a reader always sees them.
+
+    **Implementing a backend.** Subclass ``TapeStore``, call ``super().__init__()``, set
+    ``location`` (a path or URL without password, for messages) and implement:
+
+    Writing. Saves are checked and serialised on the caller's thread before a backend sees them:
+
+    - ``_submit(write)``: take one write, a :class:`~tapekit.store._writes.TapeRows` (a tape's
+      new steps, its metadata and tags to add), ``CallWrite`` (an LLM call to upsert),
+      ``TagWrite`` (tags to add or remove) or ``WriteGroup`` (several, all or none), and
+      commit it now or queue it. Writes take effect in the order submitted. A step already
+      stored at ``(tape_id, idx)`` is never overwritten; a tape's row and an LLM call are
+      upserted, and a tape keeps the ``created`` time of its first write unless the write is
+      an import (``exact_created``).
+    - ``flush()``: return once everything submitted is committed and readable; raise
+      :class:`StoreWriteError` for queued writes that failed since the last report.
+    - ``_close()``: commit what is queued and release connections (called once, by ``close``).
+    - ``pending_writes()``: how many writes are queued and not committed (default 0: a backend
+      that commits in ``_submit``).
+    - ``address`` (optional): how another process opens this store with ``open_store``.
+
+    Reading. The public methods check their arguments and call ``flush()`` first:
+
+    - ``_stored_length(tape_id)``: the committed number of steps (None: no such tape).
+    - ``_select_infos(where, limit, offset, ids)``, ``_select_ids(where, limit, offset)``,
+      ``_select_count(where)``: the tapes matching a :class:`TapeFilter`, newest first (by
+      ``created``, then id).
+    - ``_select_children(parent_ids)``: infos of the tapes whose parent is one of these.
+    - ``_select_context(tape_id)``, ``_select_steps(tape_id, start, stop)``: the stored JSON
+      of a tape's context and of its steps ``start <= idx < stop``.
+    - ``_select_llm_calls(prompt_ids)``, ``_select_llm_call_ids(model)``,
+      ``_select_prompt_ids(tape_id)``, ``_select_totals(by, tape_id)``: LLM calls and totals.
+
+    Transactions: a ``TapeRows`` (a tape's steps, metadata and tags) is atomic, and so is a
+    ``WriteGroup`` (one JSONL import); a backend may commit many writes in one transaction.
+
+    Thread safety: one store object may be shared by the threads of a process, so every
+    method must be safe to call from several threads at once (the SQL backends lock their
+    reading connection and give their writer thread its own; :class:`MemoryStore` holds one
+    lock). Two stores on one database (two processes) are the backend's business: SQLite and
+    PostgreSQL support it, a :class:`MemoryStore` is one process's.
+
+    :mod:`tapekit.testing.store_conformance` is the suite a backend must pass: run it on yours.
     """
 
-    def __init__(self, batch_size: int = 512, flush_interval_s: float = 0.05) -> None:
-        super().__init__(batch_size, flush_interval_s)
-        self._known_lengths: dict[str, int] = {}
+    #: where the data lives, for messages (a path, a DSN without password, ``"memory"``)
+    location: str = "the store"
 
-    # ------------------------------------------------------------------ backend primitives
+    def __init__(self) -> None:
+        self._known_lengths: dict[str, int] = {}  # steps saved by this object, per tape
+        self._closed = False
 
-    @abstractmethod
-    def _writer_connect(self) -> Any:
-        """A connection for the writer thread (used only by that thread)."""
-
-    @abstractmethod
-    def _writer_close(self, conn: Any) -> None:
-        """Close the writer thread's connection."""
+    # ------------------------------------------------------------------ backend: writing
 
     @abstractmethod
-    def _commit(self, conn: Any, writes: list[Write]) -> None:
-        """Commit ``writes`` (in order) in one transaction on the writer's connection."""
+    def _submit(self, write: Write | WriteGroup) -> None:
+        """Commit ``write`` now or queue it (see the class docstring)."""
 
     @abstractmethod
-    def _close_readers(self) -> None:
-        """Close the connections used for reading."""
+    def flush(self) -> None:
+        """Wait until everything saved so far is committed (and readable by other stores on
+        the same database); raise :class:`StoreWriteError` for writes the database refused."""
+
+    @abstractmethod
+    def _close(self) -> None:
+        """Commit what is queued and release the backend's connections."""
+
+    def pending_writes(self) -> int:
+        """How many saves are queued and not committed yet (what a recorded session bounds,
+        waiting for the store when there are too many); 0 for a store that commits at once."""
+        return 0
+
+    @property
+    def address(self) -> str | None:
+        """What another process passes to :func:`~tapekit.store.open_store` to open this
+        store (an SQLite path, a PostgreSQL URL); None when no other process can (a
+        :class:`~tapekit.store.MemoryStore`)."""
+        return None
+
+    # ------------------------------------------------------------------ backend: reading
 
     @abstractmethod
     def _stored_length(self, tape_id: str) -> int | None:
@@ -179,12 +295,12 @@ class TapeStore(QueuedWriter, ABC):
         """Ids of the tapes matching ``where``, newest first."""
 
     @abstractmethod
-    def _count(self, where: TapeFilter) -> int:
+    def _select_count(self, where: TapeFilter) -> int:
         """How many tapes match ``where``."""
 
     @abstractmethod
     def _select_context(self, tape_id: str) -> str | None:
-        """The stored context JSON of ``tape_id``."""
+        """The stored context JSON of ``tape_id`` (None: not stored)."""
 
     @abstractmethod
     def _select_steps(self, tape_id: str, start: int, stop: int) -> list[str]:
@@ -192,7 +308,8 @@ class TapeStore(QueuedWriter, ABC):
 
     @abstractmethod
     def _select_llm_calls(self, prompt_ids: Sequence[str] | None) -> Iterator[LLMCall]:
-        """Stored LLM calls with these prompt ids (all of them, oldest first, for None)."""
+        """Stored LLM calls with these prompt ids (all of them for None), oldest first (by
+        timestamp, then prompt id)."""
 
     @abstractmethod
     def _select_llm_call_ids(self, model: str | None) -> list[str]:
@@ -200,13 +317,41 @@ class TapeStore(QueuedWriter, ABC):
 
     @abstractmethod
     def _select_prompt_ids(self, tape_id: str) -> list[str]:
-        """The distinct non-empty prompt ids of the steps of ``tape_id``."""
+        """The distinct non-empty prompt ids of the steps of ``tape_id``, sorted."""
 
     @abstractmethod
     def _select_totals(self, by: str, tape_id: str | None) -> Totals:
-        """Totals grouped by ``by`` (checked: tape, agent or node)."""
+        """Totals grouped by ``by`` (checked: tape, agent or node), groups sorted."""
+
+    # ------------------------------------------------------------------ life cycle
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} on {self.location} is closed")
+
+    def close(self) -> None:
+        """Commit what is queued and release the store (closing twice is harmless); any later
+        call raises ``RuntimeError``."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ writing
+
+    def _saved_length(self, tape_id: str) -> int:
+        """How many steps of ``tape_id`` are saved: by this object (queued ones included), or
+        else as committed by other writers."""
+        known = self._known_lengths.get(tape_id)
+        if known is None:
+            known = self._stored_length(tape_id) or 0
+        return known
 
     def save_tape(self, tape: Tape[Any, Any], tape_id: str | None = None, *, tags: Iterable[str] = ()) -> str:
         """Save ``tape`` under ``tape_id`` (default: its own id) with ``tags`` added (a save
@@ -222,9 +367,7 @@ class TapeStore(QueuedWriter, ABC):
         tape_id = _check_id(tape_id if tape_id is not None else tape.metadata.id)
         checked_tags = _check_tags(tags)
         self._check_open()
-        start = self._known_lengths.get(tape_id)
-        if start is None:  # not written by this store: what other writers committed is all there is
-            start = self._stored_length(tape_id) or 0
+        start = self._saved_length(tape_id)
         if len(tape) < start:
             raise ValueError(
                 f"tape {tape_id} has {start} stored steps; the tape given has only {len(tape)} "
@@ -245,15 +388,18 @@ class TapeStore(QueuedWriter, ABC):
             now,
             now,
         )
-        self._put(serialised(write))
+        self._submit(serialised(write))
         self._known_lengths[tape_id] = len(tape)
         return tape_id
 
     def save_llm_call(self, call: LLMCall) -> None:
-        """Queue a completed LLM call for writing, keyed by its prompt id."""
+        """Save a completed LLM call, keyed by its prompt id (a later save of the same id
+        replaces it)."""
         if not isinstance(call, LLMCall):
             raise TypeError(f"save_llm_call needs an LLMCall, not {type(call).__name__}")
-        self._put(call_write(call))
+        write = call_write(call)
+        self._check_open()
+        self._submit(write)
 
     def add_tags(self, tape_id: str, tags: Iterable[str]) -> None:
         """Add ``tags`` to the stored tape ``tape_id`` (tags it has already are kept once)."""
@@ -270,7 +416,7 @@ class TapeStore(QueuedWriter, ABC):
         if tape_id not in self._known_lengths and self._stored_length(tape_id) is None:
             raise TapeNotFoundError(tape_id, self.location)
         if checked:
-            self._put(TagWrite(tape_id, checked, remove))
+            self._submit(TagWrite(tape_id, checked, remove))
 
     # ------------------------------------------------------------------ reading tapes
 
@@ -292,15 +438,26 @@ class TapeStore(QueuedWriter, ABC):
     ) -> list[Step]:
         """Steps ``start:stop`` of the stored tape ``tape_id`` (Python slice rules, negative
         indices included), without loading the rest: how a viewer pages a long tape."""
-        for name, value in (("start", start), ("stop", stop)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise TypeError(f"{name} must be an integer or None, not {value!r}")
+        steps = self.get_raw_steps(tape_id, start, stop)
+        return list(tape_class.model_validate({"steps": steps}).steps) if steps else []
+
+    def get_raw_steps(self, tape_id: str, start: int = 0, stop: int | None = None) -> list[Any]:
+        """Steps ``start:stop`` of the stored tape ``tape_id`` as the JSON objects stored,
+        not validated into step classes: for tools that show tapes whose step classes are not
+        imported (the Studio). Slice rules as :meth:`get_steps`."""
+        _check_slice(start, stop)
         info = self.get_tape_info(tape_id)
         window = range(info.n_steps)[slice(start, stop)]
         if not window:
             return []
-        steps = _load_steps(self._select_steps(tape_id, window.start, window.stop))
-        return list(tape_class.model_validate({"steps": steps}).steps)
+        return _load_steps(self._select_steps(tape_id, window.start, window.stop))
+
+    def get_raw_context(self, tape_id: str) -> Any:
+        """The stored tape ``tape_id``'s context as the JSON value stored (None for none), not
+        validated into its class."""
+        self.get_tape_info(tape_id)
+        context = self._select_context(tape_id)
+        return json.loads(context) if context else None
 
     def get_tape_info(self, tape_id: str) -> TapeInfo:
         """Metadata, tags and size of the stored tape ``tape_id``, without its steps."""
@@ -312,66 +469,32 @@ class TapeStore(QueuedWriter, ABC):
         return infos[0]
 
     def list_tapes(
-        self,
-        author: str | None = None,
-        has_error: bool | None = None,
-        *,
-        agent: str | None = None,
-        tag: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        parent_id: str | None = None,
-        limit: int | None = None,
-        offset: int = 0,
+        self, where: TapeFilter | None = None, *, limit: int | None = None, offset: int = 0, **filters: Any
     ) -> list[str]:
-        """Ids of the stored tapes matching every filter given, newest first (see
-        :class:`TapeFilter`), ``limit`` of them after skipping ``offset``."""
-        where = TapeFilter(author, agent, has_error, tag, since, until, parent_id)
-        self._check_page(limit, offset)
+        """Ids of the stored tapes matching ``where`` (default: all), newest first, ``limit``
+        of them after skipping ``offset``.
+
+        The keyword filters of earlier versions (``list_tapes(tag="x")``) still work and warn:
+        write ``list_tapes(TapeFilter(tag="x"))``."""
+        selected = _filter(where, filters, "list_tapes")
+        _check_page(limit, offset)
         self.flush()
-        return self._select_ids(where, limit, offset)
+        return self._select_ids(selected, limit, offset)
 
     def list_tape_infos(
-        self,
-        author: str | None = None,
-        has_error: bool | None = None,
-        *,
-        agent: str | None = None,
-        tag: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        parent_id: str | None = None,
-        limit: int | None = None,
-        offset: int = 0,
+        self, where: TapeFilter | None = None, *, limit: int | None = None, offset: int = 0, **filters: Any
     ) -> list[TapeInfo]:
         """Like :meth:`list_tapes`, but each tape's :class:`TapeInfo` (no steps are loaded)."""
-        where = TapeFilter(author, agent, has_error, tag, since, until, parent_id)
-        self._check_page(limit, offset)
+        selected = _filter(where, filters, "list_tape_infos")
+        _check_page(limit, offset)
         self.flush()
-        return self._select_infos(where, limit, offset)
+        return self._select_infos(selected, limit, offset)
 
-    def count_tapes(
-        self,
-        author: str | None = None,
-        has_error: bool | None = None,
-        *,
-        agent: str | None = None,
-        tag: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        parent_id: str | None = None,
-    ) -> int:
-        """How many stored tapes match every filter given (the filters of :meth:`list_tapes`)."""
-        where = TapeFilter(author, agent, has_error, tag, since, until, parent_id)
+    def count_tapes(self, where: TapeFilter | None = None, **filters: Any) -> int:
+        """How many stored tapes match ``where`` (default: all)."""
+        selected = _filter(where, filters, "count_tapes")
         self.flush()
-        return self._count(where)
-
-    @staticmethod
-    def _check_page(limit: int | None, offset: int) -> None:
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise ValueError(f"limit must be a non-negative integer or None, not {limit!r}")
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"offset must be a non-negative integer, not {offset!r}")
+        return self._select_count(selected)
 
     def ancestry(self, tape_id: str) -> list[TapeInfo]:
         """The tapes ``tape_id`` continues: its parent, the parent's parent, … (nearest first),
@@ -441,7 +564,7 @@ class TapeStore(QueuedWriter, ABC):
 
     def recorder(
         self, start: Tape[Any, Any], tape_id: str | None = None, *, tags: Iterable[str] = ()
-    ) -> Callable[[Any], None]:
+    ) -> Callable[[MainLoopEvent], None]:
         """Deprecated: pass ``store=`` to ``main_loop``/``amain_loop`` instead, which persist the
         session through the same path (:class:`tapekit.recording.SessionRecorder`).
 
@@ -458,7 +581,7 @@ class TapeStore(QueuedWriter, ABC):
         session = SessionRecorder(self, start, tape_id, tags=tags)
         session.start()
 
-        def record(event: Any) -> None:
+        def record(event: MainLoopEvent) -> None:
             session.follow(event)
             if session.over_bound():
                 self.flush()
@@ -473,7 +596,34 @@ class TapeStore(QueuedWriter, ABC):
         """Write tapes (all, or ``tape_ids``) with their metadata and tags, and with
         ``llm_calls`` the LLM calls behind their steps (all stored calls when exporting all
         tapes), to ``path``: one JSON object per line. Returns how many tapes were written."""
-        return _jsonl.export_jsonl(self, path, tape_ids, llm_calls)
+        from tapekit.store._jsonl import ExportedTape, write_jsonl
+
+        if isinstance(tape_ids, str):
+            raise TypeError("tape_ids must be a list of ids, not a string")
+        ids = None if tape_ids is None else [_check_id(t) for t in tape_ids]
+        self.flush()
+        if ids is None:
+            ids = self._select_ids(TapeFilter(), None, 0)
+            ids.reverse()  # oldest first: parents before their children
+        prompt_ids: dict[str, None] = {}
+
+        def tapes() -> Iterator[ExportedTape]:
+            for tape_id in ids:
+                infos = self._select_infos(TapeFilter(), None, 0, ids=[tape_id])
+                if not infos:
+                    raise TapeNotFoundError(tape_id, self.location)
+                info = infos[0]
+                if llm_calls and tape_ids is not None:
+                    prompt_ids.update(dict.fromkeys(self._select_prompt_ids(tape_id)))
+                yield ExportedTape(
+                    info, self._select_context(tape_id), self._select_steps(tape_id, 0, info.n_steps)
+                )
+
+        def calls() -> Iterator[LLMCall]:  # runs after tapes(): the prompt ids are known then
+            if llm_calls:
+                yield from self._select_llm_calls(None if tape_ids is None else list(prompt_ids))
+
+        return write_jsonl(path, tapes(), calls())
 
     def import_jsonl(self, path: str | Path) -> list[str]:
         """Store the tapes and LLM calls of a file written by :meth:`export_jsonl`, with their
@@ -483,4 +633,12 @@ class TapeStore(QueuedWriter, ABC):
         The whole file is read and checked first and then committed in one transaction: a file
         with a bad line (not UTF-8, not JSON, not a valid tape) stores nothing, and the
         ``ValueError`` names the file and line."""
-        return _jsonl.import_jsonl(self, path)
+        from tapekit.store._jsonl import read_import
+
+        self._check_open()
+        found = read_import(path, self._saved_length)
+        if found.writes:
+            self._submit(WriteGroup(found.writes))
+        self.flush()
+        self._known_lengths.update(found.lengths)
+        return found.tape_ids

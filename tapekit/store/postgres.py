@@ -69,6 +69,11 @@ class PostgresStore(SQLTapeStore):
         self._create_schema()
         self._start_writer()
 
+    @property
+    def address(self) -> str:
+        """The DSN (with its password): what another process passes to ``open_store``."""
+        return self.dsn
+
     def _connect(self) -> Any:
         try:
             return self._psycopg.connect(

@@ -64,6 +64,11 @@ class SQLiteStore(SQLTapeStore):
         self._read_lock = threading.Lock()
         self._start_writer()
 
+    @property
+    def address(self) -> str:
+        """The file's path: what another process passes to ``open_store``."""
+        return self.path
+
     def _connect(self) -> sqlite3.Connection:
         # switching a new file to WAL answers "database is locked" at once, without waiting,
         # while another process does the same: several processes opening one new file retry

@@ -1,4 +1,5 @@
-"""What tests of tapekit agents need: deterministic stand-ins for models, and small teams.
+"""What tests of tapekit agents and stores need: deterministic stand-ins for models, small teams,
+and the conformance suite every store backend passes.
 
 - :class:`FunctionLLM` and :class:`ScriptedLLM` (re-exported from :mod:`tapekit.llm`): an LLM
   that is a function of the prompt, or a list of outputs played in order. They run the real code
@@ -9,8 +10,12 @@
   searches, with a per-call latency to show the overlap.
 - :mod:`tapekit.testing.mailer`: an assistant whose ``send_email`` tool waits for a person's
   approval (human in the loop).
+- :mod:`tapekit.testing.store_conformance`: what every :class:`~tapekit.store.TapeStore` backend
+  must do, as check functions any test runner (or none) can run on a store factory; tapekit runs
+  them on its memory, SQLite and PostgreSQL stores, and you can run them on your own backend.
 
-Importing :mod:`tapekit` does not import this package; the teams load only when named.
+Importing :mod:`tapekit` does not import this package; the teams and the suite load only when
+named.
 """
 
 from __future__ import annotations
