@@ -3,12 +3,17 @@ the host is untouched."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -89,9 +94,11 @@ def test_cannot_write_outside_its_directory(sandbox: Sandbox, tmp_path: Path) ->
 
 
 def test_host_files_are_not_visible(sandbox: Sandbox) -> None:
+    # the project's files, not its folder: a venv inside it (.venv) is mounted, and its folders with it
     project = Path(__file__).resolve().parents[1]
-    result = sandbox.run_python(f"import os; print(os.path.exists({str(project)!r}), os.listdir('/'))")
-    assert result.stdout.startswith("False"), result.stdout
+    probes = [str(Path(__file__).resolve()), str(project / "pyproject.toml"), str(project / "tapekit")]
+    result = sandbox.run_python(f"import os; print([os.path.exists(p) for p in {probes!r}], os.listdir('/'))")
+    assert result.stdout.startswith("[False, False, False]"), result.stdout
 
 
 def test_fork_bomb_is_stopped(sandbox: Sandbox) -> None:
@@ -148,6 +155,144 @@ def test_refuses_to_run_unconfined(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bad_limits_are_refused() -> None:
     with pytest.raises(ValueError, match="memory_mb"):
         SandboxLimits(memory_mb=0)
+
+
+@pytest.fixture
+def venv_under_tmp() -> Iterator[Path]:
+    """A venv below /tmp (as ``mktemp -d`` or a CI checkout makes), whatever TMPDIR says; its
+    python links into the base installation."""
+    top = Path(tempfile.mkdtemp(prefix="tapekit-test-venv-", dir="/tmp"))
+    venv = top / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", "--symlinks", str(venv)],
+        check=True,
+        capture_output=True,
+    )
+    yield venv
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def test_an_interpreter_under_tmp_stays_visible(venv_under_tmp: Path) -> None:
+    python = venv_under_tmp / "bin" / "python"
+    assert python.is_symlink()  # the base installation it points to must be visible too
+    with Sandbox(SandboxLimits(wall_s=20), python=str(python)) as box:
+        result = box.run_python("import sys; print(sys.prefix); print(sys.base_prefix != sys.prefix)")
+        assert result.ok, result
+        assert result.stdout.split() == [str(venv_under_tmp), "True"]
+        # the venv's mount point lies in the sandbox's own /tmp: a file (or link) put in its way by
+        # one run must not stop the next
+        top = str(venv_under_tmp.parent)
+        sabotage = box.run_python(
+            f"import os\nos.rename({top!r}, '/tmp/moved')\nopen({top!r}, 'w').write('in the way')\n"
+        )
+        assert sabotage.ok, sabotage
+        again = box.run_python("import sys; print(sys.prefix)")
+        assert again.ok, again
+        assert again.stdout.strip() == str(venv_under_tmp)
+
+
+def test_binds_that_would_cover_the_sandbox_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="would cover the sandbox's own /tmp"):
+        Sandbox(bind_ro=("/tmp",))
+    with pytest.raises(ValueError, match="would cover the sandbox's own /tmp"):
+        Sandbox(bind_ro=("/",))
+    # an "interpreter" whose installation is the whole host
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho \'["/", "/", "/", "/"]\'\n')
+    fake.chmod(0o755)
+    with pytest.raises(SandboxUnavailableError, match="installation / would cover the sandbox's own /tmp"):
+        Sandbox(python=str(fake))
+
+
+def test_the_host_environment_does_not_cross(monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = f"sk-tapekit-{uuid.uuid4().hex}"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    monkeypatch.setenv("TAPEKIT_TEST_SECRET", secret)
+    code = (
+        "import glob, os\n"
+        "paths = sorted(glob.glob('/proc/[0-9]*/environ') + glob.glob('/proc/[0-9]*/cmdline'))\n"
+        "for path in paths + ['/proc/self/environ', '/proc/self/cmdline']:\n"
+        "    try:\n"
+        "        print('READ', path, open(path, 'rb').read())\n"
+        "    except OSError as e:\n"
+        "        print('unreadable', path, e)\n"
+        "print('ENV', dict(os.environ))\n"
+    )
+    with Sandbox(SandboxLimits(wall_s=20)) as box:
+        result = box.run_python(code)
+    assert result.ok, result
+    # bubblewrap's own environment and command line (pid 1) were read, and hold no secret
+    assert "READ /proc/1/environ" in result.stdout and "READ /proc/1/cmdline" in result.stdout
+    assert secret not in result.stdout
+    assert "OPENAI_API_KEY" not in result.stdout and "TAPEKIT_TEST_SECRET" not in result.stdout
+
+
+def test_no_file_descriptor_is_inherited(tmp_path: Path) -> None:
+    secret = f"sk-tapekit-{uuid.uuid4().hex}"
+    path = tmp_path / "secret.txt"
+    path.write_text(secret)
+    fd = os.open(path, os.O_RDONLY)
+    os.set_inheritable(fd, True)
+    code = (
+        "import os\n"
+        "fds = sorted(int(n) for n in os.listdir('/proc/self/fd'))\n"
+        "print('FDS', fds)\n"
+        "for fd in fds:\n"
+        "    try:\n"
+        "        print(fd, os.readlink(f'/proc/self/fd/{fd}'), os.pread(fd, 200, 0))\n"
+        "    except OSError as e:\n"
+        "        print(fd, 'unreadable', e)\n"
+    )
+    try:
+        with Sandbox(SandboxLimits(wall_s=20)) as box:
+            result = box.run_python(code)
+    finally:
+        os.close(fd)
+    assert result.ok, result
+    fds = ast.literal_eval(result.stdout.splitlines()[0].removeprefix("FDS "))
+    assert set(fds) <= {0, 1, 2, 3}, result.stdout  # stdio and the one listing /proc/self/fd
+    assert secret not in result.stdout and str(path) not in result.stdout
+
+
+_THREE_CHILDREN = """
+import os, time
+pids = []
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        block = b"x" * (150 << 20)  # written, so resident
+        time.sleep(3)
+        os._exit(0)
+    pids.append(pid)
+codes = [os.waitpid(pid, 0)[1] for pid in pids]
+print("ALL ALIVE" if codes == [0, 0, 0] else f"exits {codes}")
+"""
+
+
+@pytest.fixture(params=["default", "watchdog"])
+def memory_mechanism(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The host's way of bounding the tree's memory (a cgroup where one can be made), and the
+    watchdog that bounds it without a cgroup."""
+    if request.param == "watchdog":
+        monkeypatch.setattr("tapekit.sandbox._Cgroups.make", lambda limits: None)
+    return str(request.param)
+
+
+def test_memory_limit_covers_the_process_tree(memory_mechanism: str) -> None:
+    # each child is under memory_mb, the three together are not
+    with Sandbox(SandboxLimits(wall_s=30, memory_mb=300)) as box:
+        result = box.run_python(_THREE_CHILDREN)
+    assert "ALL ALIVE" not in result.stdout, result
+    assert result.stopped_by == "memory", result
+    assert not result.ok and "stopped: the memory limit was exceeded" in result.to_observation()
+    assert result.duration_s < 20
+
+
+def test_memory_limit_leaves_a_process_under_it_alone(memory_mechanism: str) -> None:
+    with Sandbox(SandboxLimits(wall_s=30, memory_mb=300)) as box:
+        result = box.run_python("import time\nblock = b'x' * (100 << 20)\ntime.sleep(1)\nprint('alive')\n")
+    assert result.ok, result
+    assert result.stdout.strip() == "alive"
 
 
 def _process_count() -> int:
