@@ -2,6 +2,8 @@
 
 The backends (``OpenAICompatibleLLM``, ``LlamaCppLLM``, ``TransformersLLM``, ``LiteLLM``) are
 loaded on first access (module ``__getattr__``), so importing this package stays light.
+:class:`WrapperLLM` is the base of LLMs in front of another one (:class:`CachedLLM`, the
+batch runner's concurrency limit).
 """
 
 import importlib
@@ -12,6 +14,7 @@ from tapekit.llm.base import LLM, LLMCall, LLMError, LLMEvent, LLMStream, TokenT
 from tapekit.llm.cached import CachedLLM
 from tapekit.llm.replay import ReplayLLM, ReplayMissError
 from tapekit.llm.scripted import FunctionLLM, ScriptedLLM
+from tapekit.llm.wrapper import WrapperLLM
 
 # backend name -> the module that defines it, imported on first access
 _BACKENDS = {
@@ -56,4 +59,5 @@ __all__ = [
     "ToolCallRequest",
     "TrainingText",
     "TransformersLLM",
+    "WrapperLLM",
 ]

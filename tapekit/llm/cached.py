@@ -10,18 +10,18 @@ import sqlite3
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
-from pydantic import PrivateAttr, SerializeAsAny
+from pydantic import PrivateAttr
 
 from tapekit._sqlite import connect
 from tapekit.core import LLMOutput, Prompt
-from tapekit.llm.base import LLM, LLMEvent, TrainingText
+from tapekit.llm.base import LLMEvent
+from tapekit.llm.wrapper import WrapperLLM
 
 __all__ = ["CachedLLM"]
 
 
-class CachedLLM(LLM):
+class CachedLLM(WrapperLLM):
     """Answers from ``path`` (an SQLite file; it may be the store's file) when the exact prompt
     was seen with the same model settings, otherwise asks ``llm`` and remembers the answer.
 
@@ -30,18 +30,11 @@ class CachedLLM(LLM):
     ``hits`` and ``misses`` count what happened.
     """
 
-    llm: SerializeAsAny[LLM]
     path: str = "tapekit.db"
     _hits: int = PrivateAttr(0)
     _misses: int = PrivateAttr(0)
     _db: sqlite3.Connection | None = PrivateAttr(None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-
-    def model_post_init(self, context: Any, /) -> None:
-        """Name the cache after the wrapped model and copy its prices."""
-        self.model_name = self.model_name or self.llm.model_name
-        self.cost_per_prompt_token = self.llm.cost_per_prompt_token
-        self.cost_per_output_token = self.llm.cost_per_output_token
 
     @property
     def hits(self) -> int:
@@ -97,11 +90,3 @@ class CachedLLM(LLM):
                 "INSERT OR REPLACE INTO llm_cache VALUES (?, ?, ?, ?)",
                 (key, final.output.model_dump_json(), final.prompt_tokens, final.output_tokens),
             )
-
-    def make_training_text(self, prompt: Prompt, output: LLMOutput) -> TrainingText:
-        """The wrapped LLM's training text."""
-        return self.llm.make_training_text(prompt, output)
-
-    def count_tokens(self, text: str) -> int:
-        """The wrapped LLM's token count (if it can count)."""
-        return self.llm.count_tokens(text)
