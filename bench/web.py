@@ -18,6 +18,7 @@ idle browser divided by the concurrency (memory per concurrent episode). The com
 is reported in characters and, where the embedded model is installed, SmolLM2 tokens.
 
     python bench/web.py [--episodes 42] [--concurrency 1 2 4] [--browsergym] [--bg-episodes 14]
+    python bench/web.py --teacher-seeds 100    # the teacher's success per task on training seeds
 """
 
 from __future__ import annotations
@@ -236,13 +237,53 @@ def token_counter() -> Callable[[str], int] | None:
     return lambda text: len(model.tokenize(text.encode(), add_bos=False))
 
 
+async def teacher_success(n_seeds: int, concurrency: int) -> None:
+    """The teacher's success and steps per task on the first ``n_seeds`` training seeds."""
+    from tapekit.web.miniwob import episodes as split_episodes
+
+    agent = teacher_agent()
+    results: dict[str, list[tuple[bool, int]]] = {task: [] for task in TRAIN_TASKS}
+    todo = split_episodes("train", n_seeds=n_seeds)
+    failures: list[str] = []
+    started = time.perf_counter()
+    async with WebEnvironment(max_concurrent=concurrency) as env:
+
+        async def worker() -> None:
+            while todo:
+                task, seed = todo.pop(0)
+                tape = await async_main_loop(agent, start_tape(task, seed), env).get_final_tape()
+                obs = [s for s in tape.steps if isinstance(s, WebObservation)]
+                results[task].append((obs[-1].reward > 0, len(obs) - 1))
+                if obs[-1].reward <= 0:
+                    failures.append(f"{task}/{seed}: {obs[-1].last_action_error or obs[-1].info}")
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    solved = sum(ok for runs in results.values() for ok, _ in runs)
+    total = sum(len(runs) for runs in results.values())
+    steps = [n for runs in results.values() for _, n in runs]
+    for task, runs in results.items():
+        wins, mean_steps = sum(ok for ok, _ in runs), statistics.mean(n for _, n in runs)
+        print(f"{task:<18} {wins:>4}/{len(runs):<4} {100 * wins / len(runs):5.1f} %  steps {mean_steps:.1f}")
+    rate, mean_steps = 100 * solved / total, statistics.mean(steps)
+    print(f"{'all':<18} {solved:>4}/{total:<4} {rate:5.1f} %  steps {mean_steps:.2f}")
+    print(f"{total} episodes in {time.perf_counter() - started:.0f} s")
+    for failure in failures:
+        print(f"  failed {failure}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=42, help="tapekit episodes per concurrency level")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--browsergym", action="store_true", help="also run stock BrowserGym")
     parser.add_argument("--bg-episodes", type=int, default=14, help="stock BrowserGym episodes per level")
+    parser.add_argument("--teacher-seeds", type=int, default=0, help="only measure the teacher's success")
     args = parser.parse_args()
+    if args.teacher_seeds:
+        uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        print(f"teacher on training seeds 0-{args.teacher_seeds - 1} of {len(TRAIN_TASKS)} tasks; {uptime}")
+        asyncio.run(teacher_success(args.teacher_seeds, max(args.concurrency)))
+        return
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, {platform.platform()}")
     chromium = subprocess.run(

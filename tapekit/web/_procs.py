@@ -9,7 +9,7 @@ import os
 import signal
 from pathlib import Path
 
-__all__ = ["alive", "descendants", "find_marked", "kill_tree"]
+__all__ = ["alive", "descendants", "find_marked", "kill_tree", "parent"]
 
 _PROC = Path("/proc")
 
@@ -57,6 +57,11 @@ def find_marked(marker: str) -> int | None:
         if marker.encode() in cmdline and alive(int(entry.name)):
             return int(entry.name)
     return None
+
+
+def parent(pid: int) -> int | None:
+    """The parent of ``pid`` (None if it is gone)."""
+    return _ppids().get(pid)
 
 
 def alive(pid: int) -> bool:

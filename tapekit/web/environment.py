@@ -160,10 +160,27 @@ class _Runner:
 
 
 def _kill_marked(marker: str) -> None:
-    """Kill the browser launched with ``marker`` and its process tree (finaliser; no locks)."""
+    """Kill the browser launched with ``marker`` and its process tree."""
     pid = _procs.find_marked(marker)
     if pid is not None:
         _procs.kill_tree(pid)
+
+
+@dataclass
+class _Leftovers:
+    """What a finaliser must stop if the environment is dropped without being closed: the
+    browser (by its marker), Playwright's driver process and the loop thread."""
+
+    marker: str
+    driver_pid: int | None = None
+    runner: _Runner | None = None
+
+    def clean(self) -> None:
+        _kill_marked(self.marker)
+        if self.driver_pid is not None and _procs.alive(self.driver_pid):
+            _procs.kill_tree(self.driver_pid)
+        if self.runner is not None:
+            self.runner.stop()
 
 
 class WebEnvironment(Environment):
@@ -238,7 +255,8 @@ class WebEnvironment(Environment):
         self._refills: set[asyncio.Task[None]] = set()
         self._viewport: tuple[int, int] = (800, 600)
         self._closing = False
-        self._finalizer = weakref.finalize(self, _kill_marked, self._marker)
+        self._leftovers = _Leftovers(self._marker)
+        self._finalizer = weakref.finalize(self, self._leftovers.clean)
         self.stats: dict[str, int] = {"launches": 0, "replays": 0, "hangs": 0, "crashes": 0, "episodes": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -249,7 +267,7 @@ class WebEnvironment(Environment):
             raise WebEnvironmentError(f"{self.name}: the environment is closed")
         with self._runner_lock:
             if self._runner is None:
-                self._runner = _Runner()
+                self._runner = self._leftovers.runner = _Runner()
         return self._runner.submit(coro)
 
     async def astart(self) -> Self:
@@ -283,10 +301,7 @@ class WebEnvironment(Environment):
         self._stop_runner()
 
     def _stop_runner(self) -> None:
-        _kill_marked(self._marker)  # nothing left if the shutdown went well
-        if self._runner is not None:
-            self._runner.stop()
-        self._finalizer.detach()
+        self._finalizer()  # kills nothing if the shutdown went well; stops the loop thread
 
     async def __aenter__(self) -> Self:
         return self
@@ -349,6 +364,9 @@ class WebEnvironment(Environment):
                 ) from e
             self._generation += 1
             self.stats["launches"] += 1
+            pid = _procs.find_marked(self._marker)
+            if pid is not None and self._leftovers.driver_pid is None:
+                self._leftovers.driver_pid = _procs.parent(pid)
             return self._browser
 
     async def _drop_browser(self) -> None:

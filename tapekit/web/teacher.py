@@ -216,7 +216,8 @@ def use_autocomplete(goal: str, lines: list[AXLine], history: Sequence[WebAction
     start, end = quoted[0], (quoted[1] if "ends with" in goal and len(quoted) > 1 else "")
     box = _one(lines, "text field", role=("textbox", "searchbox", "combobox"))
     value = box.value or ""
-    if value.startswith(start) and value.endswith(end) and len(value) > len(start):
+    picked = any(isinstance(a, Click) for a in history)  # a suggestion was chosen
+    if value.startswith(start) and value.endswith(end) and (picked or len(value) > len(start)):
         return _submit(lines)
     options = [
         line

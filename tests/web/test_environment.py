@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import os
 import signal
 import threading
@@ -67,6 +68,18 @@ def test_teacher_solves_episodes_in_main_loop(env: WebEnvironment, task: str, se
     assert [o.step for o in obs] == list(range(len(obs)))
     assert all(o.metadata.other["browser_s"] > 0 for o in obs)
     assert tape.steps[-1].kind == "stop"
+
+
+def test_teacher_solves_every_training_task(env: WebEnvironment) -> None:
+    """The teacher's success on its tasks (docs/web.md has the figures on 30 seeds per task)."""
+    tasks = eval_tasks("train", n_seeds=2)
+    report = evaluate(teacher_agent(), env, tasks, reward_scorer)
+    failed = [
+        (s.task_id, s.scores["reward_scorer"].feedback, s.error)
+        for s in report.samples
+        if not s.scores["reward_scorer"].passed
+    ]
+    assert report.n_tasks == 28 and failed == []
 
 
 def test_async_main_loop_runs_episodes_concurrently(env: WebEnvironment) -> None:
@@ -256,6 +269,17 @@ def test_closing_twice_and_using_a_closed_environment() -> None:
     assert wait_dead(pids) == []
     with pytest.raises(WebEnvironmentError, match="closed"):
         env.react(start_tape("focus-text", 1))
+
+
+def test_an_environment_dropped_without_closing_leaves_no_process() -> None:
+    env = WebEnvironment(max_concurrent=1)
+    env.react(start_tape("focus-text", 1))
+    pids = env.browser_pids()
+    driver = _procs.parent(pids[0])
+    assert driver is not None and _procs.alive(driver)
+    del env
+    gc.collect()
+    assert wait_dead([*pids, driver]) == []
 
 
 def test_async_context_manager_closes_the_browser() -> None:
