@@ -26,6 +26,7 @@ from tapekit.llm.base import LLMCall
 from tapekit.llm.replay import ReplayLLM
 from tapekit.reconstruction import rebuilt_runs
 from tapekit.recording import SessionRecorder
+from tapekit.store.base import TapeStore
 
 __all__ = [
     "AsyncMainLoopStream",
@@ -47,7 +48,7 @@ def amain_loop(
     environment: Environment | None = None,
     max_loops: int | None = None,
     *,
-    store: Any = None,
+    store: TapeStore | None = None,
     tape_id: str | None = None,
     tags: Iterable[str] = (),
     recorder: SessionRecorder | None = None,
@@ -91,7 +92,7 @@ def main_loop(
     environment: Environment | None = None,
     max_loops: int | None = None,
     *,
-    store: Any = None,
+    store: TapeStore | None = None,
     tape_id: str | None = None,
     tags: Iterable[str] = (),
     recorder: SessionRecorder | None = None,

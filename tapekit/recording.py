@@ -18,10 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tapekit.core import Tape
 from tapekit.events import MainLoopEvent
+
+if TYPE_CHECKING:
+    from tapekit.store.base import TapeStore
 
 __all__ = ["DEFAULT_MAX_PENDING", "SessionRecorder", "stored_form"]
 
@@ -40,7 +43,7 @@ def stored_form(tape: Tape[Any, Any], tape_id: str, parent_id: str | None, base_
 class SessionRecorder:
     """Writes one running session to a store as its main-loop events arrive.
 
-    - ``store``: a tapekit store (``None``: only keep the tape so far, write nothing).
+    - ``store``: where to write (``None``: only keep the tape so far, write nothing).
     - ``tape_id``: where the session is stored (default: the start tape's id); ``parent_id``
       defaults as the module docstring says; ``tags`` go on with the first write.
     - ``hold_last``: write each step only when the next one arrives, and the last one with the
@@ -74,7 +77,7 @@ class SessionRecorder:
 
     def __init__(
         self,
-        store: Any,
+        store: TapeStore | None,
         start: Tape[Any, Any],
         tape_id: str | None = None,
         *,
@@ -87,7 +90,7 @@ class SessionRecorder:
         max_pending: int = DEFAULT_MAX_PENDING,
         write_start: bool = True,
     ) -> None:
-        self.store = store
+        self.store: TapeStore | None = store
         self.tape = start
         self.tape_id = tape_id if tape_id is not None else start.metadata.id
         if parent_id is _FROM_START:
@@ -135,16 +138,13 @@ class SessionRecorder:
 
     def over_bound(self) -> bool:
         """Whether the store's queue holds more than ``max_pending`` writes."""
-        if self.store is None:
-            return False
-        pending = getattr(self.store, "pending_writes", None)
-        return callable(pending) and pending() > self.max_pending
+        return self.store is not None and self.store.pending_writes() > self.max_pending
 
     async def record(self, event: MainLoopEvent) -> None:
         """:meth:`follow` the event, then wait for the store's writer if its queue is over the
         bound (backpressure)."""
         self.follow(event)
-        if self.over_bound():
+        if self.store is not None and self.over_bound():
             await asyncio.to_thread(self.store.flush)
 
     def finish(self, tape: Tape[Any, Any] | None = None) -> Tape[Any, Any]:

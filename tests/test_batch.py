@@ -47,8 +47,8 @@ from tapekit import (
 )
 from tapekit.batch import BatchResult, BatchStats, abatch, batch, batch_tags, batch_tape_id
 from tapekit.cli import app
-from tapekit.llm.base import LLMEvent
-from tapekit.store import SQLiteStore
+from tapekit.llm.base import LLMCall, LLMEvent
+from tapekit.store import MemoryStore, SQLiteStore, TapeFilter
 from tests.test_store_llm_text import check_half_emoji_session, half_emoji_agent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -326,8 +326,8 @@ def test_a_tape_with_text_the_store_refuses_fails_alone_and_every_other_tape_is_
     errors = {r.index: r.error for r in results if r.error}
     assert set(errors) == {2} and "lone surrogate" in (errors[2] or "")
     _, done, failed = batch_tags("s")
-    assert set(store.list_tapes(tag=done)) == {batch_tape_id("s", f"task-{i}") for i in range(6)}
-    assert store.list_tapes(tag=failed) == [batch_tape_id("s", "task-2")]
+    assert set(store.list_tapes(TapeFilter(tag=done))) == {batch_tape_id("s", f"task-{i}") for i in range(6)}
+    assert store.list_tapes(TapeFilter(tag=failed)) == [batch_tape_id("s", "task-2")]
     assert "lone surrogate" in (store.get_tape(batch_tape_id("s", "task-2")).metadata.error or "")
     reference = sequential([t for i, t in enumerate(tapes) if i != 2])
     stored = [store.get_tape(batch_tape_id("s", f"task-{i}")) for i in (0, 1, 3, 4, 5)]
@@ -341,8 +341,8 @@ def test_a_model_answering_half_an_emoji_fails_no_tape_of_a_batch(store: SQLiteS
     results = batch(half_emoji_agent(), ToolEnvironment(), tapes, store=store, name="h", max_concurrency=3)
     assert [r.error for r in results] == [None] * 3
     _, done, failed = batch_tags("h")
-    assert set(store.list_tapes(tag=done)) == {batch_tape_id("h", f"t{i}") for i in range(3)}
-    assert store.list_tapes(tag=failed) == []
+    assert set(store.list_tapes(TapeFilter(tag=done))) == {batch_tape_id("h", f"t{i}") for i in range(3)}
+    assert store.list_tapes(TapeFilter(tag=failed)) == []
     for r in results:
         stored = store.get_tape(r.tape_id)
         assert [s.llm_dict() for s in stored.steps] == [s.llm_dict() for s in r.tape.steps]
@@ -364,7 +364,9 @@ def test_bad_arguments_fail_at_the_call() -> None:
         ({"llm_concurrency": {"default": 0}}, "llm_concurrency['default']"),
         ({"name": "a b"}, "batch name 'a b'"),
         ({"max_loops": 0}, "max_loops must be a positive int"),
-        ({"store": object()}, "lacks"),
+        ({"store": object()}, "store must be a TapeStore"),
+        ({"on_llm_call": 3}, "on_llm_call must be a function"),
+        ({"on_llm_call": print, "backend": "ray"}, "on_llm_call runs in this process"),
         ({"backend": "dask"}, "choose 'local' or 'ray'"),
         ({"agent": env}, "agent must be an Agent"),
         ({"environment": agent}, "environment must be an Environment"),
@@ -396,8 +398,10 @@ def test_the_store_holds_every_tape_and_a_rerun_skips_them(store: SQLiteStore) -
     first = batch(make_agent(), BEnv(), tapes, store=store, name="eval")
     started, done, failed = batch_tags("eval")
     ids = {batch_tape_id("eval", t.metadata.id) for t in tapes}
-    assert set(store.list_tapes(tag=started)) == set(store.list_tapes(tag=done)) == ids
-    assert store.list_tapes(tag=failed) == [batch_tape_id("eval", "task-4")]
+    assert (
+        set(store.list_tapes(TapeFilter(tag=started))) == set(store.list_tapes(TapeFilter(tag=done))) == ids
+    )
+    assert store.list_tapes(TapeFilter(tag=failed)) == [batch_tape_id("eval", "task-4")]
     for r in first:
         stored = store.get_tape(r.tape_id)
         assert content(stored) == content(r.tape) and stored.metadata.error == r.error
@@ -417,7 +421,35 @@ def test_the_store_holds_every_tape_and_a_rerun_skips_them(store: SQLiteStore) -
     # each stored run continues its start tape, so two batches over the same tapes pair up
     for t, a, b in zip(tapes, first, other, strict=True):
         assert a.tape.metadata.id == a.tape_id and a.tape.metadata.parent_id == t.metadata.id
-        assert set(store.list_tapes(parent_id=t.metadata.id)) == {a.tape_id, b.tape_id}
+        assert set(store.list_tapes(TapeFilter(parent_id=t.metadata.id))) == {a.tape_id, b.tape_id}
+
+
+def test_a_memory_store_holds_and_resumes_a_batch_as_sqlite_does() -> None:
+    tapes = make_tapes(6, {2: "env"})
+    with MemoryStore() as store:
+        first = batch(make_agent(), BEnv(), tapes, store=store, name="mem")
+        _, done, failed = batch_tags("mem")
+        assert len(store.list_tapes(TapeFilter(tag=done))) == 6
+        assert store.list_tapes(TapeFilter(tag=failed)) == [batch_tape_id("mem", "task-2")]
+        again = batch(make_agent(), BEnv(), tapes, store=store, name="mem")
+        assert all(r.skipped for r in again)
+        assert [content(r.tape) for r in again] == [content(r.tape) for r in first]
+
+
+def test_on_llm_call_sees_every_call_as_it_completes(store: SQLiteStore) -> None:
+    tapes = make_tapes(5)
+    seen: list[LLMCall] = []
+    results = batch(make_agent(), BEnv(), tapes, store=store, on_llm_call=seen.append)
+    assert len(seen) == sum(r.llm_calls for r in results) > 0
+    assert len({c.prompt.id for c in seen}) == len(seen)
+    for call in seen:
+        assert store.get_llm_call(call.prompt.id) == call  # the same calls the store holds
+
+    def fail(call: LLMCall) -> None:
+        raise RuntimeError("the hook broke")
+
+    broken = batch(make_agent(), BEnv(), tapes[:1], on_llm_call=fail)
+    assert broken[0].error is not None and "the hook broke" in broken[0].error  # fails that tape only
 
 
 def test_retry_failed_runs_the_failed_tapes_again(store: SQLiteStore) -> None:
@@ -431,7 +463,7 @@ def test_retry_failed_runs_the_failed_tapes_again(store: SQLiteStore) -> None:
     assert retried[2].ok and retried[2].resumed
     reference = main_loop(make_agent(), tapes[2], BEnv(flaky=False)).get_final_tape()
     assert content(retried[2].tape) == content(reference)
-    assert store.list_tapes(tag=batch_tags("batch")[2]) == []
+    assert store.list_tapes(TapeFilter(tag=batch_tags("batch")[2])) == []
     assert store.get_tape(retried[2].tape_id).metadata.error is None
 
 
@@ -499,9 +531,9 @@ def test_cancelling_keeps_finished_tapes_and_leaves_the_rest_resumable(store: SQ
 
     asyncio.run(run_then_cancel())
     started, done, _ = batch_tags("batch")
-    done_ids = set(store.list_tapes(tag=done))
+    done_ids = set(store.list_tapes(TapeFilter(tag=done)))
     assert {r.tape_id for r in seen} <= done_ids and len(done_ids) < len(tapes)
-    unfinished = set(store.list_tapes(tag=started)) - done_ids
+    unfinished = set(store.list_tapes(TapeFilter(tag=started))) - done_ids
     assert unfinished  # some tapes were cut while running
     by_key = {batch_tape_id("batch", t.metadata.id): t.metadata.id for t in tapes}
     for key in unfinished:  # stored as far as they got: a prefix of the sequential tape
@@ -551,7 +583,7 @@ def test_a_batch_killed_with_sigkill_resumes_without_losing_or_repeating_work(tm
     )
     try:
         with SQLiteStore(path) as watcher:
-            _wait_for(lambda: watcher.count_tapes(tag=done_tag) >= 8, 30, "some tapes to finish")
+            _wait_for(lambda: watcher.count_tapes(TapeFilter(tag=done_tag)) >= 8, 30, "some tapes to finish")
             process.send_signal(signal.SIGKILL)
             process.wait(10)
     finally:
@@ -563,8 +595,8 @@ def test_a_batch_killed_with_sigkill_resumes_without_losing_or_repeating_work(tm
     reference = {t.metadata.id: r for t, r in zip(tapes, sequential(tapes), strict=True)}
     key_of = {t.metadata.id: batch_tape_id("killed", t.metadata.id) for t in tapes}
     with SQLiteStore(path) as store:
-        done_before = set(store.list_tapes(tag=done_tag))
-        started_before = set(store.list_tapes(tag=started_tag))
+        done_before = set(store.list_tapes(TapeFilter(tag=done_tag)))
+        started_before = set(store.list_tapes(TapeFilter(tag=started_tag)))
         assert 8 <= len(done_before) < n, "the kill came too late to test anything"
         stored_len = {key: store.get_tape_info(key).n_steps for key in started_before}
         for start_id, key in key_of.items():  # what survived the kill is a prefix of the truth
@@ -591,8 +623,8 @@ def test_a_batch_killed_with_sigkill_resumes_without_losing_or_repeating_work(tm
 
         # nothing duplicated, nothing lost: one stored tape per input, each done and complete,
         # each step's LLM call stored with the output that made it
-        assert sorted(store.list_tapes(tag=started_tag)) == sorted(key_of.values())
-        assert sorted(store.list_tapes(tag=done_tag)) == sorted(key_of.values())
+        assert sorted(store.list_tapes(TapeFilter(tag=started_tag))) == sorted(key_of.values())
+        assert sorted(store.list_tapes(TapeFilter(tag=done_tag))) == sorted(key_of.values())
         assert len(store.list_tapes()) == n
         for start_id, key in key_of.items():
             stored = store.get_tape(key)
@@ -629,7 +661,7 @@ def test_the_batch_command_runs_stores_and_resumes(tmp_path: Path) -> None:
     again = runner.invoke(app, [*args, "--name", "cli"])
     assert again.exit_code == 0 and "12 already done" in again.output and "0 LLM calls" in again.output
     with SQLiteStore(db) as store:
-        assert len(store.list_tapes(tag="batch:cli:done")) == 12
+        assert len(store.list_tapes(TapeFilter(tag="batch:cli:done"))) == 12
         reference = sequential(make_tapes(12))
         for t, ref in zip(make_tapes(12), reference, strict=True):
             assert content(store.get_tape(batch_tape_id("cli", t.metadata.id))) == content(ref)
@@ -725,7 +757,11 @@ def test_ctrl_c_stops_the_command_and_says_how_to_resume(tmp_path: Path) -> None
     )
     try:
         with SQLiteStore(db) as watcher:
-            _wait_for(lambda: watcher.count_tapes(tag="batch:ctrlc:done") >= 4, 30, "some tapes to finish")
+            _wait_for(
+                lambda: watcher.count_tapes(TapeFilter(tag="batch:ctrlc:done")) >= 4,
+                30,
+                "some tapes to finish",
+            )
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=20)
     finally:
@@ -735,7 +771,7 @@ def test_ctrl_c_stops_the_command_and_says_how_to_resume(tmp_path: Path) -> None
     err = " ".join(err.split())
     assert "interrupted:" in err and "of 40 tapes finished" in err and "Run the same command again" in err
     with SQLiteStore(db) as store:
-        done = len(store.list_tapes(tag="batch:ctrlc:done"))
+        done = len(store.list_tapes(TapeFilter(tag="batch:ctrlc:done")))
     assert 4 <= done < 40
     rerun = CliRunner().invoke(app, [*args[:2], *args[2:], "--name", "ctrlc"])
     assert rerun.exit_code == 0 and f"{done} already done" in " ".join(rerun.output.split())

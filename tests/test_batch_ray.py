@@ -14,7 +14,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from tapekit.batch import BatchStats, batch, batch_tags, batch_tape_id  # noqa: E402
-from tapekit.store import SQLiteStore  # noqa: E402
+from tapekit.store import SQLiteStore, TapeFilter  # noqa: E402
 from tests.test_batch import BEnv, calls_left, content, factory, make_agent, make_tapes, sequential  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,9 +36,9 @@ def local_ray() -> Iterator[None]:
 def _stored(store: SQLiteStore, name: str) -> dict[str, Any]:
     started, done, failed = batch_tags(name)
     return {
-        "started": sorted(store.list_tapes(tag=started)),
-        "done": sorted(store.list_tapes(tag=done)),
-        "failed": sorted(store.list_tapes(tag=failed)),
+        "started": sorted(store.list_tapes(TapeFilter(tag=started))),
+        "done": sorted(store.list_tapes(TapeFilter(tag=done))),
+        "failed": sorted(store.list_tapes(TapeFilter(tag=failed))),
     }
 
 

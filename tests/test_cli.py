@@ -15,7 +15,7 @@ import pytest
 import typer
 
 from tapekit.cli import app
-from tapekit.store import SQLiteStore
+from tapekit.store import SQLiteStore, TapeFilter
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
@@ -107,7 +107,7 @@ def test_run_prints_the_tape_and_stores_it(tmp_path: Path) -> None:
     tape = json.loads((tmp_path / "t.json").read_text())
     assert tape["steps"][-1]["kind"] == "assistant"
     with SQLiteStore(tmp_path / "d.db") as store:
-        (tape_id,) = store.list_tapes(tag="run")
+        (tape_id,) = store.list_tapes(TapeFilter(tag="run"))
         assert store.get_tape_info(tape_id).n_steps == len(tape["steps"]) == 19
         assert len(store.list_llm_calls()) == 8
     as_json = tapekit("run", "tapekit.testing.analyst:team", "--tape", "t.json", "--json", cwd=tmp_path)

@@ -32,7 +32,7 @@ from tapekit.evaluate import (
     rescore,
 )
 from tapekit.llm.base import LLM, LLMEvent
-from tapekit.store import SQLiteStore
+from tapekit.store import MemoryStore, SQLiteStore, TapeFilter
 
 
 class EvalNumber(Observation):
@@ -138,6 +138,7 @@ def test_evaluate_k_attempts_scores_side_by_side_and_costs() -> None:
     ].feedback
     # tokens and cost come from each tape's own LLM calls
     assert all(s.llm_calls == 1 and s.tokens == 13 for s in report.samples)
+    assert len(report.llm_calls) == 15
     assert report.cost_per_attempt == pytest.approx(0.013) and report.total_tokens == 15 * 13
     assert report.tokens_per_task == 3 * 13 and report.cost_per_task == pytest.approx(3 * 0.013)
     # per-category breakdown
@@ -145,6 +146,14 @@ def test_evaluate_k_attempts_scores_side_by_side_and_costs() -> None:
     assert sorted(cats) == ["big", "small"] and cats["big"].pass_hat_k().value == pytest.approx(2 / 3)
     text = report.to_text()
     assert "pass^3" in text and "lenient" in text and "small" in text
+
+
+def test_the_batch_options_on_llm_call_still_sees_every_call() -> None:
+    agent, env, tasks, _ = make({})
+    seen: list[Any] = []
+    report = evaluate(agent, env, tasks, exact, k=2, on_llm_call=seen.append)
+    assert len(seen) == 10 and {c.prompt.id for c in seen} == set(report.llm_calls)
+    assert all(s.llm_calls == 1 and s.tokens == 13 for s in report.samples)  # and the costs are kept
 
 
 def test_bootstrap_is_seeded_and_brackets_the_value() -> None:
@@ -161,15 +170,19 @@ def test_bootstrap_is_seeded_and_brackets_the_value() -> None:
     assert single.pass_at_1().low == single.pass_at_1().high == 1.0
 
 
-def test_store_tags_resume_and_rescore_make_no_llm_call(tmp_path: Any) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", "memory"])
+def test_store_tags_resume_and_rescore_make_no_llm_call(tmp_path: Any, backend: str) -> None:
     agent, env, tasks, llm = make({2: 1, 3: 3})
-    with SQLiteStore(tmp_path / "eval.db") as store:
+    with SQLiteStore(tmp_path / "eval.db") if backend == "sqlite" else MemoryStore() as store:
         report = evaluate(agent, env, tasks, exact, k=3, name="dbl", store=store)
         all_tag, passed_tag, failed_tag = eval_tags("dbl")
-        assert len(store.list_tapes(tag=all_tag)) == 15
-        assert len(store.list_tapes(tag=failed_tag)) == 4 and len(store.list_tapes(tag=passed_tag)) == 11
-        assert len(store.list_tapes(tag="eval:dbl:sample:2")) == 5
-        assert len(store.list_tapes(tag="eval:dbl:task:t3")) == 3
+        assert len(store.list_tapes(TapeFilter(tag=all_tag))) == 15
+        assert (
+            len(store.list_tapes(TapeFilter(tag=failed_tag))) == 4
+            and len(store.list_tapes(TapeFilter(tag=passed_tag))) == 11
+        )
+        assert len(store.list_tapes(TapeFilter(tag="eval:dbl:sample:2"))) == 5
+        assert len(store.list_tapes(TapeFilter(tag="eval:dbl:task:t3"))) == 3
         calls = llm.calls
 
         # the same evaluation again: every attempt is read back from the store, none runs

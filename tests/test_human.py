@@ -28,7 +28,7 @@ from tapekit.human import (
     run_session,
     waiting_on,
 )
-from tapekit.store import SQLiteStore
+from tapekit.store import SQLiteStore, TapeFilter
 from tapekit.testing.mailer import OUTBOX, assistant
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -266,7 +266,7 @@ def test_chat_in_one_process_resumed_by_another(tmp_path: Path) -> None:
     assert "mailer> You said: hello there" in first.stdout
     assert '[tool call] send_email {"to": "bob@example.com", "body": "lunch?"}' in first.stdout
     with SQLiteStore(db) as store:
-        (tape_id,) = store.list_tapes(tag="waiting")
+        (tape_id,) = store.list_tapes(TapeFilter(tag="waiting"))
         assert store.get_tape(tape_id).steps[-1].kind == "tool_call"
     # a later process: shows the conversation so far, takes the decision and a message
     second = chat(

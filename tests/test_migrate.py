@@ -26,7 +26,7 @@ from tapekit.migrate import (
     reference_tape,
     to_reference_tape,
 )
-from tapekit.store import SQLiteStore
+from tapekit.store import SQLiteStore, TapeFilter
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parents[2] / "shared" / "reference-data"
@@ -104,7 +104,7 @@ def test_counts_by_kind_match_the_readme(imported: Any) -> None:
     assert dict(report.step_kinds) == TOTALS
     assert sum(report.step_kinds.values()) == 111 and len(report.step_kinds) == 16
     assert sorted(report.tapes) == sorted(tape_id for tape_id, _ in EXPECTED.values())
-    assert store.count_tapes(tag="tapeagents") == 8
+    assert store.count_tapes(TapeFilter(tag="tapeagents")) == 8
     # per tape: the stored tape gives back exactly the file's steps (kinds, ids, fields)
     for path in TAPE_FILES:
         tape_id, n_steps = EXPECTED[path.stem]

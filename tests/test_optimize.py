@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tapekit import Agent, FunctionLLM, Prompt, Tape, UserStep, main_loop, open_store
+from tapekit import Agent, FunctionLLM, Prompt, Tape, TapeFilter, UserStep, main_loop, open_store
 from tapekit.core import StepSequence
 from tapekit.environment import ToolEnvironment
 from tapekit.evaluate import Score, Task
@@ -112,13 +112,13 @@ def test_reflective_rewrites_the_instruction_and_raises_the_metric(tmp_path: Pat
     assert result.rollouts_used <= 30
     # every tape is stored, and the winner's validation tapes carry its candidate tag
     store.flush()
-    assert len(store.list_tapes(tag=f"optimize:{result.run_id}")) == result.rollouts_used
-    assert len(store.list_tapes(tag=candidate_tag(result.run_id, result.best.id))) >= len(VAL)
+    assert len(store.list_tapes(TapeFilter(tag=f"optimize:{result.run_id}"))) == result.rollouts_used
+    assert len(store.list_tapes(TapeFilter(tag=candidate_tag(result.run_id, result.best.id)))) >= len(VAL)
     # ... and every tape carries the id of the configuration that made it (rejected proposals too)
     (run,) = result.runs
     ids = ["baseline", *(f"reflective-{i}" for i in range(1, run.proposals + 1))]
-    tagged = [t for cid in ids for t in store.list_tapes(tag=candidate_tag(result.run_id, cid))]
-    assert sorted(tagged) == sorted(store.list_tapes(tag=f"optimize:{result.run_id}"))
+    tagged = [t for cid in ids for t in store.list_tapes(TapeFilter(tag=candidate_tag(result.run_id, cid)))]
+    assert sorted(tagged) == sorted(store.list_tapes(TapeFilter(tag=f"optimize:{result.run_id}")))
     # deterministic: the same seed gives the same search
     again = optimize(
         make_agent(),

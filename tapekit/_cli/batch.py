@@ -17,6 +17,7 @@ import typer
 if TYPE_CHECKING:
     from tapekit.batch import BatchOptions, BatchResult, BatchStats
     from tapekit.core import Tape
+    from tapekit.store import TapeStore
 
 __all__ = ["batch_command", "read_tapes"]
 
@@ -179,7 +180,7 @@ async def _run(
     agent: Any,
     environment: Any,
     start_tapes: list[Any],
-    store: Any,
+    store: TapeStore,
     stats: BatchStats,
     failures: list[BatchResult],
     console: Any,

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from tapekit.core import Step, Tape
     from tapekit.environment import Environment
     from tapekit.human import Waiting
+    from tapekit.store import TapeStore
 
 __all__ = ["chat_command", "chat_line"]
 
@@ -252,7 +253,7 @@ def _can_run(agent: Any, session: Any) -> bool:
     return bool(agent.compute_view(session).top.run_open)
 
 
-def _tags(store: Any, session: Any) -> list[str]:
+def _tags(store: TapeStore, session: Tape[Any, Any]) -> list[str]:
     from tapekit.store import TapeNotFoundError
 
     try:
@@ -261,7 +262,7 @@ def _tags(store: Any, session: Any) -> list[str]:
         return []
 
 
-def _say_how_to_resume(store: Any, session: Any, db: str, target: str) -> None:
+def _say_how_to_resume(store: TapeStore, session: Tape[Any, Any], db: str, target: str) -> None:
     if "waiting" in _tags(store, session):
         typer.echo(
             f"session {session.metadata.id} waits; resume it with: "

@@ -93,10 +93,10 @@ def read_tape_file(path: Path) -> Tape[Any, Any]:
 def pick_tape(store: TapeStore, tape: str) -> str:
     """The id of a stored tape: ``latest`` (the newest), ``waiting`` (the newest waiting
     session), or an id (a unique prefix of at least 6 characters is enough)."""
-    from tapekit.store import TapeNotFoundError
+    from tapekit.store import TapeFilter, TapeNotFoundError
 
     if tape in ("latest", "waiting"):
-        ids = store.list_tapes(tag="waiting" if tape == "waiting" else None, limit=1)
+        ids = store.list_tapes(TapeFilter(tag="waiting" if tape == "waiting" else None), limit=1)
         if not ids:
             raise CliError(f"no {'waiting ' if tape == 'waiting' else ''}tape in {store.location}")
         return ids[0]

@@ -56,13 +56,16 @@ def abatch(
     - ``llm_concurrency``: how many requests each LLM may have in flight: one int for every
       LLM, or ``{llm_key: int}`` by the keys of the agents' ``llms`` (others unlimited). The
       calls and tapes are the same as without a limit; only the timing changes.
-    - ``store``: a tapekit store (SQLite or PostgreSQL). Tapes are written as they run under
+    - ``store``: a :class:`~tapekit.store.TapeStore` (SQLite, PostgreSQL or memory; the Ray
+      backend needs one its workers can open). Tapes are written as they run under
       :func:`batch_tape_id` and tagged (:func:`batch_tags`); running the same ``name`` again
       skips the done tapes (returned from the store) and resumes the others.
       ``retry_failed=True`` resumes the failed ones too.
     - ``max_loops``: agent/environment rounds per tape (a resumed tape counts the rounds its
       stored steps already made).
     - ``stats``: a :class:`BatchStats` the batch keeps up to date (for progress displays).
+    - ``on_llm_call``: called with every LLM call the batch's tapes make, as it completes (in
+      this process, so not with ``backend="ray"``); an exception it raises fails that tape.
     - ``backend="ray"``: spread the tapes over a Ray cluster (``ray.init`` is called if Ray
       is not initialised; ``RAY_ADDRESS`` picks the cluster). ``ray_workers`` tasks (default:
       the cluster's CPUs) each run a share of the tapes and of both concurrency limits;

@@ -5,13 +5,15 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from tapekit.agent import Agent
 from tapekit.core import Tape
 from tapekit.environment import Environment
+from tapekit.llm.base import LLMCall
+from tapekit.store.base import TapeStore
 
 if TYPE_CHECKING:
     from tapekit.batch._results import BatchStats
@@ -30,7 +32,7 @@ class BatchOptions(TypedDict, total=False):
 
     max_concurrency: int
     llm_concurrency: LLMConcurrency
-    store: Any
+    store: TapeStore | None
     name: str
     max_loops: int | None
     retry_failed: bool
@@ -38,6 +40,7 @@ class BatchOptions(TypedDict, total=False):
     backend: Literal["local", "ray"]
     ray_workers: int | None
     ray_factory: str | None
+    on_llm_call: Callable[[LLMCall], None] | None
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class BatchConfig:
 
     max_concurrency: int = DEFAULT_CONCURRENCY
     llm_concurrency: LLMConcurrency = None
-    store: Any = None
+    store: TapeStore | None = None
     name: str = "batch"
     max_loops: int | None = None
     retry_failed: bool = False
@@ -54,6 +57,7 @@ class BatchConfig:
     backend: Literal["local", "ray"] = "local"
     ray_workers: int | None = None
     ray_factory: str | None = None
+    on_llm_call: Callable[[LLMCall], None] | None = None
 
     @classmethod
     def of(cls, agent: Agent, options: BatchOptions) -> BatchConfig:
@@ -77,10 +81,21 @@ class BatchConfig:
             )
         if self.max_loops is not None:
             _check_positive(self.max_loops, "max_loops")
-        if self.store is not None:
-            _check_store(self.store)
+        if self.store is not None and not isinstance(self.store, TapeStore):
+            raise TypeError(
+                f"store must be a TapeStore (SQLiteStore, PostgresStore, MemoryStore, ...), not "
+                f"{type(self.store).__name__}"
+            )
         if self.backend not in ("local", "ray"):
             raise ValueError(f"backend {self.backend!r}: choose 'local' or 'ray'")
+        if self.on_llm_call is not None:
+            if not callable(self.on_llm_call):
+                raise TypeError(f"on_llm_call must be a function of an LLMCall, not {self.on_llm_call!r}")
+            if self.backend == "ray":
+                raise ValueError(
+                    "on_llm_call runs in this process, and the Ray backend's calls are made in its "
+                    "workers: read them from the store instead"
+                )
         if self.ray_workers is not None:
             _check_positive(self.ray_workers, "ray_workers")
 
@@ -145,12 +160,3 @@ def _check_llm_concurrency(agent: Agent, llm_concurrency: LLMConcurrency) -> Non
             _check_positive(limit, f"llm_concurrency[{key!r}]")
     else:
         _check_positive(llm_concurrency, "llm_concurrency")
-
-
-def _check_store(store: Any) -> None:
-    needed = ("save_tape", "save_llm_call", "get_tape", "list_tapes", "add_tags", "remove_tags", "flush")
-    missing = [m for m in needed if not callable(getattr(store, m, None))]
-    if missing:
-        raise TypeError(
-            f"store {type(store).__name__} lacks {missing}: pass a tapekit store (SQLite, PostgreSQL)"
-        )

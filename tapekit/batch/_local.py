@@ -23,6 +23,7 @@ from tapekit.environment import Environment
 from tapekit.llm.base import LLM, LLMEvent, TrainingText
 from tapekit.orchestrator import amain_loop
 from tapekit.recording import SessionRecorder, stored_form
+from tapekit.store.base import TapeFilter, TapeStore
 
 __all__ = ["alocal"]
 
@@ -95,14 +96,14 @@ class _Plan:
     failed: set[str]
 
 
-async def _read_plan(store: Any, name: str) -> _Plan:
+async def _read_plan(store: TapeStore, name: str) -> _Plan:
     started, done, failed = batch_tags(name)
 
     def read() -> _Plan:
         return _Plan(
-            set(store.list_tapes(tag=started)),
-            set(store.list_tapes(tag=done)),
-            set(store.list_tapes(tag=failed)),
+            set(store.list_tapes(TapeFilter(tag=started))),
+            set(store.list_tapes(TapeFilter(tag=done))),
+            set(store.list_tapes(TapeFilter(tag=failed))),
         )
 
     return await asyncio.to_thread(read)
@@ -147,7 +148,7 @@ async def _prepare(run: _Run, key: str, start: Tape[Any, Any]) -> tuple[Tape[Any
     """Where tape ``key`` stands in the store: ``(tape to run from, "new" | "resumed" | "done")``
     (for "done", the stored tape). A new tape is stored with the batch's started tag."""
     store, plan = run.config.store, run.plan
-    assert plan is not None
+    assert store is not None and plan is not None
     _, done_tag, failed_tag = batch_tags(run.config.name)
     retry = run.config.retry_failed and key in plan.failed
     if key in plan.done and not retry:
@@ -191,9 +192,12 @@ async def _run_one(run: _Run, index: int, start: Tape[Any, Any]) -> BatchResult:
         if state == "resumed" and max_loops is not None:
             max_loops = max(0, max_loops - _loops_done(tape, len(start)))
         final = tape
+        on_llm_call = config.on_llm_call
         async for event in amain_loop(run.agent, tape, run.environment, max_loops, recorder=recorder):
             call = event.llm_call
             if call is not None:
+                if on_llm_call is not None:
+                    on_llm_call(call)
                 counts.calls += 1
                 counts.prompt_tokens += call.prompt_tokens
                 counts.output_tokens += call.output_tokens

@@ -31,6 +31,7 @@ from tapekit.evaluate._report import EvalReport, SampleResult, Score, pass_at_k,
 from tapekit.evaluate._scorers import contains_answer, exact_answer, final_answer
 from tapekit.evaluate._stats import Estimate, bootstrap_mean, mcnemar_exact, paired_difference
 from tapekit.llm.base import LLMCall
+from tapekit.store.base import TapeFilter, TapeStore
 
 __all__ = [
     "Estimate",
@@ -163,35 +164,6 @@ async def _scored(
 # --------------------------------------------------------------------------- LLM calls of a tape
 
 
-class _CallTap:
-    """A store (or none) that also keeps the LLM calls the batch saves, by prompt id, so each
-    attempt's tokens and cost come from its own tape's calls."""
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-        self.calls: dict[str, LLMCall] = {}
-
-    def save_llm_call(self, call: LLMCall) -> None:
-        """Keep the call, and store it when there is a store."""
-        self.calls[call.prompt.id] = call
-        if self._store is not None:
-            self._store.save_llm_call(call)
-
-    def __getattr__(self, attr: str) -> Any:
-        if self._store is None:
-            return _NO_STORE.get(attr) or object.__getattribute__(self, attr)
-        return getattr(self._store, attr)
-
-
-def _nothing(*args: Any, **kwargs: Any) -> Any:
-    return []
-
-
-_NO_STORE: dict[str, Callable[..., Any]] = {
-    name: _nothing for name in ("save_tape", "get_tape", "list_tapes", "add_tags", "remove_tags", "flush")
-}
-
-
 def _tape_calls(tape: Tape[Any, Any], lookup: Callable[[str], LLMCall | None]) -> list[LLMCall]:
     calls, seen = [], set()
     for step in tape.steps:
@@ -244,7 +216,7 @@ async def aevaluate_iter(
     *,
     k: int = 1,
     name: str = "eval",
-    store: Any = None,
+    store: TapeStore | None = None,
     report: EvalReport | None = None,
     **batch_options: Any,
 ) -> AsyncIterator[SampleResult]:
@@ -262,16 +234,25 @@ async def aevaluate_iter(
         for j in range(k):
             starts.append(start.with_metadata(id=_start_id(task.id, j)))
             owners.append((task, j))
-    # the tap keeps each call for the attempt's tokens and cost; Ray workers write the store
-    # themselves, so there the calls are read back from it
+    # each attempt's tokens and cost come from the calls this run made (kept as the batch
+    # reports them) and, for a resumed attempt's earlier calls, from the store; Ray workers
+    # make their calls in other processes, so there every call is read back from the store
     ray = batch_options.get("backend") == "ray"
     if ray and store is None:
         raise ValueError("an evaluation on the Ray backend needs a store (its workers store the LLM calls)")
-    tap: Any = store if ray else _CallTap(store)
-    captured: dict[str, LLMCall] = {} if ray else tap.calls
+    captured: dict[str, LLMCall] = {}
+    if not ray:
+        also = batch_options.get("on_llm_call")
+
+        def keep(call: LLMCall) -> None:
+            captured[call.prompt.id] = call
+            if also is not None:
+                also(call)
+
+        batch_options["on_llm_call"] = keep
     all_tag, passed_tag, failed_tag = eval_tags(name)
     primary = next(iter(scorers))
-    async for result in abatch(agent, environment, starts, store=tap, name=name, **batch_options):
+    async for result in abatch(agent, environment, starts, store=store, name=name, **batch_options):
         task, j = owners[result.index]
         record = SampleResult(
             task_id=task.id, category=task.category, sample=j, tape_id=result.tape_id, error=result.error
@@ -310,7 +291,7 @@ async def aevaluate(
     *,
     k: int = 1,
     name: str = "eval",
-    store: Any = None,
+    store: TapeStore | None = None,
     seed: int = 0,
     n_bootstrap: int = 1000,
     confidence: float = 0.95,
@@ -355,7 +336,7 @@ def evaluate(
     *,
     k: int = 1,
     name: str = "eval",
-    store: Any = None,
+    store: TapeStore | None = None,
     seed: int = 0,
     n_bootstrap: int = 1000,
     confidence: float = 0.95,
@@ -384,9 +365,9 @@ def evaluate(
 # --------------------------------------------------------------------------- rescore
 
 
-def _stored_attempts(store: Any, name: str) -> list[Tape[Any, Any]]:
+def _stored_attempts(store: TapeStore, name: str) -> list[Tape[Any, Any]]:
     all_tag = eval_tags(name)[0]
-    ids = store.list_tapes(tag=all_tag)
+    ids = store.list_tapes(TapeFilter(tag=all_tag))
     if not ids:
         raise ValueError(
             f"the store has no tapes tagged {all_tag!r}: no evaluation named {name!r} was stored"
@@ -395,7 +376,7 @@ def _stored_attempts(store: Any, name: str) -> list[Tape[Any, Any]]:
 
 
 async def arescore(
-    source: EvalReport | Iterable[Tape[Any, Any]] | Any,
+    source: EvalReport | TapeStore | Iterable[Tape[Any, Any]],
     scorer: Scorers,
     tasks: Iterable[Task],
     *,
@@ -427,12 +408,11 @@ async def arescore(
         base = {s.tape_id: s for s in source.samples}
         name = name or source.name
         k = k or source.k
-    elif callable(getattr(source, "list_tapes", None)):
-        store: Any = source
+    elif isinstance(source, TapeStore):
         if name is None:
             raise ValueError("rescoring from a store needs name= (the evaluation's name)")
-        tapes = await asyncio.to_thread(_stored_attempts, store, name)
-        lookup = store.get_llm_call
+        tapes = await asyncio.to_thread(_stored_attempts, source, name)
+        lookup = source.get_llm_call
     elif isinstance(source, Tape):
         raise TypeError("source must be many tapes, not one Tape: pass [tape]")
     else:
@@ -477,7 +457,7 @@ def _group_sizes(records: list[SampleResult]) -> list[list[SampleResult]]:
 
 
 def rescore(
-    source: EvalReport | Iterable[Tape[Any, Any]] | Any,
+    source: EvalReport | TapeStore | Iterable[Tape[Any, Any]],
     scorer: Scorers,
     tasks: Iterable[Task],
     *,

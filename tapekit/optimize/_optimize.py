@@ -14,6 +14,7 @@ from tapekit.evaluate import Task
 from tapekit.optimize._run import BudgetExhausted, Candidate, Judge, Search
 from tapekit.optimize._targets import OptimizeError, read_params, resolve_targets, save_optimized, with_params
 from tapekit.optimize.base import Optimizer
+from tapekit.store.base import TapeStore
 
 __all__ = ["OptimizeResult", "OptimizerRun", "optimize"]
 
@@ -118,7 +119,7 @@ def optimize(
     metric: Any,
     optimizer: Optimizer | Sequence[Optimizer],
     budget: int,
-    store: Any = None,
+    store: TapeStore | None = None,
     targets: list[str] | None = None,
     seed: int = 0,
     *,

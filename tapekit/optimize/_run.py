@@ -23,6 +23,7 @@ from tapekit.agent import Agent
 from tapekit.errors import TapekitError
 from tapekit.evaluate import EvalReport, SampleResult, Task, aevaluate
 from tapekit.optimize._targets import NodeParams, Params, with_params
+from tapekit.store.base import TapeStore
 
 __all__ = ["BudgetExhausted", "Candidate", "Judge", "Search", "candidate_tag"]
 
@@ -71,7 +72,7 @@ class Judge:
         environment: Any,
         metric: Any,
         budget: int,
-        store: Any,
+        store: TapeStore | None,
         run: str,
         batch_options: Mapping[str, Any],
     ) -> None:

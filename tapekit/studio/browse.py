@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from tapekit.store import TapeInfo
+from tapekit.store import TapeFilter, TapeInfo
 from tapekit.studio.data import root_agent_name, step_author, step_row, view_infos
 from tapekit.studio.pages import (
     STEPS_PER_PAGE,
@@ -40,19 +40,19 @@ def add_browse_routes(app: FastAPI, studio: Studio) -> None:
         error = q.get("error", "")
         if error not in ("", "yes", "no"):
             raise PageError(400, "Bad request", f"error must be 'yes', 'no' or empty, not {error!r}.")
-        filters: dict[str, Any] = {
-            "author": q.get("author") or None,
-            "agent": q.get("agent") or None,
-            "tag": q.get("tag") or None,
-            "parent_id": q.get("parent") or None,
-            "has_error": {"yes": True, "no": False}.get(error),
-        }
+        where = TapeFilter(
+            author=q.get("author") or None,
+            agent=q.get("agent") or None,
+            tag=q.get("tag") or None,
+            parent_id=q.get("parent") or None,
+            has_error={"yes": True, "no": False}.get(error),
+        )
         page = int_param(q.get("page"), "page", 1)
-        total = store.count_tapes(**filters)
+        total = store.count_tapes(where)
         pages = page_count(total, TAPES_PER_PAGE)
         if page > pages:
             raise PageError(400, "Bad request", f"page {page} is past the last page ({pages}).")
-        infos = store.list_tape_infos(**filters, limit=TAPES_PER_PAGE, offset=(page - 1) * TAPES_PER_PAGE)
+        infos = store.list_tape_infos(where, limit=TAPES_PER_PAGE, offset=(page - 1) * TAPES_PER_PAGE)
         shown = {k: v for k, v in q.items() if k in ("author", "agent", "tag", "parent", "error") and v}
         return studio.render(
             request,
@@ -83,7 +83,7 @@ def add_browse_routes(app: FastAPI, studio: Studio) -> None:
                 raise PageError(400, "Bad request", "fragment=1 is for step pages.")
             return studio.render(request, "step_panel.html", info=info, d=detail)
         start = (page - 1) * STEPS_PER_PAGE
-        children = store.list_tape_infos(parent_id=tape_id, limit=20)
+        children = store.list_tape_infos(TapeFilter(parent_id=tape_id), limit=20)
         return studio.render(
             request,
             "tape.html",
@@ -93,7 +93,9 @@ def add_browse_routes(app: FastAPI, studio: Studio) -> None:
             pages=pages,
             parent=maybe_info(store, info.parent_id),
             children=children,
-            n_children=len(children) if len(children) < 20 else store.count_tapes(parent_id=tape_id),
+            n_children=len(children)
+            if len(children) < 20
+            else store.count_tapes(TapeFilter(parent_id=tape_id)),
             totals=store.totals("node", tape_id=tape_id),
             d=detail,
         )

@@ -35,6 +35,7 @@ from tapekit.human import (
     reply,
     waiting_on,
 )
+from tapekit.store import TapeFilter
 from tapekit.studio.data import root_agent_name
 
 if TYPE_CHECKING:
@@ -117,8 +118,8 @@ def add_chat_routes(app: FastAPI, studio: Any) -> None:
 
     @app.get("/chat", response_class=HTMLResponse)
     def chat_list(request: Request) -> Response:
-        waiting = store.list_tape_infos(tag=WAITING_TAG, limit=100)
-        recent = store.list_tape_infos(tag=CHAT_TAG, limit=20)
+        waiting = store.list_tape_infos(TapeFilter(tag=WAITING_TAG), limit=100)
+        recent = store.list_tape_infos(TapeFilter(tag=CHAT_TAG), limit=20)
         return studio.render(request, "chat_list.html", waiting=waiting, recent=recent)
 
     @app.get("/chat/{tape_id}", response_class=HTMLResponse)

@@ -101,15 +101,13 @@ def lenient_step(data: Any) -> Step:
 
 def lenient_steps(store: TapeStore, tape_id: str, start: int, stop: int) -> list[Step]:
     """Steps ``start:stop`` of a stored tape, those of unknown kinds as :class:`UnknownStep`."""
-    return [lenient_step(json.loads(text)) for text in store._select_steps(tape_id, start, stop)]
+    return [lenient_step(data) for data in store.get_raw_steps(tape_id, start, stop)]
 
 
 def lenient_tape(store: TapeStore, info: TapeInfo) -> Tape[Any, Any]:
     """The stored tape ``info.id``, steps of unknown kinds as :class:`UnknownStep`."""
-    meta = info.to_metadata()
-    context = store._select_context(info.id)
     steps = lenient_steps(store, info.id, 0, info.n_steps)
-    return Tape(metadata=meta, context=json.loads(context) if context else None, steps=steps)
+    return Tape(metadata=info.metadata, context=store.get_raw_context(info.id), steps=steps)
 
 
 @dataclass(frozen=True, slots=True)

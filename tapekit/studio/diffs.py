@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import HTMLResponse, Response
 
 from tapekit._diff import first_divergence
-from tapekit.store import TapeInfo
+from tapekit.store import TapeFilter, TapeInfo
 from tapekit.studio.data import batch_pairs, diff_rows
 from tapekit.studio.pages import MAX_BATCH, STEPS_PER_PAGE, PageError, Studio, int_param, page_count, page_of
 
@@ -87,7 +87,7 @@ def add_diff_routes(app: FastAPI, studio: Studio) -> None:
             tag = spec[4:].strip()
             if not tag:
                 raise PageError(400, "Bad request", "Write tag:NAME, with a tag name.")
-            infos = store.list_tape_infos(tag=tag, limit=MAX_BATCH + 1)
+            infos = store.list_tape_infos(TapeFilter(tag=tag), limit=MAX_BATCH + 1)
             if len(infos) > MAX_BATCH:
                 raise PageError(
                     400, "Too many tapes", f"Tag {tag!r} has over {MAX_BATCH} tapes; compare fewer."

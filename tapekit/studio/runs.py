@@ -22,6 +22,7 @@ from tapekit.errors import TapekitError
 from tapekit.llm.base import LLMCall
 from tapekit.orchestrator import amain_loop
 from tapekit.recording import SessionRecorder
+from tapekit.store.base import TapeStore
 
 __all__ = [
     "AgentSource",
@@ -124,7 +125,7 @@ async def advance(
     on_llm_call: Callable[[LLMCall], None] | None = None,
     max_loops: int = 100,
     *,
-    store: Any = None,
+    store: TapeStore | None = None,
 ) -> RunResult:
     """Continue ``tape`` with the agent and its environment, and return the child tape.
 

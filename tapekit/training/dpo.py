@@ -79,8 +79,10 @@ class PairSet:
 
 
 def _lookup(calls: Any) -> CallLookup:
-    if callable(getattr(calls, "get_llm_call", None)):
-        return calls.get_llm_call  # type: ignore[no-any-return]
+    from tapekit.store.base import TapeStore
+
+    if isinstance(calls, TapeStore):
+        return calls.get_llm_call
     if isinstance(calls, Mapping):
         return calls.get
     if callable(calls):

@@ -35,6 +35,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tapekit.evaluate import Task
+from tapekit.store.base import TapeStore
 from tapekit.training._rl_dist import RLDist
 from tapekit.training.advantages import mean_abs_by_key
 from tapekit.training.config import LoraSettings
@@ -265,7 +266,7 @@ class _Run:
         model: Any,
         tokenizer: Any,
         config: RLRunConfig,
-        store: Any,
+        store: TapeStore,
         on_step: Callable[[dict[str, Any]], None] | None,
         dist: RLDist | None = None,
     ) -> None:
@@ -461,7 +462,7 @@ def train_rl(
     tokenizer: Any,
     config: RLRunConfig,
     *,
-    store: Any = None,
+    store: TapeStore | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
 ) -> RLRunResult:
     """Run ``config.steps`` RL steps on ``model`` (trained in place; wrapped in a LoRA adapter
@@ -480,7 +481,7 @@ def train_rl(
     model = model.to(dist.device(config.device))
     dist.sync_start(model)
     owned = store is None
-    if owned:
+    if store is None:
         Path(config.output_dir).mkdir(parents=True, exist_ok=True)
         store = open_store(str(Path(config.output_dir) / dist.store_name()))
     run = _Run(setup, model, tokenizer, config, store, on_step, dist)

@@ -27,6 +27,8 @@ from typing import Any, Literal
 
 from tapekit.core import Tape
 from tapekit.evaluate import Score, Task
+from tapekit.llm.base import LLMCall
+from tapekit.store.base import TapeStore
 
 __all__ = ["RolloutBatch", "collect_rollouts", "rollout_rows", "rollout_tags", "score_value"]
 
@@ -103,7 +105,7 @@ async def acollect_rollouts(
     group_size: int,
     step: int,
     policy_version: int,
-    store: Any,
+    store: TapeStore,
     run: str = "rl",
     attempt: int = 0,
     max_loops: int | None = None,
@@ -231,7 +233,7 @@ def collect_rollouts(
 
 
 def rollout_rows(
-    rollouts: RolloutBatch, store: Any, tokenizer: Any, *, exact: bool = False
+    rollouts: RolloutBatch, store: TapeStore, tokenizer: Any, *, exact: bool = False
 ) -> list[dict[str, Any]]:
     """Token-exact samples of the rollouts (ids and sampling log-probs from the store), each
     row with ``task_id``, ``category`` and ``policy_version``; tapes without a sample (no LLM
@@ -242,7 +244,7 @@ def rollout_rows(
     than the batch's."""
     from tapekit.training.samples import make_samples
 
-    calls = _ExactCalls(store, str(rollouts.policy_version)) if exact else store
+    calls = _exact_calls(store, str(rollouts.policy_version)) if exact else store
     samples = make_samples(rollouts.tapes, llm_calls=calls, tokenizer=tokenizer, reward=_reward)
     by_id = {t.metadata.id: t.metadata.result for t in rollouts.tapes}
     rows = []
@@ -259,17 +261,13 @@ def _reward(tape: Tape[Any, Any]) -> float:
     return float(tape.metadata.result["reward"])
 
 
-class _ExactCalls:
-    """A store's LLM calls, each checked to carry the ids and sampling log-probs of ``version``."""
+def _exact_calls(store: TapeStore, version: str) -> Callable[[str], LLMCall | None]:
+    """``store.get_llm_call``, refusing each call that lacks the ids and sampling log-probs
+    of policy ``version``."""
+    from tapekit.training._common import TrainingError
 
-    def __init__(self, store: Any, version: str) -> None:
-        self.store = store
-        self.version = version
-
-    def get_llm_call(self, prompt_id: str) -> Any:
-        from tapekit.training._common import TrainingError
-
-        call = self.store.get_llm_call(prompt_id)
+    def get_llm_call(prompt_id: str) -> LLMCall | None:
+        call = store.get_llm_call(prompt_id)
         if call is None:
             return None
         trace = call.tokens
@@ -280,9 +278,11 @@ class _ExactCalls:
                 f"{where} came back without {missing}: RL trains on the tokens the policy sampled and "
                 "does not re-tokenise (an OpenAI-compatible server must return them: vLLM >= 0.10.2)"
             )
-        if trace.policy_version != self.version:
+        if trace.policy_version != version:
             raise TrainingError(
                 f"{where} was sampled by policy version {trace.policy_version!r}, "
-                f"not the rollouts' version {self.version!r}"
+                f"not the rollouts' version {version!r}"
             )
         return call
+
+    return get_llm_call

@@ -16,17 +16,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tapekit.core import Tape
 from tapekit.llm.base import LLMCall
+from tapekit.store.base import TapeStore
 from tapekit.training._chat_tokenizer import ChatTokenizer
 from tapekit.training._common import TrainingError
 
 __all__ = ["Break", "Drift", "SampleConfig", "SampleSet", "drift_report", "iter_samples", "make_samples"]
+
+LLMCalls = TapeStore | Mapping[str, LLMCall] | Iterable[LLMCall] | Callable[[str], LLMCall | None] | None
+"""Where the LLM calls behind tapes' steps are found by prompt id: a store, a ``{prompt_id:
+LLMCall}`` mapping, the calls themselves, or a function of a prompt id (None: nowhere)."""
 
 Reward = Callable[[Tape[Any, Any]], float] | str | None
 
@@ -112,7 +117,7 @@ def make_samples(
     tapes: Iterable[Tape[Any, Any]],
     agent: Any = None,
     *,
-    llm_calls: Any = None,
+    llm_calls: LLMCalls = None,
     tokenizer: Any = None,
     reuse_with: Any = None,
     reward: Reward = None,
@@ -121,8 +126,9 @@ def make_samples(
 ) -> SampleSet:
     """Samples from ``tapes`` as a :class:`SampleSet` (its ``dataset`` in the training schema).
 
-    ``llm_calls``: a store (anything with ``get_llm_call(prompt_id)``) or a dict/list of
-    :class:`LLMCall` holding the tapes' calls; calls with token ids give ``source="ids"``.
+    ``llm_calls``: where the tapes' calls are (:data:`LLMCalls`: a store, a ``{prompt_id:
+    LLMCall}`` mapping, a list of calls or a function of a prompt id); calls with token ids
+    give ``source="ids"``.
     ``tokenizer``: the training tokenizer (HF tokenizer, ``TransformersLLM`` or
     ``LlamaCppLLM``); default: ``agent``'s LLM. ``reuse_with``: a student agent; each tape goes
     through ``reuse_with.reuse`` first and is rendered with the template (teacher → student).
@@ -150,7 +156,7 @@ def iter_samples(
     tapes: Iterable[Tape[Any, Any]],
     agent: Any = None,
     *,
-    llm_calls: Any = None,
+    llm_calls: LLMCalls = None,
     tokenizer: Any = None,
     reuse_with: Any = None,
     reward: Reward = None,
@@ -169,7 +175,7 @@ def iter_samples(
         yield row
 
 
-def drift_report(tapes: Iterable[Tape[Any, Any]], llm_calls: Any, tokenizer: Any) -> list[Drift]:
+def drift_report(tapes: Iterable[Tape[Any, Any]], llm_calls: LLMCalls, tokenizer: Any) -> list[Drift]:
     """Every LLM call with stored ids whose prompt + completion the tokenizer's chat template
     does not reproduce token for token (the fingerprint is not checked: this is the check)."""
     tok, lookup, out = ChatTokenizer(tokenizer), _lookup(llm_calls), []
@@ -238,13 +244,15 @@ def _features(features: Any, sequence: Any, value: Any) -> Any:
     )
 
 
-def _lookup(calls: Any) -> Callable[[str], LLMCall | None]:
+def _lookup(calls: LLMCalls) -> Callable[[str], LLMCall | None]:
     if calls is None:
         return lambda _: None
-    if callable(getattr(calls, "get_llm_call", None)):
-        return calls.get_llm_call  # type: ignore[no-any-return]
-    if isinstance(calls, dict):
+    if isinstance(calls, TapeStore):
+        return calls.get_llm_call
+    if isinstance(calls, Mapping):
         return calls.get
+    if callable(calls):
+        return calls
     table = {c.prompt.id: c for c in calls}
     return table.get
 
@@ -272,7 +280,7 @@ def _reward(tape: Tape[Any, Any], reward: Reward) -> float:
 def _rows(
     tapes: Iterable[Tape[Any, Any]],
     agent: Any,
-    llm_calls: Any,
+    llm_calls: LLMCalls,
     tokenizer: Any,
     reuse_with: Any,
     reward: Reward,

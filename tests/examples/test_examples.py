@@ -8,7 +8,7 @@ import sys
 import types
 from pathlib import Path
 
-from tapekit.store import SQLiteStore
+from tapekit.store import SQLiteStore, TapeFilter
 from tests.conftest import needs_local_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,7 +162,7 @@ def test_the_scripted_team_answers_any_question_in_a_batch(tmp_path: Path) -> No
     assert out.exit_code == 0, out.output
     assert f"{len(QUESTIONS)} of {len(QUESTIONS)} finished (0 failed" in " ".join(out.output.split())
     with SQLiteStore(db) as store:
-        for tape_id in store.list_tapes(tag="batch:any:done"):
+        for tape_id in store.list_tapes(TapeFilter(tag="batch:any:done")):
             tape = store.get_tape(tape_id)
             assert tape.metadata.error is None and tape.steps[-1].kind == "assistant", tape_id
             assert tape.steps[-1].content  # type: ignore[attr-defined]
