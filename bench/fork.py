@@ -27,7 +27,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tapekit.testing import research
 from tapekit import (
     Agent,
     AssistantStep,
@@ -42,6 +41,7 @@ from tapekit import (
     Tape,
     UserStep,
 )
+from tapekit.testing import research
 
 
 class Split(Node):

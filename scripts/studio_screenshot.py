@@ -17,11 +17,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tapekit.testing.analyst import ENVIRONMENT, MeteredBrain, make_analyst, start_tape  # noqa: E402
 from tapekit import main_loop  # noqa: E402
 from tapekit.store import SQLiteStore  # noqa: E402
 from tapekit.studio import create_app  # noqa: E402
 from tapekit.studio.app import serve_in_thread  # noqa: E402
+from tapekit.testing.analyst import ENVIRONMENT, MeteredBrain, make_analyst, start_tape  # noqa: E402
 
 CHROMIUM_ARGS = [
     "--no-sandbox",

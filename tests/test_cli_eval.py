@@ -13,7 +13,7 @@ import pytest
 from tapekit.core import Tape
 from tapekit.dialog import AssistantStep, UserStep
 from tapekit.evaluate import EvalReport, Task, contains_answer, exact_answer, final_answer
-from tapekit.store import SQLiteStore
+from tapekit.store import SQLiteStore, TapeFilter
 
 TEAM = "tapekit.testing.analyst:team"
 TASKS = "tapekit.testing.analyst:TASKS"
@@ -54,8 +54,8 @@ def test_eval_runs_k_attempts_scores_stores_and_writes_the_report(tmp_path: Path
     assert report.pass_at_1().value == pytest.approx(0.75)
     assert report.by_category()["ticker"].pass_at_1().value == 1.0
     with SQLiteStore(tmp_path / "e.db") as store:
-        assert len(store.list_tapes(tag="eval:eval")) == 8
-        assert len(store.list_tapes(tag="eval:eval:failed")) == 2
+        assert len(store.list_tapes(where=TapeFilter(tag="eval:eval"))) == 8
+        assert len(store.list_tapes(where=TapeFilter(tag="eval:eval:failed"))) == 2
 
 
 def test_eval_reads_a_task_file_and_names_its_scorers(tmp_path: Path) -> None:

@@ -70,8 +70,8 @@ def test_training_text_uses_the_models_chat_template(llm: LlamaCppLLM) -> None:
     import json as _json
     from pathlib import Path
 
-    from tapekit.testing.analyst import make_analyst
     from tapekit import LLMCall, Tape
+    from tapekit.testing.analyst import make_analyst
 
     data = _json.loads((Path(__file__).parent / "fixtures" / "embedded_vulcan.json").read_text())
     tape = Tape.model_validate(data["tape"])

@@ -215,8 +215,8 @@ def test_an_agent_stream_without_a_final_tape_is_an_error_in_both_twins() -> Non
 
 def test_a_studio_run_is_stored_as_it_grows_and_an_idle_one_stores_nothing(tmp_path: Path) -> None:
     pytest.importorskip("fastapi")  # tapekit.studio imports the web stack
-    from tapekit.testing.analyst import start_tape
     from tapekit.studio.runs import NothingToDoError, advance, load_agents
+    from tapekit.testing.analyst import start_tape
 
     registered = load_agents(["tapekit.testing.analyst:team"])["analyst"]
     with SQLiteStore(tmp_path / "s.db") as store:

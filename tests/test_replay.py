@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from tapekit.testing.analyst import ENVIRONMENT, make_analyst, start_tape
 from tapekit import LLMCall, Tape, main_loop, replay_tape
 from tapekit._diff import signatures
 from tapekit.core import Prompt
 from tapekit.llm import ReplayLLM, ReplayMissError
+from tapekit.testing.analyst import ENVIRONMENT, make_analyst, start_tape
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("analyst_*.json"))
 

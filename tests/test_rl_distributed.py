@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tapekit.store import TapeFilter
+
 ROOT = Path(__file__).resolve().parent.parent
 needs_train = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("accelerate") is None,
@@ -43,7 +45,9 @@ def _tasks_by_step(db: Path, run: str, steps: int) -> list[list[tuple[str, float
     try:
         out = []
         for step in range(steps):
-            tapes = [store.get_tape(i) for i in store.list_tapes(tag=f"rl:{run}:step:{step}")]
+            tapes = [
+                store.get_tape(i) for i in store.list_tapes(where=TapeFilter(tag=f"rl:{run}:step:{step}"))
+            ]
             out.append([(t.metadata.result["task_id"], t.metadata.result["reward"]) for t in tapes])
         return out
     finally:
@@ -261,7 +265,10 @@ def test_two_processes_roll_out_on_a_vllm_like_server_that_rank_0_alone_publishe
         store = open_store(str(tmp_path / "out" / f"rollouts-r{rank}.db"))
         try:
             for step in range(steps):
-                tapes = [store.get_tape(i) for i in store.list_tapes(tag=f"rl:rl-r{rank}:step:{step}")]
+                tapes = [
+                    store.get_tape(i)
+                    for i in store.list_tapes(where=TapeFilter(tag=f"rl:rl-r{rank}:step:{step}"))
+                ]
                 assert len(tapes) == 4
                 prompts = {s.metadata.prompt_id for t in tapes for s in t.steps if s.metadata.prompt_id}
                 calls = [store.get_llm_call(p) for p in prompts]

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tapekit.store import TapeFilter
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("datasets") is None,
     reason="needs torch and datasets (the train extra)",
@@ -137,9 +139,9 @@ def test_rollouts_are_scored_stored_tagged_and_become_rl_rows(tmp_path: Path) ->
         assert result["task_id"] == task.id and result["rl_step"] == 7 and result["policy_version"] == 5
         assert set(result["scores"]) == {"strict", "lenient", "steps", "digits"}
         assert result["reward"] == result["scores"]["digits"]
-    assert len(store.list_tapes(tag="rl:toy:step:7")) == 12
-    assert len(store.list_tapes(tag="rl:toy:policy:5")) == 12
-    assert len(store.list_tapes(tag=f"rl:toy:task:{tasks[0].id}")) == 4
+    assert len(store.list_tapes(where=TapeFilter(tag="rl:toy:step:7"))) == 12
+    assert len(store.list_tapes(where=TapeFilter(tag="rl:toy:policy:5"))) == 12
+    assert len(store.list_tapes(where=TapeFilter(tag=f"rl:toy:task:{tasks[0].id}"))) == 4
     stored = store.get_tape(batch.tapes[0].metadata.id)
     assert stored.metadata.result == batch.tapes[0].metadata.result
     rows = rollout_rows(batch, store, tokenizer)
@@ -292,7 +294,7 @@ def test_rl_tapes_resume_and_replay_like_any_tape(tmp_path: Path) -> None:
     setup = make_setup()
     store = open_store(str(tmp_path / "rollouts.db"))
     train_rl(setup, model, tokenizer, _config(tmp_path, steps=1, max_loops=4), store=store)
-    ids = store.list_tapes(tag="rl:rl:step:0")
+    ids = store.list_tapes(where=TapeFilter(tag="rl:rl:step:0"))
     tapes = [store.get_tape(i) for i in ids]
     tape = max(tapes, key=len)  # the longest rollout
     calls = [store.get_llm_call(s.metadata.prompt_id) for s in tape.steps if s.metadata.prompt_id]

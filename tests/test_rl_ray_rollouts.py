@@ -15,7 +15,7 @@ import pytest
 
 from tapekit.core import Prompt
 from tapekit.llm.scripted import FunctionLLM
-from tapekit.store import SQLiteStore
+from tapekit.store import SQLiteStore, TapeFilter
 from tapekit.training.rollouts import collect_rollouts
 from tests.rl_toy import make_setup
 
@@ -77,7 +77,7 @@ def test_ray_rollouts_equal_the_local_ones(tmp_path: Path, local_ray: Any) -> No
         with SQLiteStore(tmp_path / f"{backend}.db") as store:
             batch = _collect(store, backend=backend, ray_workers=2)
             assert len(batch.tapes) == 8 and batch.failed == 0
-            assert len(store.list_tapes(tag="rl:toy:step:0")) == 8
+            assert len(store.list_tapes(where=TapeFilter(tag="rl:toy:step:0"))) == 8
             prompt_ids = [s.metadata.prompt_id for t in batch.tapes for s in t.steps if s.metadata.prompt_id]
             assert prompt_ids and all(store.get_llm_call(p) is not None for p in prompt_ids)
             got[backend] = [(t.metadata.id, t.metadata.result) for t in batch.tapes]

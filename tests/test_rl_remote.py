@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tapekit.store import TapeFilter
+
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("torch", "datasets", "peft", "fastapi", "uvicorn")),
     reason="needs the train extra (torch, datasets, peft) and fastapi + uvicorn",
@@ -119,7 +121,7 @@ def test_lora_rl_with_rollouts_on_two_vllm_like_servers(
     ]
     assert all(sent)
     for step in (0, 1):
-        tapes = [store.get_tape(i) for i in store.list_tapes(tag=f"rl:rl:step:{step}")]
+        tapes = [store.get_tape(i) for i in store.list_tapes(where=TapeFilter(tag=f"rl:rl:step:{step}"))]
         assert len(tapes) == 12
         used = set()
         for tape in tapes:
@@ -150,7 +152,11 @@ def test_lora_rl_with_rollouts_on_two_vllm_like_servers(
             assert row["loss_mask"][-n:] == [1] * n
     # the step-1 samples' log-probs are those of the trainer's version-1 weights (the adapter
     # the servers served), not of version 0's (a check that can fail: see the last line)
-    calls = [c for i in store.list_tapes(tag="rl:rl:step:1") for c in _calls(store, store.get_tape(i))]
+    calls = [
+        c
+        for i in store.list_tapes(where=TapeFilter(tag="rl:rl:step:1"))
+        for c in _calls(store, store.get_tape(i))
+    ]
     assert _max_logprob_gap(model, versions[1], calls) < 1e-4
     zero = {n: t.zero_() if "lora_B" in n else t for n, t in versions[1].items()}  # version 0: B = 0
     assert _max_logprob_gap(model, zero, calls) > 1e-3
@@ -254,7 +260,7 @@ def test_async_remote_rollouts_record_the_version_each_server_served(
         assert set(server.paths) == {"toy-v3"}
     for record in result.history:
         version = record["rollout_version"]
-        for i in store.list_tapes(tag=f"rl:rl:step:{record['step']}"):
+        for i in store.list_tapes(where=TapeFilter(tag=f"rl:rl:step:{record['step']}")):
             tape = store.get_tape(i)
             assert tape.metadata.result["policy_version"] == version
             for call in _calls(store, tape):

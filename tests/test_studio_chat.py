@@ -22,11 +22,11 @@ sync_api = pytest.importorskip("playwright.sync_api")
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from tapekit.testing.mailer import OUTBOX, assistant  # noqa: E402
 from tapekit.human import WAITING_TAG, ApprovalDecision  # noqa: E402
 from tapekit.store import SQLiteStore  # noqa: E402
 from tapekit.studio import create_app  # noqa: E402
 from tapekit.studio.app import serve_in_thread  # noqa: E402
+from tapekit.testing.mailer import OUTBOX, assistant  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = [sys.executable, "-m", "tapekit.cli", "chat"]

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from tapekit.testing.analyst import ENVIRONMENT, make_analyst, run, start_tape
 from tapekit import Call, Respond, SetNextNode, Tape, async_main_loop, main_loop
 from tapekit._diff import signatures
+from tapekit.testing.analyst import ENVIRONMENT, make_analyst, run, start_tape
 
 EXPECTED = [  # (agent, node, kind) for each step of the Vulcan session
     ("", "", "user"),

@@ -472,7 +472,9 @@ TASKS = [
     Task(
         id="about-vulcan", question="Tell me about Vulcan in 3 sentences", expected="Vulcan", category="about"
     ),
-    Task(id="about-acme", question="Tell me about Acme in 2 sentences", expected="robotics", category="about"),
+    Task(
+        id="about-acme", question="Tell me about Acme in 2 sentences", expected="robotics", category="about"
+    ),
 ]
 """Four questions with expected answers for ``tapekit eval`` and evaluation tests. The scripted
 brain answers the first three; on the fourth it finds Acme's prices but describes Vulcan (its

@@ -150,8 +150,8 @@ def test_the_scripted_team_answers_any_question_in_a_batch(tmp_path: Path) -> No
     with an answer to the user, none with an error."""
     from typer.testing import CliRunner
 
-    from examples.analyst import run, start_tape
     from tapekit.cli import app
+    from tapekit.testing.analyst import run, start_tape
 
     tapes = tmp_path / "questions.jsonl"
     tapes.write_text("".join(start_tape(q).model_dump_json() + "\n" for q in QUESTIONS))
