@@ -10,6 +10,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -91,3 +92,38 @@ def llama_server() -> Iterator[Server]:
     server = start_server()
     yield server
     server.stop()
+
+
+# ----------------------------------------------------------------------------- tiers
+# Every test runs in the default `pytest`. The tiers let a developer take a fast lane:
+#   pytest -m "not slow and not train and not browser"
+# `train`: needs the training stack (torch, transformers) and trains or samples a model;
+# `browser`: drives headless Chromium; `slow`: a test that takes tens of seconds on 2 cores
+# (kill-and-resume of subprocesses, several processes, end-to-end example pipelines).
+# The tier of a module is written here, once, by path (a test may add its own marks too).
+TIERS: dict[str, tuple[str, ...]] = {
+    "train": (
+        "test_train_", "test_rl", "test_samples", "test_head_loss", "test_tiny", "test_llm_transformers",
+        "test_llamacpp_reuse", "test_curriculum", "examples/test_math_distill", "examples/test_math_rl_stage",
+        "examples/test_form_filler_run",
+    ),
+    "browser": ("test_studio_browser",),  # tests/web marks its Chromium modules itself
+    "slow": (
+        "test_rl_distributed", "test_train_distributed", "test_batch_ray", "test_rl_ray_rollouts",
+        "examples/test_form_filler_run", "examples/test_math_distill", "examples/test_optimize_rag",
+        "examples/test_commands", "test_sandbox",
+    ),
+}  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with the tiers its module belongs to (see TIERS)."""
+    root = Path(__file__).resolve().parent
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        if root not in path.parents:
+            continue
+        rel = path.relative_to(root).as_posix()
+        for tier, prefixes in TIERS.items():
+            if any(rel.startswith(p) for p in prefixes):
+                item.add_marker(getattr(pytest.mark, tier))
