@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from examples.form_filler.greadth_rules import AgentTurn
-from tapekit.llm.base import LLMCall
+from tapekit.llm.base import LLMCall, llm_calls_of
 
 __all__ = ["PAPER_PRICES", "CallLookup", "Price", "call_lookup", "check_prices", "turn_calls"]
 
@@ -62,16 +62,7 @@ def call_lookup(source: Any) -> CallLookup:
 
 def turn_calls(turn: AgentTurn, lookup: CallLookup) -> list[LLMCall]:
     """The LLM calls the agent made in ``turn``, once each, in order."""
-    calls: list[LLMCall] = []
-    seen: set[str] = set()
-    for step in turn.steps:
-        pid = step.metadata.prompt_id
-        if pid and pid not in seen:
-            seen.add(pid)
-            call = lookup(pid)
-            if call is not None:
-                calls.append(call)
-    return calls
+    return llm_calls_of(turn.steps, lookup)
 
 
 def check_prices(prices: Mapping[str, Any]) -> dict[str, Price]:

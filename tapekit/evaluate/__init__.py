@@ -30,7 +30,7 @@ from tapekit.core import StepSequence, Tape
 from tapekit.evaluate._report import EvalReport, SampleResult, Score, pass_at_k, pass_hat_k
 from tapekit.evaluate._scorers import contains_answer, exact_answer, final_answer
 from tapekit.evaluate._stats import Estimate, bootstrap_mean, mcnemar_exact, paired_difference
-from tapekit.llm.base import LLMCall
+from tapekit.llm.base import LLMCall, llm_calls_of
 from tapekit.store.base import TapeFilter, TapeStore
 
 __all__ = [
@@ -164,18 +164,6 @@ async def _scored(
 # --------------------------------------------------------------------------- LLM calls of a tape
 
 
-def _tape_calls(tape: Tape[Any, Any], lookup: Callable[[str], LLMCall | None]) -> list[LLMCall]:
-    calls, seen = [], set()
-    for step in tape.steps:
-        pid = step.metadata.prompt_id
-        if pid and pid not in seen:
-            seen.add(pid)
-            call = lookup(pid)
-            if call is not None:
-                calls.append(call)
-    return calls
-
-
 def _with_costs(record: SampleResult, calls: list[LLMCall]) -> SampleResult:
     return record.model_copy(
         update={
@@ -263,7 +251,7 @@ async def aevaluate_iter(
                 return captured[pid]
             return store.get_llm_call(pid) if store is not None else None
 
-        calls = await asyncio.to_thread(_tape_calls, result.tape, lookup)
+        calls = await asyncio.to_thread(llm_calls_of, result.tape.steps, lookup)
         record = await _scored(scorers, result.tape, task, _with_costs(record, calls))
         if store is not None:
             verdict = passed_tag if record.scores[primary].passed else failed_tag
@@ -433,7 +421,7 @@ async def arescore(
             error=tape.metadata.error,
         )
         if lookup is not None:
-            record = _with_costs(record, await asyncio.to_thread(_tape_calls, tape, lookup))
+            record = _with_costs(record, await asyncio.to_thread(llm_calls_of, tape.steps, lookup))
         records.append(await _scored(scorers, tape, task, record))
     counts = [len(g) for g in _group_sizes(records)]
     report = EvalReport(

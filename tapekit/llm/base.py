@@ -16,13 +16,13 @@ import json
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tapekit._sync import iterate_sync, run_sync
-from tapekit.core import LLMOutput, Prompt, ToolCallRequest
+from tapekit.core import LLMOutput, Prompt, Step, ToolCallRequest
 from tapekit.errors import TapekitError
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "TrainingText",
     "answer_text",
     "escape_lone_surrogates",
+    "llm_calls_of",
 ]
 
 
@@ -158,6 +159,28 @@ class LLMCall(BaseModel):
     latency_s: float = 0.0
     timestamp: float = Field(default_factory=time.time)
     tokens: TokenTrace | None = None
+
+
+def llm_calls_of(
+    steps: Iterable[Step], lookup: Mapping[str, LLMCall] | Callable[[str], LLMCall | None]
+) -> list[LLMCall]:
+    """The LLM calls behind ``steps`` (a tape's steps, or a turn's), once each, in order.
+
+    Each step made by a node run names its call by ``metadata.prompt_id``; ``lookup`` finds the
+    call for an id: a mapping ``{prompt id: call}`` or a function such as a store's
+    ``get_llm_call``. Ids it does not know are left out.
+    """
+    find = lookup.get if isinstance(lookup, Mapping) else lookup
+    calls: list[LLMCall] = []
+    seen: set[str] = set()
+    for step in steps:
+        pid = step.metadata.prompt_id
+        if pid and pid not in seen:
+            seen.add(pid)
+            call = find(pid)
+            if call is not None:
+                calls.append(call)
+    return calls
 
 
 class TrainingText(BaseModel):
