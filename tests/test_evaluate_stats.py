@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
 from tapekit.evaluate import (
     Estimate,
     EvalReport,
+    JsonReport,
     SampleResult,
     Score,
     bootstrap_mean,
@@ -105,3 +108,18 @@ def test_reports_compare_paired_by_task() -> None:
     fewer = _report({"t1": [True, True]}, {"t1": "easy"})
     with pytest.raises(ValueError, match="same tasks"):
         new.compare(fewer)
+
+
+def test_a_json_report_saves_its_summary_as_valid_json_and_loads_back(tmp_path: Path) -> None:
+    class Tiny(JsonReport):
+        name: str
+        values: list[float]
+
+        def summary_data(self) -> dict[str, float]:
+            return {"mean": sum(self.values) / len(self.values) if self.values else math.nan}
+
+    path = Tiny(name="empty", values=[]).save(tmp_path / "r.json")
+    assert json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))[
+        "summary"
+    ] == {"mean": None}
+    assert Tiny.load(path) == Tiny(name="empty", values=[])

@@ -37,9 +37,7 @@ Intervals are seeded percentile bootstraps over turns (``tapekit``'s evaluation 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, PrivateAttr
@@ -50,7 +48,7 @@ from examples.form_filler.greadth_labels import TurnLabels, label_turns, labelle
 from examples.form_filler.greadth_rules import CRITERIA, SHORT_NAMES
 from examples.form_filler.judge import GreadthJudge, as_judge
 from tapekit.core import Tape
-from tapekit.evaluate import Estimate, bootstrap_mean
+from tapekit.evaluate import Estimate, JsonReport, bootstrap_mean
 from tapekit.llm.base import LLMCall
 
 __all__ = ["METRICS", "Agreement", "GreadthReport", "TurnLabels", "greadth_report", "label_turns"]
@@ -81,7 +79,7 @@ def _pct(e: Estimate) -> str:
     return f"{100 * e.value:.1f}% [{100 * e.low:.1f}, {100 * e.high:.1f}]"
 
 
-class GreadthReport(BaseModel):
+class GreadthReport(JsonReport):
     """GREADTH labels of every agent's turns, and the tables over them (see the module doc)."""
 
     turns: dict[str, list[TurnLabels]] = Field(default_factory=dict)
@@ -321,35 +319,10 @@ class GreadthReport(BaseModel):
                 out[agent]["judge_unparsable"] = self.judge_unparsable(agent)
         return out
 
-    def to_json(self, indent: int | None = 2) -> str:
-        """Every turn's labels and the settings, with the tables' figures under ``summary``
-        (NaN, for a behaviour an agent never met, is written as ``null``)."""
-        data = self.model_dump(mode="json")
-        data["summary"] = self.summary()
-        return json.dumps(_no_nan(data), indent=indent)
+    def summary_data(self) -> dict[str, Any]:
+        """The tables' figures (:meth:`summary`), written under ``"summary"`` by :meth:`save`."""
+        return self.summary()
 
-    def save(self, path: str | Path) -> Path:
-        """Write :meth:`to_json` to ``path``; returns the path."""
-        out = Path(path)
-        out.write_text(self.to_json(), encoding="utf-8")
-        return out
-
-    @classmethod
-    def load(cls, path: str | Path) -> GreadthReport:
-        """A report written by :meth:`save` (the summary is recomputed, not read)."""
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        data.pop("summary", None)
-        return cls.model_validate(data)
-
-
-def _no_nan(value: Any) -> Any:
-    if isinstance(value, float) and value != value:
-        return None
-    if isinstance(value, dict):
-        return {k: _no_nan(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_no_nan(v) for v in value]
-    return value
 
 
 def _price_turn(

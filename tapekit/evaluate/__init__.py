@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tapekit._sync import run_sync
 from tapekit.core import StepSequence, Tape
-from tapekit.evaluate._report import EvalReport, SampleResult, Score, pass_at_k, pass_hat_k
+from tapekit.evaluate._report import EvalReport, JsonReport, SampleResult, Score, pass_at_k, pass_hat_k
 from tapekit.evaluate._scorers import contains_answer, exact_answer, final_answer
 from tapekit.evaluate._stats import Estimate, bootstrap_mean, mcnemar_exact, paired_difference
 from tapekit.llm.base import LLMCall, llm_calls_of
@@ -36,6 +36,7 @@ from tapekit.store.base import TapeFilter, TapeStore
 __all__ = [
     "Estimate",
     "EvalReport",
+    "JsonReport",
     "SampleResult",
     "Score",
     "Scorer",

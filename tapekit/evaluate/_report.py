@@ -20,13 +20,13 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from tapekit.evaluate._stats import Estimate, bootstrap_mean, paired_difference
 
-__all__ = ["Estimate", "EvalReport", "SampleResult", "Score", "pass_at_k", "pass_hat_k"]
+__all__ = ["Estimate", "EvalReport", "JsonReport", "SampleResult", "Score", "pass_at_k", "pass_hat_k"]
 
 
 class Score(BaseModel):
@@ -88,7 +88,52 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     return math.comb(c, k) / math.comb(n, k)
 
 
-class EvalReport(BaseModel):
+class JsonReport(BaseModel):
+    """A report written as one JSON file: its fields, and its headline figures under
+    ``"summary"`` (for people and other tools; recomputed, never read back; a NaN figure, such
+    as the score of a group with no member, is written as ``null``, valid JSON).
+
+    Subclasses give :meth:`summary_data`; :meth:`save` writes :meth:`to_json` and
+    :meth:`load` reads a saved file back into the same class.
+    """
+
+    def summary_data(self) -> Any:
+        """The figures written under ``"summary"`` (``None``: no summary)."""
+        return None
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The report's fields as JSON, with :meth:`summary_data` under ``"summary"``."""
+        data = self.model_dump(mode="json")
+        summary = self.summary_data()
+        if summary is not None:
+            data["summary"] = _nan_as_null(summary)
+        return json.dumps(data, indent=indent)
+
+    def save(self, path: str | Path) -> Path:
+        """Write :meth:`to_json` to ``path``; returns the path."""
+        out = Path(path)
+        out.write_text(self.to_json(), encoding="utf-8")
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> Self:
+        """A report written by :meth:`save` (the summary is recomputed, not read)."""
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data.pop("summary", None)
+        return cls.model_validate(data)
+
+
+def _nan_as_null(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nan_as_null(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_nan_as_null(v) for v in value]
+    return value
+
+
+class EvalReport(JsonReport):
     """The outcome of an evaluation: every attempt's scores and costs, and the metrics over them.
 
     ``scorers`` lists the scorer names in order; the first is the primary one (the default of
@@ -345,21 +390,6 @@ class EvalReport(BaseModel):
 
         Console().print(self.table())
 
-    def to_json(self, indent: int | None = 2) -> str:
-        """Everything but the tapes as JSON, with each scorer's summary under ``summary``."""
-        data = self.model_dump(mode="json")
-        data["summary"] = {name: self.summary(name) for name in self.scorers}
-        return json.dumps(data, indent=indent)
-
-    def save(self, path: str | Path) -> Path:
-        """Write :meth:`to_json` to ``path``; returns the path."""
-        out = Path(path)
-        out.write_text(self.to_json(), encoding="utf-8")
-        return out
-
-    @classmethod
-    def load(cls, path: str | Path) -> EvalReport:
-        """A report saved by :meth:`save` (the summary is recomputed, not read)."""
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        data.pop("summary", None)
-        return cls.model_validate(data)
+    def summary_data(self) -> dict[str, Any]:
+        """Each scorer's :meth:`summary`, by scorer name (written under ``"summary"``)."""
+        return {name: self.summary(name) for name in self.scorers}
