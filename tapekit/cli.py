@@ -9,6 +9,8 @@ stays fast and the core install stays small.
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 app = typer.Typer(
@@ -59,9 +61,7 @@ def studio_command(
     imports: list[str] = typer.Option(  # noqa: B008
         [], "--import", help="a module defining step classes of the stored tapes; repeatable"
     ),
-    create: bool = typer.Option(
-        False, "--create", metavar="", help="create the SQLite file if it does not exist"
-    ),
+    create: bool = typer.Option(False, "--create", help="create the SQLite file if it does not exist"),
 ) -> None:
     """Browse, diff, edit and resume the tapes of a store in your browser (the Studio)."""
     from tapekit._cli.common import project_on_path
@@ -79,5 +79,26 @@ def studio_command(
         raise typer.Exit(2) from None
 
 
+def command() -> Any:
+    """The click command behind ``app``, with the type column left empty for flags: typer
+    shows ``<bool>`` beside ``--json`` or ``--help``, which take no value. (Typer may vendor its
+    own click, so the walk reads attributes rather than checking click's classes.)"""
+    root = typer.main.get_command(app)
+    todo: list[Any] = [root]
+    while todo:
+        cmd = todo.pop()
+        help_option = cmd.get_help_option(cmd.context_class(cmd, info_name=cmd.name))
+        for param in [*cmd.params, *([help_option] if help_option is not None else [])]:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        todo.extend(getattr(cmd, "commands", {}).values())
+    return root
+
+
+def main() -> None:
+    """The ``tapekit`` console script (and ``python -m tapekit.cli``)."""
+    command()()
+
+
 if __name__ == "__main__":
-    app()
+    main()

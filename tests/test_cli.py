@@ -231,3 +231,14 @@ def test_export_otlp_to_a_file_and_to_a_collector(tmp_path: Path) -> None:
         server.shutdown()
     assert sent.returncode == 0, sent.stderr
     assert "spans to" in sent.stdout and received and received[0][0] == "/v1/traces" and received[0][1] > 100
+
+
+def test_flags_show_no_type_in_help(tmp_path: Path) -> None:
+    """typer prints ``<bool>`` beside flags such as ``--json`` and ``--help``; the command the
+    console script runs (``tapekit.cli:main``) leaves that column empty, for every command."""
+    for path in ["run", "batch", "import reference", ""]:
+        out = tapekit(*path.split(), "--help", cwd=tmp_path)
+        assert out.returncode == 0 and "--help" in out.stdout, out.stderr
+        assert "<bool>" not in out.stdout, path
+    run_help = tapekit("run", "--help", cwd=tmp_path).stdout
+    assert "<int>" in run_help  # options that take a value keep their type
