@@ -402,3 +402,102 @@ def test_train_rl_cli_killed_mid_step_resumes_to_the_same_result(tmp_path: Path)
     a = load_file(str(tmp_path / "whole" / "final" / "model.safetensors"))
     b = load_file(str(tmp_path / "killed" / "final" / "model.safetensors"))
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+
+
+def test_callbacks_get_typed_records_and_stop_the_run_on_a_budget(tmp_path: Path) -> None:
+    from tapekit.training.callbacks import StepCallback, StepRecord, StopAfter
+    from tapekit.training.rl_loop import train_rl
+    from tests.rl_toy import make_model, make_setup
+
+    class Keep(StepCallback):
+        def __init__(self) -> None:
+            self.records: list[StepRecord] = []
+            self.events: list[str] = []
+
+        def on_begin(self, trainer: str) -> None:
+            self.events.append(f"begin {trainer}")
+
+        def on_step(self, record: StepRecord) -> bool | None:
+            self.records.append(record)
+            return None
+
+        def on_end(self) -> None:
+            self.events.append("end")
+
+    keep = Keep()
+    model, tokenizer = make_model()
+    config = _config(tmp_path / "steps", steps=10, tasks_per_step=2, group_size=2)
+    result = train_rl(make_setup(), model, tokenizer, config, callbacks=[StopAfter(steps=2), keep])
+    assert len(result.history) == 2 and result.policy_version == 2
+    assert result.stopped is not None and "2 steps" in result.stopped
+    assert keep.events == ["begin rl", "end"]
+    assert [r.step for r in keep.records] == [1, 2] and all(r.trainer == "rl" for r in keep.records)
+    for typed, logged in zip(keep.records, result.history, strict=True):
+        assert typed.reward == logged["reward_mean"] and typed.loss == logged["loss"]
+        assert typed.step_seconds == logged["step_seconds"] and typed.metrics["step"] == typed.step - 1
+    assert len((tmp_path / "steps" / "out" / "rl_log.jsonl").read_text().splitlines()) == 2
+    # a time budget spent by the first step stops the asynchronous run too (the producer is let go)
+    model, tokenizer = make_model()
+    config = _config(tmp_path / "time", steps=10, tasks_per_step=2, group_size=2, mode="async")
+    result = train_rl(make_setup(), model, tokenizer, config, callbacks=[StopAfter(seconds=1e-6)])
+    assert len(result.history) == 1 and result.stopped is not None and "s of training" in result.stopped
+    # without callbacks the run does its steps
+    model, tokenizer = make_model()
+    config = _config(tmp_path / "all", steps=2, tasks_per_step=2, group_size=2)
+    result = train_rl(make_setup(), model, tokenizer, config, callbacks=[StopAfter(steps=5)])
+    assert len(result.history) == 2 and result.stopped is None
+
+
+class _Tracker:
+    """A stand-in for a transformers tracker integration: it keeps what it is given."""
+
+    logged: list[tuple[int, dict[str, float]]] = []
+    events: list[str] = []
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.events.append(f"begin {args.output_dir}")
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        self.logged.append((state.global_step, logs))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.events.append("end")
+
+
+def test_rl_reports_each_step_to_the_trackers_of_report_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers.integrations.integration_utils as integrations
+
+    from tapekit.training.rl_loop import train_rl
+    from tests.rl_toy import make_model, make_setup
+
+    monkeypatch.setitem(integrations.INTEGRATION_TO_CALLBACK, "tensorboard", _Tracker)
+    _Tracker.logged, _Tracker.events = [], []
+    model, tokenizer = make_model()
+    config = _config(tmp_path, steps=2, tasks_per_step=2, group_size=2, report_to=["tensorboard"])
+    result = train_rl(make_setup(), model, tokenizer, config)
+    assert _Tracker.events == [f"begin {tmp_path / 'out'}", "end"]
+    assert [step for step, _ in _Tracker.logged] == [1, 2]
+    for (_, logs), record in zip(_Tracker.logged, result.history, strict=True):
+        assert logs["reward"] == record["reward_mean"] and logs["score_strict"] == record["score_strict"]
+        assert logs["loss"] == record["loss"] and "sampler_probs/one-op" in logs
+
+
+def test_report_to_names_a_missing_tracker_package_or_an_unknown_tracker(tmp_path: Path) -> None:
+    from tapekit.training import TrainingError
+    from tapekit.training.callbacks import ReportTo
+
+    with pytest.raises(TrainingError, match="report_to: nosuch is not supported"):
+        ReportTo(["nosuch"], str(tmp_path))
+    if importlib.util.find_spec("tensorboard") is None and importlib.util.find_spec("tensorboardX") is None:
+        with pytest.raises(TrainingError, match="report_to 'tensorboard' needs its package installed"):
+            ReportTo(["tensorboard"], str(tmp_path))
+    else:  # tensorboard installed: event files are written under output_dir/runs
+        from tapekit.training.callbacks import StepRecord
+
+        report = ReportTo(["tensorboard"], str(tmp_path))
+        report.on_begin("rl")
+        report.on_step(StepRecord(trainer="rl", step=1, seconds=1.0, step_seconds=1.0, reward=0.5))
+        report.on_end()
+        assert list((tmp_path / "runs").rglob("events.out.tfevents.*"))

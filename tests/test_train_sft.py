@@ -194,3 +194,32 @@ def test_group_by_length_batches_have_less_padding(tmp_path: Path) -> None:
     assert grouped < 0.6 * random_order
     with pytest.raises(ValueError, match="packing=False"):
         SFTConfig(group_by_length=True)
+
+
+def test_step_callbacks_see_typed_records_and_stop_the_trainer(tmp_path: Path) -> None:
+    from tapekit.training.callbacks import StepCallback, StepRecord, StopAfter
+
+    class Keep(StepCallback):
+        def __init__(self) -> None:
+            self.records: list[StepRecord] = []
+
+        def on_step(self, record: StepRecord) -> bool | None:
+            self.records.append(record)
+            return None
+
+    keep = Keep()
+    model, tok = make_model()
+    final = train_sft(
+        sum_rows(tok, 40),
+        model,
+        tokenizer=tok,
+        config=config(tmp_path, max_steps=6, max_length=48),
+        callbacks=[StopAfter(steps=3), keep],
+    )
+    assert [r.step for r in keep.records] == [1, 2, 3] and {r.trainer for r in keep.records} == {"sft"}
+    losses = [r.loss for r in keep.records]  # logging_steps=2: the loss comes on step 2 only
+    assert losses[0] is None and losses[2] is None and isinstance(losses[1], float) and losses[1] > 0
+    assert "learning_rate" in keep.records[1].metrics and all(r.step_seconds > 0 for r in keep.records)
+    assert all(r.tokens for r in keep.records)
+    info = json.loads((final / "tapekit_train.json").read_text())
+    assert info["global_step"] == 3 and "3 steps" in info["stopped"]

@@ -15,7 +15,6 @@ Run alone on a saved SFT model: ``python -m examples.math_study.rl_stage MODEL_D
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -158,9 +157,7 @@ def heldout_eval(
 def line(report: EvalReport, step: int, seconds: float, extra: str = "") -> str:
     """``stage=rl student=tiny heldout_exact=.. heldout_lenient=.. step=.. train_seconds=..``"""
     levels = report.by_category()
-    per_level = " ".join(
-        f"{c}={levels[c].pass_at_1('strict').value:.2f}" for c in ALL_LEVELS if c in levels
-    )
+    per_level = " ".join(f"{c}={levels[c].pass_at_1('strict').value:.2f}" for c in ALL_LEVELS if c in levels)
     return (
         f"stage=rl student=tiny heldout_exact={report.pass_at_1('strict').value:.2f} "
         f"heldout_lenient={report.pass_at_1('lenient').value:.2f} "
@@ -179,6 +176,7 @@ def rl_stage(
     echo: Any = print,
 ) -> RLStageResult:
     """RL on ``model`` (in place) over the ``train`` problems within ``settings.seconds``."""
+    from tapekit.training.callbacks import StepCallback, StepRecord, StopAfter
     from tapekit.training.rl_loop import RLRunConfig, train_rl
 
     before = heldout_eval(
@@ -211,49 +209,41 @@ def rl_stage(
         checkpoint=False,
     )
     evals: list[tuple[int, float, float]] = []
-    spent = [0.0]
+    budget = StopAfter(seconds=settings.seconds)  # training time: the evaluations are not counted
 
-    class Budget(Exception):
-        pass
+    class Progress(StepCallback):
+        """One ``rl step=...`` line per step, and the held-out evaluation every ``eval_every``."""
 
-    def on_step(record: dict[str, Any]) -> None:
-        spent[0] += record["step_seconds"]
-        probs = " ".join(f"{c}={p:.2f}" for c, p in record["sampler_probs"].items())
-        echo(
-            f"rl step={record['step']} reward={record['reward_mean']:.2f} "
-            f"strict={record.get('score_strict', 0.0):.2f} "
-            f"lenient={record.get('score_lenient', 0.0):.2f} zero_adv={record['zero_adv_share']:.2f} "
-            f"clip={record['clip_fraction']:.3f} ratio={record['ratio_mean']:.4f} "
-            f"rollout_tok/s={record['rollout_tokens_per_s']:.0f} "
-            f"train_tok/s={record['train_tokens_per_s']:.0f} "
-            f"lag={record['policy_lag']} s={record['step_seconds']:.1f} probs: {probs}",
-            flush=True,
-        )
-        step = record["step"] + 1
-        if settings.eval_every and step % settings.eval_every == 0:
-            report = heldout_eval(
-                model, tokenizer, heldout, f"rl-{settings.curriculum}-{step}", store, settings.system
+        def on_step(self, record: StepRecord) -> bool | None:
+            r = record.metrics
+            probs = " ".join(f"{c}={p:.2f}" for c, p in r["sampler_probs"].items())
+            echo(
+                f"rl step={r['step']} reward={record.reward:.2f} "
+                f"strict={r.get('score_strict', 0.0):.2f} "
+                f"lenient={r.get('score_lenient', 0.0):.2f} zero_adv={r['zero_adv_share']:.2f} "
+                f"clip={r['clip_fraction']:.3f} ratio={r['ratio_mean']:.4f} "
+                f"rollout_tok/s={r['rollout_tokens_per_s']:.0f} "
+                f"train_tok/s={r['train_tokens_per_s']:.0f} "
+                f"lag={r['policy_lag']} s={record.step_seconds:.1f} probs: {probs}",
+                flush=True,
             )
-            evals.append((step, report.pass_at_1("strict").value, report.pass_at_1("lenient").value))
-            echo(line(report, step, spent[0]), flush=True)
-        if spent[0] >= settings.seconds:
-            raise Budget
-
-    history: list[dict[str, Any]] = []
-
-    def record(r: dict[str, Any]) -> None:
-        history.append(r)
-        on_step(r)
+            if settings.eval_every and record.step % settings.eval_every == 0:
+                report = heldout_eval(
+                    model,
+                    tokenizer,
+                    heldout,
+                    f"rl-{settings.curriculum}-{record.step}",
+                    store,
+                    settings.system,
+                )
+                evals.append(
+                    (record.step, report.pass_at_1("strict").value, report.pass_at_1("lenient").value)
+                )
+                echo(line(report, record.step, budget.spent + record.step_seconds), flush=True)
+            return None
 
     started = time.perf_counter()
-    with contextlib.suppress(Budget):  # the time budget is spent
-        train_rl(
-            setup,
-            model,
-            tokenizer,
-            config,
-            on_step=record,
-        )
+    history = train_rl(setup, model, tokenizer, config, callbacks=[Progress(), budget]).history
     seconds = time.perf_counter() - started
     after = heldout_eval(model, tokenizer, heldout, f"rl-after-{settings.curriculum}", store, settings.system)
     mean_zero = sum(r["zero_adv_share"] for r in history) / max(len(history), 1)
@@ -261,7 +251,7 @@ def rl_stage(
         line(
             after,
             len(history),
-            spent[0],
+            budget.spent,
             f" zero_adv_groups={mean_zero:.2f} curriculum={settings.curriculum}",
         ),
         flush=True,

@@ -1,5 +1,8 @@
 """Learning from tapes: token-exact samples, SFT and DPO trainers, on-policy RL, a tiny local model.
 
+Every trainer takes ``callbacks``: :class:`StepCallback` objects that see each step's typed
+:class:`StepRecord` and can stop the run (:class:`StopAfter`, :class:`EarlyStopping`).
+
 Importing this package is light: the trainers and their heavy dependencies (torch,
 transformers, peft, trl, datasets; the ``train`` extra) load on first use of a name below.
 """
@@ -14,6 +17,7 @@ __all__ = [
     "Break",
     "DPOConfig",
     "Drift",
+    "EarlyStopping",
     "LocalPolicy",
     "LoraSettings",
     "PairSet",
@@ -22,10 +26,14 @@ __all__ = [
     "RLRunResult",
     "RLSetup",
     "RemotePolicy",
+    "ReportTo",
     "RolloutBatch",
     "SFTConfig",
     "SampleConfig",
     "SampleSet",
+    "StepCallback",
+    "StepRecord",
+    "StopAfter",
     "TrainingError",
     "collect_rollouts",
     "drift_report",
@@ -40,6 +48,11 @@ __all__ = [
 ]
 
 _WHERE = {
+    "EarlyStopping": "tapekit.training.callbacks",
+    "ReportTo": "tapekit.training.callbacks",
+    "StepCallback": "tapekit.training.callbacks",
+    "StepRecord": "tapekit.training.callbacks",
+    "StopAfter": "tapekit.training.callbacks",
     "Break": "tapekit.training.samples",
     "Drift": "tapekit.training.samples",
     "SampleConfig": "tapekit.training.samples",

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tapekit.errors import TapekitError
 from tapekit.training.config import TrainConfig
@@ -312,6 +312,16 @@ def progress_callback(total_label: str = "") -> Any:
     return _Progress()
 
 
+def trainer_callbacks(trainer: Literal["sft", "dpo"], callbacks: list[Any] | None) -> list[Any]:
+    """The ``transformers`` callbacks of a run: the progress printer, the tapekit step callbacks
+    among ``callbacks`` behind one :func:`~tapekit.training.callbacks.hf_adapter`, then the
+    other (``transformers``) callbacks as given."""
+    from tapekit.training.callbacks import hf_adapter, split_callbacks
+
+    steps, others = split_callbacks(callbacks)
+    return [progress_callback(), *([hf_adapter(trainer, steps)] if steps else []), *others]
+
+
 def write_result(trainer: Any, final_dir: Path, config: TrainConfig, extra: dict[str, Any]) -> Path:
     """Save the trained model (the adapter with LoRA) and tokenizer to ``final_dir`` on the main
     process, with ``tapekit_train.json`` (config and figures); returns ``final_dir``."""
@@ -327,12 +337,17 @@ def train_and_report(
 ) -> dict[str, Any]:
     """Train (resuming from a checkpoint when ``config`` asks) and return the figures that
     ``tapekit_train.json`` records: base model, LoRA or not, steps, training loss, ``more(trainer)``
+    why a step callback stopped the run (``stopped``, ``None`` when none did), ``more(trainer)``
     and the last progress line's figures (which win on a shared key)."""
     result = trainer.train(resume_from_checkpoint=resume_argument(config))
     figures: dict[str, float] = next(
         (c.last for c in trainer.callback_handler.callbacks if getattr(c, "last", None)), {}
     )
+    stopped = next(
+        (c.stopped for c in trainer.callback_handler.callbacks if getattr(c, "stopped", None)), None
+    )
     return {
+        "stopped": stopped,
         "base_model": str(config.model or getattr(trainer.model.config, "_name_or_path", "")),
         "lora": config.lora is not None,
         "global_step": trainer.state.global_step,

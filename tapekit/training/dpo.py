@@ -29,8 +29,8 @@ from tapekit.training._common import (
     load_dataset_source,
     load_model_and_tokenizer,
     lora_config,
-    progress_callback,
     train_and_report,
+    trainer_callbacks,
     training_arguments,
     write_result,
 )
@@ -249,7 +249,7 @@ def build_dpo_trainer(
         train_dataset=pairs,
         processing_class=tokenizer,
         peft_config=lora_config(config),
-        callbacks=[progress_callback(), *(callbacks or [])],
+        callbacks=trainer_callbacks("dpo", callbacks),
     )
     trainer.remove_callback(PrinterCallback)
     return trainer

@@ -38,6 +38,7 @@ from tapekit.evaluate import Task
 from tapekit.store.base import TapeStore
 from tapekit.training._rl_dist import RLDist
 from tapekit.training.advantages import mean_abs_by_key
+from tapekit.training.callbacks import ReportTo, StepCallback, StepRecord, notify
 from tapekit.training.config import LoraSettings
 from tapekit.training.policies import make_policy
 from tapekit.training.rl import (
@@ -67,6 +68,8 @@ class RLRunConfig(BaseModel):
     after the first step the ratio to the sampling log-probs leaves 1 and the clipping acts).
     ``lora`` None trains every weight. ``rollout_servers`` etc.: rollouts on vLLM servers that load
     each version's LoRA adapter (:func:`~tapekit.training.policies.make_policy`).
+    ``report_to``: trackers that get each step's numbers (``"tensorboard"``, ``"trackio"``,
+    ``"wandb"``, ``"mlflow"``: :class:`~tapekit.training.callbacks.ReportTo`), as for SFT/DPO.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -110,6 +113,7 @@ class RLRunConfig(BaseModel):
     adapter_dir: str | None = None
     lora_name_prefix: str | None = None
     rollout_logprobs: Literal["raw", "processed"] = "raw"
+    report_to: list[str] = Field(default_factory=list)
 
     def grpo(self, pad_id: int) -> RLConfig:
         """The :class:`RLConfig` of one step."""
@@ -150,12 +154,14 @@ class RLSetup:
 @dataclass
 class RLRunResult:
     """What :func:`train_rl` did: one record per step, the rollouts refused as too stale, the
-    final policy version and the wall time."""
+    final policy version, the wall time, and why a callback stopped the run before
+    ``config.steps`` (``None`` when none did)."""
 
     history: list[dict[str, Any]] = field(default_factory=list)
     refused: int = 0
     policy_version: int = 0
     seconds: float = 0.0
+    stopped: str | None = None
 
     @property
     def steps_per_hour(self) -> float:
@@ -269,6 +275,7 @@ class _Run:
         store: TapeStore,
         on_step: Callable[[dict[str, Any]], None] | None,
         dist: RLDist | None = None,
+        callbacks: Sequence[StepCallback] = (),
     ) -> None:
         import torch
 
@@ -280,6 +287,8 @@ class _Run:
             store,
         )
         self.on_step, self.dist = on_step, dist or RLDist()
+        self.callbacks = list(callbacks)
+        self.began = time.perf_counter()
         self.out = Path(config.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -372,6 +381,29 @@ class _Run:
                 f.write(json.dumps(record) + "\n")
         if self.on_step is not None:
             self.on_step(record)
+        self._notify(record)
+
+    def _notify(self, record: dict[str, Any]) -> None:
+        """The step's :class:`StepRecord` to the callbacks; rank 0's answer stops every rank."""
+        if not self.callbacks:
+            return
+        typed = StepRecord(
+            trainer="rl",
+            step=self.step,
+            seconds=time.perf_counter() - self.began,
+            step_seconds=float(record["step_seconds"]),
+            loss=float(record["loss"]),
+            reward=float(record["reward_mean"]),
+            tokens=int(record["train_tokens"]),
+            metrics=record,
+        )
+        reason = notify(self.callbacks, typed)
+        self.result.stopped = self.dist.gather(reason)[0] if self.dist.world > 1 else reason
+
+    @property
+    def done(self) -> bool:
+        """Whether the run has done ``config.steps`` steps or a callback stopped it."""
+        return self.step >= self.config.steps or self.result.stopped is not None
 
     def checkpoint(self) -> None:
         from tapekit.training._rl_checkpoint import save_checkpoint
@@ -384,7 +416,7 @@ class _Run:
     def run_sync(self) -> None:
         policy = self.dist.policy(make_policy(self.model, self.tokenizer, self.config))
         policy.publish(self.model, self.step)
-        while self.step < self.config.steps:
+        while not self.done:
             started = time.perf_counter()
             self.model.eval()
             batch = self.rollouts(policy, self.step)
@@ -420,7 +452,7 @@ class _Run:
         producer = threading.Thread(target=produce, name="tapekit-rl-rollouts", daemon=True)
         producer.start()
         try:
-            while self.step < self.config.steps:
+            while not self.done:
                 started = time.perf_counter()
                 item = batches.get()
                 if isinstance(item, BaseException):
@@ -464,18 +496,25 @@ def train_rl(
     *,
     store: TapeStore | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
+    callbacks: Sequence[StepCallback] | None = None,
 ) -> RLRunResult:
     """Run ``config.steps`` RL steps on ``model`` (trained in place; wrapped in a LoRA adapter
     first when ``config.lora`` is set) and return the per-step records.
 
     ``store`` receives the rollout tapes and their LLM calls (default: an SQLite store
-    ``output_dir/rollouts.db``). ``on_step`` sees each step's record as it is logged. Under
+    ``output_dir/rollouts.db``). ``on_step`` sees each step's record (a dict) as it is logged;
+    ``callbacks`` (:class:`~tapekit.training.callbacks.StepCallback`) see it as a typed
+    :class:`~tapekit.training.callbacks.StepRecord` and can stop the run after any step
+    (``StopAfter(seconds=...)``, ``EarlyStopping(...)``; the reason is ``result.stopped``). Under
     ``accelerate launch``/``torchrun`` the processes train data-parallel (see ``_rl_dist``).
     """
     from tapekit.store import open_store
 
     dist = RLDist.from_env(config.device)
     dist.check(config)
+    hooks = list(callbacks or ())
+    if config.report_to and dist.is_main:  # a missing tracker package fails here, before any work
+        hooks.append(ReportTo(config.report_to, config.output_dir, config.run_name))
     if config.lora is not None:
         model = _with_lora(model, config.lora)
     model = model.to(dist.device(config.device))
@@ -484,16 +523,20 @@ def train_rl(
     if store is None:
         Path(config.output_dir).mkdir(parents=True, exist_ok=True)
         store = open_store(str(Path(config.output_dir) / dist.store_name()))
-    run = _Run(setup, model, tokenizer, config, store, on_step, dist)
+    run = _Run(setup, model, tokenizer, config, store, on_step, dist, hooks)
     if config.resume:
         run.resume()
-    started = time.perf_counter()
+    started = run.began = time.perf_counter()
+    for callback in run.callbacks:
+        callback.on_begin("rl")
     try:
         if config.mode == "async":
             run.run_async()
         else:
             run.run_sync()
     finally:
+        for callback in run.callbacks:
+            callback.on_end()
         if owned:
             store.close()
     run.dist.finish(run.model, run.sampler, run.out)

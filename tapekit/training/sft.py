@@ -29,10 +29,10 @@ from tapekit.training._common import (
     load_dataset_source,
     load_model_and_tokenizer,
     lora_config,
-    progress_callback,
     sample_hash,
     split_packed,
     train_and_report,
+    trainer_callbacks,
     training_arguments,
     weights_hash,
     write_result,
@@ -139,7 +139,7 @@ def build_sft_trainer(
         train_dataset=data,
         processing_class=tokenizer,
         peft_config=lora_config(config),
-        callbacks=[progress_callback(), *(callbacks or [])],
+        callbacks=trainer_callbacks("sft", callbacks),
     )
     from transformers import PrinterCallback
 

@@ -6,6 +6,7 @@ on a toy setup (``tests/rl_toy.py``) in ``tests/test_rl_loop.py``."""
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +57,32 @@ def test_a_pool_with_a_hard_tail_keeps_the_fixed_order_easy_to_hard() -> None:
     by_size = easy_to_hard("sizes", math_setup(train, arms="sizes").tasks)
     assert by_size[0] == "level1" and by_size[-2:] == ["level4", "level5"]
     assert {"level2-small", "level3-small"} <= set(by_size)
+
+
+def test_the_rl_stage_stops_on_its_time_budget_and_evaluates_every_eval_every_steps(tmp_path: Path) -> None:
+    import torch
+
+    from examples.math_study.agents import STUDENT_SYSTEM
+    from examples.math_study.rl_stage import RLStageSettings, rl_stage
+    from examples.math_study.scoring import tasks_for
+    from tapekit.training.tiny import TinyConfig, make_tiny
+
+    torch.set_num_threads(2)
+    texts = [STUDENT_SYSTEM, *(p.question for p in PROBLEMS), "calculator: 12+7 Answer: 19"]
+    model, tokenizer = make_tiny(texts, TinyConfig(vocab_size=300, hidden_size=32, intermediate_size=64))
+    settings = RLStageSettings(
+        seconds=1e-6, max_steps=5, tasks_per_step=2, group_size=2, max_tokens=8, eval_every=1, out=tmp_path
+    )
+    lines: list[str] = []
+    result = rl_stage(
+        model,
+        tokenizer,
+        PROBLEMS[:6],
+        tasks_for(PROBLEMS[6:9]),
+        settings,
+        echo=lambda s, **_: lines.append(s),
+    )
+    assert len(result.history) == 1  # the first step spent the budget: no exception, a normal end
+    assert [step for step, _, _ in result.evals] == [1]
+    assert any(line.startswith("rl step=0 ") for line in lines)
+    assert lines[-1].startswith("stage=rl ") and " step=1 " in lines[-1]
