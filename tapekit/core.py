@@ -12,9 +12,9 @@ import os
 import threading
 import typing
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Generic, Literal, TypeVar, overload
+from typing import Annotated, Any, Generic, Literal, TypeVar, overload
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, WrapValidator
 
 from tapekit.errors import TapekitError
 from tapekit.sequence import StepSequence
@@ -25,6 +25,7 @@ __all__ = [
     "Call",
     "ControlStep",
     "Fork",
+    "FrozenMessage",
     "GenericAction",
     "GenericObservation",
     "GenericThought",
@@ -260,15 +261,67 @@ class ToolCallRequest(BaseModel):
     arguments: str = "{}"
 
 
+class FrozenMessage(dict[str, Any]):
+    """A chat message that cannot change: a ``dict`` (equal to, and serialised like, the plain
+    one) whose mutating methods raise ``TypeError``.
+
+    :func:`~tapekit.dialog.view_to_messages` returns these, shared between calls, so a prompt over
+    a long conversation reuses the messages made for the previous prompt instead of copying them,
+    and :class:`Prompt` takes them without copying or re-validating. To change one, make a plain
+    copy first: ``dict(message)`` or ``{**message, "content": ...}``. Nested values (``tool_calls``)
+    are shared as well: replace them, never mutate them.
+    """
+
+    __slots__ = ()
+
+    def _readonly(self, *args: Any, **kwargs: Any) -> typing.NoReturn:
+        raise TypeError(
+            "this chat message is shared and read-only (a FrozenMessage): "
+            "change a copy, e.g. dict(message) or {**message, 'content': ...}"
+        )
+
+    __setitem__ = __delitem__ = __ior__ = _readonly
+    clear = pop = popitem = setdefault = update = _readonly
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenMessage, (dict(self),))
+
+    def __copy__(self) -> FrozenMessage:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenMessage:
+        import copy
+
+        return FrozenMessage(copy.deepcopy(dict(self), memo))
+
+
+def _validate_messages(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A prompt's messages: a list of :class:`FrozenMessage` is taken as is (no per-message
+    copy or validation, so a prompt over a long conversation costs no re-validation of its past),
+    plain dicts with string keys are copied (as pydantic would), anything else is validated by
+    pydantic as ``list[dict[str, Any]]`` (same results, same errors)."""
+    if type(value) is list:
+        types = set(map(type, value))
+        if types <= {FrozenMessage, dict}:
+            if dict not in types:
+                return list(value)
+            out = [m if type(m) is FrozenMessage else dict(m) for m in value]
+            if all(type(k) is str for m in out if type(m) is dict for k in m):
+                return out
+    return handler(value)
+
+
 class Prompt(BaseModel):
     """What a node asks the LLM: chat messages, optional tool schemas and response schema.
 
     ``id`` is the node run's ``prompt_id``; it links every step of the run, and the stored LLM
-    call, to this prompt.
+    call, to this prompt. Messages that are :class:`FrozenMessage` (from
+    :func:`~tapekit.dialog.view_to_messages`) are kept as they are, shared, without
+    re-validation; plain dicts are copied.
     """
 
     id: str = Field(default_factory=new_id)
-    messages: list[dict[str, Any]] = Field(default_factory=list)
+    messages: Annotated[list[dict[str, Any]], WrapValidator(_validate_messages)] = Field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     response_schema: dict[str, Any] | None = None
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from tapekit.core import (
     Action,
     Call,
     ControlStep,
+    FrozenMessage,
     LLMOutput,
     Observation,
     Respond,
@@ -142,6 +143,11 @@ def _message(step: Step, agent_name: str) -> dict[str, Any] | None:
     return {"role": "user", "content": _text(step.llm_dict())}
 
 
+def _frozen_message(step: Step, agent_name: str) -> FrozenMessage | None:
+    message = _message(step, agent_name)
+    return None if message is None else FrozenMessage(message)
+
+
 def _merges(last: dict[str, Any] | None, message: dict[str, Any]) -> bool:
     """Whether ``message`` (one tool call) joins ``last``, an assistant message of tool calls."""
     return (
@@ -153,7 +159,7 @@ def _merges(last: dict[str, Any] | None, message: dict[str, Any]) -> bool:
     )
 
 
-_Messages = tuple[StepSequence[dict[str, Any]], dict[str, Any] | None]
+_Messages = tuple[StepSequence[FrozenMessage], FrozenMessage | None]
 
 
 def _no_messages() -> _Messages:
@@ -162,12 +168,12 @@ def _no_messages() -> _Messages:
 
 def _fold_message(agent_name: str, state: _Messages, step: Step, index: int) -> _Messages:
     """One step into the (done messages, last message) fold; never mutates ``state``."""
-    message = _message(step, agent_name)
+    message = _frozen_message(step, agent_name)
     if message is None:
         return state
     done, last = state
     if last is not None and _merges(last, message):
-        return done, {**last, "tool_calls": [*last["tool_calls"], *message["tool_calls"]]}
+        return done, FrozenMessage({**last, "tool_calls": [*last["tool_calls"], *message["tool_calls"]]})
     return (done if last is None else done.appended([last])), message
 
 
@@ -180,24 +186,27 @@ def view_to_messages(steps: Iterable[Step], agent_name: str = "") -> list[dict[s
 
     For a :class:`~tapekit.core.StepSequence` (a tape's steps, or ``agent.compute_view(tape)
     .top.steps``) the conversion is memoised per prefix, so a growing session converts only its
-    new steps. Each call returns a new list of new message dicts (safe to change); nested values
-    (``tool_calls``) are shared with the cache: replace them rather than mutate them.
+    new steps. Each call returns a new list (safe to change: add, drop or replace messages) of
+    read-only :class:`~tapekit.core.FrozenMessage` dicts shared with the cache and with earlier
+    calls, so a prompt over the whole conversation costs no copy of its past; to change one
+    message, replace it with a changed copy (``{**m, "content": ...}``).
     """
     if isinstance(steps, StepSequence):
         done, last = steps.fold(
             ("tapekit.dialog.view_to_messages", agent_name), _no_messages, partial(_fold_message, agent_name)
         )
-        messages = [{**m} for m in done]
+        messages = cast(list[dict[str, Any]], done.to_list())
         if last is not None:
-            messages.append({**last})
+            messages.append(last)
         return messages
     out: list[dict[str, Any]] = []
     for step in steps:
-        message = _message(step, agent_name)
+        message = _frozen_message(step, agent_name)
         if message is None:
             continue
         if out and _merges(out[-1], message):
-            out[-1] = {**out[-1], "tool_calls": [*out[-1]["tool_calls"], *message["tool_calls"]]}
+            calls = [*out[-1]["tool_calls"], *message["tool_calls"]]
+            out[-1] = FrozenMessage({**out[-1], "tool_calls": calls})
         else:
             out.append(message)
     return out

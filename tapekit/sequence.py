@@ -109,6 +109,10 @@ class StepSequence(Sequence[S]):
         for i in range(self._n):
             yield items[i]
 
+    def to_list(self) -> list[S]:
+        """A new list of these items (one slice of the shared buffer: no per-item Python work)."""
+        return self._buf.items[: self._n]
+
     def __reversed__(self) -> Iterator[S]:
         items = self._buf.items
         for i in range(self._n - 1, -1, -1):

@@ -265,3 +265,53 @@ def test_tape_json_round_trip_all_dialog_kinds() -> None:
     assert Tape.model_validate(json.loads(text)) == tape
     # and the restored tape renders the same messages
     assert view_to_messages(restored.steps) == view_to_messages(tape.steps)
+
+
+# --------------------------------------------------------------------------- shared read-only messages
+
+
+def test_view_to_messages_shares_read_only_messages_between_calls() -> None:
+    import copy
+    import pickle
+
+    import pytest
+
+    from tapekit.core import FrozenMessage, Prompt, StepSequence
+
+    steps = StepSequence([SystemStep(content="sys"), UserStep(content="hi")])
+    first = view_to_messages(steps)
+    longer = view_to_messages(steps.appended([AssistantStep(content="hello")]))
+    assert longer[0] is first[0]  # the past is not copied again
+    assert first == [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
+    assert all(isinstance(m, FrozenMessage) for m in longer)
+    with pytest.raises(TypeError, match="read-only"):
+        first[1]["content"] = "changed"
+    with pytest.raises(TypeError):
+        first[1].update(content="changed")
+    first.append({"role": "user", "content": "the list itself is the caller's"})
+    assert len(view_to_messages(steps)) == 2
+    changed = {**first[1], "content": "changed"}
+    assert type(changed) is dict and first[1]["content"] == "hi"
+    assert pickle.loads(pickle.dumps(first[0])) == first[0]
+    assert copy.deepcopy(first[0]) == first[0] and copy.copy(first[0]) == first[0]
+
+    prompt = Prompt(messages=longer)
+    assert prompt.messages[2] is longer[2] and prompt.messages is not longer
+    assert Prompt.model_validate_json(prompt.model_dump_json()) == prompt
+
+
+def test_prompt_still_copies_and_validates_plain_dicts() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from tapekit.core import Prompt
+
+    system = {"role": "system", "content": "sys"}
+    prompt = Prompt(messages=[system, *view_to_messages([UserStep(content="hi")])])
+    system["content"] = "changed later"
+    assert prompt.messages[0] == {"role": "system", "content": "sys"}
+    with pytest.raises(ValidationError):
+        Prompt(messages=[{1: "not a string key"}])
+    with pytest.raises(ValidationError):
+        Prompt(messages=["not a dict"])
+    assert Prompt(messages=({"role": "user", "content": "x"},)).messages == [{"role": "user", "content": "x"}]
