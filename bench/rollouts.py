@@ -60,8 +60,8 @@ def multinomial(llm: Any, rows: list[list[int]], tokens: int, seed: int) -> floa
     table of its draws; returns the seconds."""
     import torch
 
+    from tapekit.llm.batched import left_pad
     from tapekit.llm.transformers import _pad_id
-    from tapekit.training._batched_llm import left_pad
 
     model, tokenizer = llm.load()
     pad = _pad_id(tokenizer)  # the pad generate_batch uses (eos when there is none)
@@ -161,7 +161,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from tapekit.training._batched_llm import BatchedTransformersLLM
+    from tapekit.llm.batched import BatchedTransformersLLM
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load(args)

@@ -42,3 +42,20 @@ def test_an_unknown_name_is_still_an_attribute_error() -> None:
         tapekit.llm.NoSuchLLM  # noqa: B018
     with pytest.raises(ImportError):
         from tapekit import NoSuchLLM  # noqa: F401
+
+
+@pytest.mark.parametrize(
+    "name, module",
+    [("BatchedTransformersLLM", "tapekit.llm.batched"), ("ServerPoolLLM", "tapekit.llm.server_pool")],
+)
+def test_the_rl_rollout_backends_live_in_the_llm_package_not_in_training(name: str, module: str) -> None:
+    code = (
+        "import sys, tapekit.llm, tapekit.training\n"
+        f"assert {module!r} not in sys.modules, 'loaded eagerly'\n"
+        f"from tapekit.llm import {name} as a\n"
+        f"from {module} import {name} as b\n"
+        f"assert a is b and {name!r} in tapekit.llm.__all__ and {name!r} in dir(tapekit.llm)\n"
+        f"assert {name!r} not in tapekit.training.__all__ and not hasattr(tapekit.training, {name!r})\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr

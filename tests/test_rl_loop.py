@@ -54,7 +54,7 @@ def _config(tmp_path: Path, **changes: Any) -> Any:
 def test_batched_generate_records_the_sampling_logprobs_of_each_row() -> None:
     import torch
 
-    from tapekit.training._batched_llm import BatchedTransformersLLM
+    from tapekit.llm.batched import BatchedTransformersLLM
     from tapekit.training.grpo_loss import token_logprobs
     from tests.rl_toy import PROBLEMS, make_model
 
@@ -76,7 +76,7 @@ def test_batched_generate_records_the_sampling_logprobs_of_each_row() -> None:
 def test_the_batched_sampler_draws_from_the_warped_distribution_and_records_its_logprobs() -> None:
     import torch
 
-    from tapekit.training._batched_llm import _sampler
+    from tapekit.llm.batched import _sampler
 
     rows = 40_000
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0]).repeat(rows, 1)
@@ -107,7 +107,7 @@ def test_the_batched_sampler_draws_from_the_warped_distribution_and_records_its_
 
 def test_rollouts_are_scored_stored_tagged_and_become_rl_rows(tmp_path: Path) -> None:
     from tapekit import open_store
-    from tapekit.training._batched_llm import BatchedTransformersLLM
+    from tapekit.llm.batched import BatchedTransformersLLM
     from tapekit.training.rl import RLConfig, grpo_step, make_rl_batch
     from tapekit.training.rollouts import collect_rollouts, rollout_rows
     from tests.rl_toy import make_model, make_setup
@@ -204,7 +204,7 @@ def test_the_toy_setup_scores_a_calculator_solution_in_full_and_its_tapes_replay
 def test_lockstep_batches_wait_for_every_session_and_ignore_arrival_order() -> None:
     import asyncio
 
-    from tapekit.training._batched_llm import RequestBatcher
+    from tapekit.llm.batched import RequestBatcher
 
     class Recorder:
         def __init__(self) -> None:
@@ -241,7 +241,7 @@ def test_rollouts_do_not_depend_on_timing_even_with_a_task_drawn_twice(
     import random
 
     from tapekit import open_store
-    from tapekit.training._batched_llm import BatchedTransformersLLM, RequestBatcher
+    from tapekit.llm.batched import BatchedTransformersLLM, RequestBatcher
     from tapekit.training.rollouts import collect_rollouts, rollout_rows
     from tests.rl_toy import make_model, make_setup
 

@@ -273,7 +273,7 @@ def test_server_pool_sends_each_task_to_one_server_in_turn(model_dir: Path, serv
 
     from tapekit.core import Prompt
     from tapekit.llm import OpenAICompatibleLLM
-    from tapekit.training.policies import ServerPoolLLM
+    from tapekit.llm.server_pool import ServerPoolLLM
 
     pool = ServerPoolLLM(
         servers=[OpenAICompatibleLLM(model_name=BASE, base_url=s.url, return_tokens=True) for s in servers],

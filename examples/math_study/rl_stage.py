@@ -144,7 +144,7 @@ def heldout_eval(
     model: Any, tokenizer: Any, tasks: list[Task], name: str, store: Any = None, system: str | None = None
 ) -> EvalReport:
     """Greedy held-out evaluation of the model, every problem at once (batched ``generate``)."""
-    from tapekit.training._batched_llm import BatchedTransformersLLM
+    from tapekit.llm.batched import BatchedTransformersLLM
 
     llm = BatchedTransformersLLM.from_model(
         model, tokenizer, model_name="tiny-rl", temperature=0.0, max_tokens=48

@@ -1,7 +1,8 @@
 """LLM clients: the interface agents call, deterministic test LLMs, replay, and the backends.
 
-The backends (``OpenAICompatibleLLM``, ``LlamaCppLLM``, ``TransformersLLM``, ``LiteLLM``) are
-loaded on first access (module ``__getattr__``), so importing this package stays light.
+The backends (``OpenAICompatibleLLM``, ``LlamaCppLLM``, ``TransformersLLM``, ``LiteLLM``; and
+``BatchedTransformersLLM``, ``ServerPoolLLM``, which the RL rollouts sample from) are loaded on
+first access (module ``__getattr__``), so importing this package stays light.
 :class:`WrapperLLM` is the base of LLMs in front of another one (:class:`CachedLLM`, the
 batch runner's concurrency limit).
 """
@@ -18,6 +19,8 @@ from tapekit.llm.wrapper import WrapperLLM
 
 # backend name -> the module that defines it, imported on first access
 _BACKENDS = {
+    "BatchedTransformersLLM": "tapekit.llm.batched",
+    "ServerPoolLLM": "tapekit.llm.server_pool",
     "LiteLLM": "tapekit.llm.litellm",
     "LlamaCppLLM": "tapekit.llm.llamacpp",
     "OpenAICompatibleLLM": "tapekit.llm.openai_compat",
@@ -41,6 +44,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "LLM",
+    "BatchedTransformersLLM",
     "CachedLLM",
     "FunctionLLM",
     "LLMCall",
@@ -55,6 +59,7 @@ __all__ = [
     "ReplayLLM",
     "ReplayMissError",
     "ScriptedLLM",
+    "ServerPoolLLM",
     "TokenTrace",
     "ToolCallRequest",
     "TrainingText",

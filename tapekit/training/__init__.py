@@ -13,7 +13,6 @@ import importlib
 from typing import Any
 
 __all__ = [
-    "BatchedTransformersLLM",
     "Break",
     "DPOConfig",
     "Drift",
@@ -70,7 +69,6 @@ _WHERE = {
     "TrainingError": "tapekit.training._common",
     "train_dpo": "tapekit.training.dpo",
     "train_sft": "tapekit.training.sft",
-    "BatchedTransformersLLM": "tapekit.training._batched_llm",
     "RolloutBatch": "tapekit.training.rollouts",
     "collect_rollouts": "tapekit.training.rollouts",
     "rollout_rows": "tapekit.training.rollouts",

@@ -5,7 +5,7 @@ before the first step, then after every step); the rollout side :meth:`~RolloutP
 s the newest published version before a step's rollouts and learns which version that is, so
 each rollout tape and LLM call records the version that really sampled it.
 
-- :class:`LocalPolicy`: in-process, a :class:`~tapekit.training._batched_llm.BatchedTransformersLLM`
+- :class:`LocalPolicy`: in-process, a :class:`~tapekit.llm.batched.BatchedTransformersLLM`
   on the trained model itself (sync runs) or on a copy that loads each published state dict
   (asynchronous runs).
 - :class:`RemotePolicy`: OpenAI-compatible servers (vLLM) serving the base model with dynamic
@@ -22,35 +22,29 @@ CUDA IPC between trainer and server), so a remote policy needs a LoRA run.
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import itertools
 import json
 import os
 import shutil
 import threading
 import urllib.error
 import urllib.request
-import weakref
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import PrivateAttr
-
-from tapekit.core import Prompt
 from tapekit.llm._http import env_proxy
-from tapekit.llm.base import LLM, LLMEvent
 from tapekit.llm.openai_compat import OpenAICompatibleLLM
+from tapekit.llm.server_pool import ServerPoolLLM
 from tapekit.training._common import TrainingError
 
-__all__ = ["LocalPolicy", "RemotePolicy", "RolloutPolicy", "ServerPoolLLM", "make_policy"]
+__all__ = ["LocalPolicy", "RemotePolicy", "RolloutPolicy", "make_policy"]
 
 
 class RolloutPolicy(ABC):
     """Where rollouts are sampled: ``llm`` (what the agents call) and ``batcher`` (a lockstep
-    :class:`~tapekit.training._batched_llm.RequestBatcher`, or None)."""
+    :class:`~tapekit.llm.batched.RequestBatcher`, or None)."""
 
     llm: Any
     batcher: Any = None
@@ -74,7 +68,7 @@ class LocalPolicy(RolloutPolicy):
     def __init__(
         self, model: Any, tokenizer: Any, *, temperature: float, max_tokens: int, copy_model: bool = False
     ) -> None:
-        from tapekit.training._batched_llm import BatchedTransformersLLM
+        from tapekit.llm.batched import BatchedTransformersLLM
 
         self.copy_model = copy_model
         self.actor = copy.deepcopy(model).eval() if copy_model else model
@@ -106,74 +100,6 @@ class LocalPolicy(RolloutPolicy):
         self.actor.eval()
         self.llm.policy_version = str(self._version)
         return self._version
-
-
-class _Sticky:
-    """Round robin over servers, one pick per asyncio task (the batch runner runs each tape in
-    one task, so a tape's calls go to one server and reuse its prefix cache)."""
-
-    def __init__(self) -> None:
-        self.counter = itertools.count()
-        self.picks: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-        self.lock = threading.Lock()
-
-    def __getstate__(self) -> dict[str, Any]:  # a pickled LLM (e.g. sent to a Ray worker) starts afresh
-        return {}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]
-
-    def pick(self, n: int) -> int:
-        try:
-            task = asyncio.current_task()
-        except RuntimeError:
-            task = None
-        with self.lock:
-            if task is None:
-                return next(self.counter) % n
-            if task not in self.picks:
-                self.picks[task] = next(self.counter) % n
-            return self.picks[task]
-
-
-class ServerPoolLLM(LLM):
-    """One model on several OpenAI-compatible servers: each asyncio task (each tape in a batch)
-    is sent to the next server in turn. The calls carry ``model_name``; the token trace of each
-    call gets ``policy_version`` (as it was when the call started). A server that returns no
-    token ids is passed through as such (``tokens`` None): RL rows refuse those calls."""
-
-    servers: list[OpenAICompatibleLLM]
-    policy_version: str | None = None
-    _sticky: _Sticky = PrivateAttr(default_factory=_Sticky)
-
-    def serve(self, model_name: str, policy_version: str | None) -> None:
-        """Send the next calls to ``model_name``, recording ``policy_version`` on their tokens
-        (call it between rollouts, not while calls are in flight)."""
-        self.model_name = model_name
-        self.policy_version = policy_version
-        for server in self.servers:
-            server.model_name = model_name
-
-    def server_for_this_task(self) -> OpenAICompatibleLLM:
-        """The server that the current asyncio task's calls go to."""
-        if not self.servers:
-            raise TrainingError("ServerPoolLLM has no servers")
-        return self.servers[self._sticky.pick(len(self.servers))]
-
-    async def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
-        version = self.policy_version
-        server = self.server_for_this_task()
-        async for event in server.astream(prompt):
-            if event.tokens is not None:
-                event = event.model_copy(
-                    update={"tokens": event.tokens.model_copy(update={"policy_version": version})}
-                )
-            yield event
-
-    async def aclose(self) -> None:
-        """Close the servers' HTTP sessions of the running event loop."""
-        for server in self.servers:
-            await server.aclose()
 
 
 def _post(url: str, body: dict[str, Any] | None, api_key: str | None, timeout_s: float) -> tuple[int, str]:

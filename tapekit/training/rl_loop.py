@@ -2,7 +2,7 @@
 
 Per step: the task sampler (uniform, fixed order, or SEC) picks ``tasks_per_step`` tasks,
 :func:`~tapekit.training.rollouts.collect_rollouts` runs ``group_size`` sampled attempts of each
-through the batch runner on a :class:`~tapekit.training._batched_llm.BatchedTransformersLLM`
+through the batch runner on a :class:`~tapekit.llm.batched.BatchedTransformersLLM`
 (one batched ``generate`` per round of all the tapes), every tape is scored and stored, the
 token-exact samples go to :func:`~tapekit.training.rl.make_rl_batch` and one
 :func:`~tapekit.training.rl.grpo_step` (groups with zero advantage are left out of the forward

@@ -3,7 +3,7 @@
 :func:`collect_rollouts` runs one RL step's rollouts: for each task, ``group_size`` copies of
 its start tape run through :func:`tapekit.batch.abatch` (multi-turn, tools and forks work as
 in any batch) on an agent whose LLM samples (temperature > 0). With a
-:class:`~tapekit.training._batched_llm.BatchedTransformersLLM`, the batcher runs in lockstep
+:class:`~tapekit.llm.batched.BatchedTransformersLLM`, the batcher runs in lockstep
 with the batch: every LLM round of all the tapes is one batched ``generate``.
 
 Every tape is scored by every scorer (strict and lenient side by side, say); the reward is the
