@@ -84,11 +84,11 @@ class WebEnvironmentError(TapekitError, RuntimeError):
     fails, or a tape it cannot make sense of (a web action before any ``OpenTask``)."""
 
 
-class _PageHung(Exception):
+class _PageHung(TapekitError):
     """A browser call passed its deadline: the page is stuck."""
 
 
-class _BrowserGone(Exception):
+class _BrowserGone(TapekitError):
     """The browser (or the episode's page) closed under us: a crash or a kill."""
 
 

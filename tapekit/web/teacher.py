@@ -20,6 +20,7 @@ from typing import Any
 
 from tapekit.agent import Agent, Node
 from tapekit.core import SetNextNode, Step, StopStep, Tape
+from tapekit.errors import TapekitError
 from tapekit.llm.base import LLMStream
 from tapekit.web.axtree import AXLine, parse_axtree
 from tapekit.web.steps import (
@@ -41,7 +42,7 @@ Decision = tuple[WebAction, str]
 Policy = Callable[[str, list[AXLine], Sequence[WebAction]], Decision]
 
 
-class _GiveUp(Exception):
+class _GiveUp(TapekitError):
     """The policy cannot find what it needs on the page."""
 
 
