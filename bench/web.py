@@ -163,6 +163,9 @@ async def run_tapekit(n: int, concurrency: int) -> Run:
                 obs = [s for s in tape.steps if isinstance(s, WebObservation)]
                 run.episodes += 1
                 run.solved += obs[-1].reward > 0
+                if obs[-1].reward <= 0:
+                    errors = [o.last_action_error for o in obs if o.last_action_error]
+                    print(f"  tapekit failed {task}/{seed}: {errors or obs[-1].info}", flush=True)
                 run.reset_s.append(obs[0].metadata.other["browser_s"])
                 run.step_s.extend(o.metadata.other["browser_s"] for o in obs[1:])
                 run.tree_chars.extend(len(o.axtree) for o in obs)

@@ -1,8 +1,8 @@
 """The JavaScript the browser environment runs in its pages (tapekit's own; no BrowserGym code).
 
-- :data:`TIMER_TRACKER` (an init script, run before the page's own scripts) keeps count of the
-  page's pending short ``setTimeout`` callbacks, so the environment can wait until a page has
-  settled instead of sleeping a fixed time after every action.
+- :data:`TIMER_TRACKER` (an init script, run before the page's own scripts) keeps the page's
+  pending short ``setTimeout`` callbacks and when each is due, so the environment can wait
+  until a page has settled instead of sleeping a fixed time after every action.
 - :data:`SETTLE_AND_MARK` waits for that (bounded), then gives every element of a standard HTML
   tag a ``bid`` attribute, numbering them in document order with a per-page counter, so bids stay
   stable across steps and equal BrowserGym's for the same page.
@@ -30,7 +30,7 @@ HTML_TAGS = (
 TIMER_TRACKER = r"""
 (() => {
   if (window.__tk_timers) return;
-  const pending = new Set();
+  const pending = new Map();  // timer id -> when it is due (performance.now() ms)
   const setT = window.setTimeout.bind(window);
   const clearT = window.clearTimeout.bind(window);
   Object.defineProperty(window, '__tk_timers', {value: pending});
@@ -39,7 +39,7 @@ TIMER_TRACKER = r"""
     const ms = Number(delay) || 0;
     if (typeof fn !== 'function' || ms > 1000) return setT(fn, delay, ...args);
     const id = setT(function () { pending.delete(id); return fn.apply(this, arguments); }, delay, ...args);
-    pending.add(id);
+    pending.set(id, performance.now() + ms);
     return id;
   };
   window.clearTimeout = function (id) { pending.delete(id); return clearT(id); };
@@ -51,15 +51,21 @@ async ([maxMs, tagList]) => {
   const t0 = performance.now();
   const sleep = (ms) => new Promise((r) => (window.__tk_setTimeout || setTimeout)(r, ms));
   const frame = () => new Promise((r) => requestAnimationFrame(() => r()));
+  // busy: a short timer due within maxMs of now is still pending (it may fire late on a loaded
+  // machine: it is waited for all the same, up to 4 x maxMs), or an animation runs (up to maxMs)
   const busy = () => {
-    if (window.__tk_timers && window.__tk_timers.size > 0) return true;
+    const now = performance.now();
+    if (window.__tk_timers) {
+      for (const due of window.__tk_timers.values()) if (due <= t0 + maxMs) return true;
+    }
+    if (now - t0 >= maxMs) return false;
     if (window.jQuery && window.jQuery.timers && window.jQuery.timers.length > 0) return true;
     const running = (a) => a.playState === 'running';
     if (document.getAnimations && document.getAnimations().some(running)) return true;
     return false;
   };
   await Promise.race([frame(), sleep(50)]);
-  while (busy() && performance.now() - t0 < maxMs) {
+  while (busy() && performance.now() - t0 < 4 * maxMs) {
     await sleep(10);
   }
   const settled = !busy();

@@ -153,6 +153,10 @@ class _Runner:
     def stop(self) -> None:
         if self.loop.is_closed():
             return
+        if self.loop.is_running() and threading.current_thread() is not self.thread:
+            # a few turns of the loop: closed subprocess transports finish their callbacks
+            with contextlib.suppress(Exception):
+                self.submit(asyncio.sleep(0.05)).result(timeout=5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
         if not self.thread.is_alive():
@@ -174,13 +178,23 @@ class _Leftovers:
     marker: str
     driver_pid: int | None = None
     runner: _Runner | None = None
+    playwright: Any = None
 
     def clean(self) -> None:
         _kill_marked(self.marker)
+        runner = self.runner
+        if (
+            self.playwright is not None
+            and runner is not None
+            and runner.loop.is_running()
+            and threading.current_thread() is not runner.thread
+        ):  # let Playwright close its driver, so that nothing is left to the loop's garbage
+            with contextlib.suppress(Exception):
+                runner.submit(self.playwright.stop()).result(timeout=10)
         if self.driver_pid is not None and _procs.alive(self.driver_pid):
             _procs.kill_tree(self.driver_pid)
-        if self.runner is not None:
-            self.runner.stop()
+        if runner is not None:
+            runner.stop()
 
 
 class WebEnvironment(Environment):
@@ -196,8 +210,10 @@ class WebEnvironment(Environment):
             fails with an error observation and the episode goes on.
         timeout_s: the deadline of every browser call (a page load, an observation, an action);
             past it the page counts as hung and its episode ends.
-        settle_max_ms: the longest wait, after an action, for the page's short timers and
-            animations to finish before it is observed (BrowserGym sleeps a fixed 500 ms).
+        settle_max_ms: after an action, the page is observed once the short timers due within
+            this many milliseconds have fired (a late one is waited for up to 4 times as long,
+            for loaded machines) and its animations are done, at most this long (BrowserGym
+            sleeps a fixed 500 ms).
         screenshots: put a base64 PNG of the viewport on every observation.
         prewarm: blank pages kept ready for the next episodes (0: none); starting a page's
             renderer is the largest part of a reset, and a spare is started in the background.
@@ -212,7 +228,7 @@ class WebEnvironment(Environment):
         executable: str | None = None,
         max_concurrent: int = 2,
         max_open: int | None = None,
-        action_timeout_s: float = 1.0,
+        action_timeout_s: float = 2.0,
         timeout_s: float = 10.0,
         settle_max_ms: int = 500,
         screenshots: bool = False,
@@ -347,6 +363,7 @@ class WebEnvironment(Environment):
                 )
             if self._pw is None:
                 self._pw = await asyncio.wait_for(async_playwright().start(), self.timeout_s * 3)
+                self._leftovers.playwright = self._pw
             try:
                 self._browser = await asyncio.wait_for(
                     self._pw.chromium.launch(
@@ -392,6 +409,7 @@ class WebEnvironment(Environment):
         await self._drop_browser()
         if self._pw is not None:
             pw, self._pw = self._pw, None
+            self._leftovers.playwright = None
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(pw.stop(), self.timeout_s)
 
@@ -553,7 +571,7 @@ class WebEnvironment(Environment):
         result: dict[str, Any] = await self._guard(
             episode.page.evaluate(SETTLE_AND_MARK, [self.settle_max_ms, HTML_TAGS]),
             "observing the page",
-            self.timeout_s + self.settle_max_ms / 1000,
+            self.timeout_s + 4 * self.settle_max_ms / 1000,
         )
         return result
 

@@ -27,7 +27,7 @@ from tapekit.web.environment import CHROMIUM_ARGS, DEFAULT_CHROMIUM
 from tapekit.web.miniwob import STEP_LIMITS
 from tapekit.web.steps import SendMsgToUser, WebAction, WebObservation
 
-__all__ = ["StockEpisode", "debian_chromium", "missing", "page_seed", "run_episode"]
+__all__ = ["Replay", "StockEpisode", "debian_chromium", "missing", "page_seed", "run_episode"]
 
 Policy = Callable[[WebObservation, Sequence[WebAction]], tuple[WebAction, str]]
 
@@ -73,6 +73,20 @@ def debian_chromium(executable: str = DEFAULT_CHROMIUM) -> Iterator[None]:
         yield
     finally:
         BrowserType.launch = launch  # type: ignore[method-assign]
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A policy that replays recorded actions (call texts) in order; picklable, so an episode
+    can run in a worker process (BrowserGym keeps a process-wide sync Playwright)."""
+
+    calls: tuple[str, ...]
+
+    def __call__(self, observation: WebObservation, history: Sequence[WebAction]) -> tuple[WebAction, str]:
+        """The next recorded action."""
+        from tapekit.web.steps import parse_action
+
+        return parse_action(self.calls[len(history)]), "replayed"
 
 
 @dataclass

@@ -345,8 +345,8 @@ def policy_for(goal: str) -> Policy | None:
 
 
 def teach(observation: WebObservation, history: Sequence[WebAction] = ()) -> Decision:
-    """The teacher's action for ``observation`` (and the episode's actions so far), with its
-    rationale. Gives up with :class:`SendMsgToUser` when no policy fits or the page lacks what
+    """The teacher's action for ``observation`` (and the episode's actions so far that worked),
+    with its rationale. Gives up with :class:`SendMsgToUser` when no policy fits or the page lacks what
     the policy needs."""
     policy = policy_for(observation.goal)
     if policy is None:
@@ -358,16 +358,21 @@ def teach(observation: WebObservation, history: Sequence[WebAction] = ()) -> Dec
 
 
 def _episode(tape: Tape[Any, Any]) -> tuple[WebObservation | None, list[WebAction]]:
-    """The last observation of the tape's current episode and the web actions taken in it."""
+    """The last observation of the tape's current episode and the web actions taken in it that
+    worked (an action whose observation reports an error is left out: it may not have happened)."""
     history: list[WebAction] = []
+    pending: list[WebAction] = []
     last: WebObservation | None = None
     for step in tape.steps:
         if isinstance(step, OpenTask):
-            history, last = [], None
+            history, pending, last = [], [], None
         elif isinstance(step, WebAction):
-            history.append(step)
+            pending.append(step)
         elif isinstance(step, WebObservation):
             last = step
+            if pending and not step.last_action_error:
+                history.append(pending[0])
+            pending = pending[1:]
     return last, history
 
 

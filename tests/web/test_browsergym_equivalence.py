@@ -5,7 +5,9 @@ pyparsing``, see docs/web.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import multiprocessing
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from tapekit import Tape, main_loop
 from tapekit.web import WebAction, WebEnvironment, WebObservation, parse_action, parse_axtree
 from tapekit.web.miniwob import start_tape
-from tapekit.web.stock import missing, page_seed, run_episode
+from tapekit.web.stock import Replay, StockEpisode, missing, page_seed, run_episode
 from tapekit.web.teacher import teacher_agent
 from tests.web.conftest import MISSING
 
@@ -38,11 +40,16 @@ def env() -> Any:
         yield environment
 
 
-def replaying(calls: Sequence[str]) -> Any:
-    def policy(observation: WebObservation, history: Sequence[WebAction]) -> tuple[WebAction, str]:
-        return parse_action(calls[len(history)]), "replayed"
+@pytest.fixture(scope="module")
+def in_browsergym() -> Iterator[Any]:
+    """Runs stock BrowserGym episodes in a worker process: BrowserGym keeps a process-wide sync
+    Playwright that would otherwise outlive the tests in this one."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
 
-    return policy
+        def run(task: str, seed: int, calls: list[str]) -> StockEpisode:
+            return pool.submit(run_episode, task, seed, Replay(tuple(calls))).result(timeout=300)
+
+        yield run
 
 
 def controls(axtree: str) -> list[tuple[str, str, str]]:
@@ -57,22 +64,22 @@ def tapekit_run(env: WebEnvironment, tape: Tape[Any, Any]) -> tuple[list[str], l
 
 @pytest.mark.parametrize(("task", "seed"), CASES)
 def test_teacher_actions_earn_the_same_rewards_in_stock_browsergym(
-    env: WebEnvironment, task: str, seed: int
+    env: WebEnvironment, in_browsergym: Any, task: str, seed: int
 ) -> None:
     tape = main_loop(teacher_agent(), start_tape(task, page_seed(seed)), env).get_final_tape()
     calls, rewards, trees = tapekit_run(env, tape)
     assert rewards[-1] == 1.0
-    stock = run_episode(task, seed, replaying(calls))
-    assert stock.error == ""
-    assert stock.goal == tape.steps[1].goal  # the same page seed gives the same problem
+    episode = in_browsergym(task, seed, calls)
+    assert episode.error == ""
+    assert episode.goal == tape.steps[1].goal  # the same page seed gives the same problem
     # the same bids on the same controls (BrowserGym writes bids into ARIA attributes, which
     # shifts some text nodes of its tree; the lines that carry a bid must agree)
-    assert controls(stock.observations[0].axtree) == controls(trees[0])
-    assert stock.actions == calls
-    assert stock.rewards == rewards
+    assert controls(episode.observations[0].axtree) == controls(trees[0])
+    assert episode.actions == calls
+    assert episode.rewards == rewards
 
 
-def test_a_wrong_action_earns_nothing_in_both(env: WebEnvironment) -> None:
+def test_a_wrong_action_earns_nothing_in_both(env: WebEnvironment, in_browsergym: Any) -> None:
     seed = page_seed(7)
     first = env.react(start_tape("click-button", seed))
     obs = first.steps[-1]
@@ -85,5 +92,5 @@ def test_a_wrong_action_earns_nothing_in_both(env: WebEnvironment) -> None:
     )
     done = env.react(first.append(parse_action(f'click("{wrong}")')))
     reward = done.steps[-1].reward  # type: ignore[attr-defined]
-    stock = run_episode("click-button", 7, replaying([f'click("{wrong}")']))
-    assert reward == 0.0 and stock.rewards == [0.0]
+    episode = in_browsergym("click-button", 7, [f'click("{wrong}")'])
+    assert reward == 0.0 and episode.rewards == [0.0]

@@ -251,7 +251,9 @@ def test_a_killed_browser_becomes_an_error_observation_and_leaves_no_process() -
         os.kill(new[0], signal.SIGKILL)
         assert wait_dead([new[0]]) == []
         final = main_loop(agent, tape, env).get_final_tape()
-        assert observations(final)[-1].reward == 1.0
+        assert observations(final)[-1].reward == 1.0, [
+            (o.step, o.axtree, o.metadata.other) for o in observations(final)
+        ]
         assert env.stats["launches"] == 3 and env.stats["crashes"] >= 2
         pids = sorted({*old, *new, *env.browser_pids()})
     finally:
