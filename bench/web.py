@@ -311,13 +311,12 @@ def main() -> None:
                 runs.append(run)
                 print(run.line(), flush=True)
     chars = [c for r in runs if r.name == "tapekit" for c in r.tree_chars]
-    print(f"compact tree: mean {statistics.mean(chars):.0f} chars, max {max(chars)}", end="")
+    size = f"compact tree: mean {statistics.mean(chars):.0f} chars, max {max(chars)}"
     count = token_counter()
     if count is not None:
-        trees = [t for r in runs if r.name == "tapekit" for t in r.trees]
-        tokens = [count(t) for t in trees]
-        print(f"; SmolLM2 tokens mean {statistics.mean(tokens):.0f}, max {max(tokens)}", end="")
-    print()
+        tokens = [count(t) for r in runs if r.name == "tapekit" for t in r.trees]
+        size += f"; SmolLM2 tokens mean {statistics.mean(tokens):.0f}, max {max(tokens)}"
+    print(size)
     after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"after: {after}")
 
