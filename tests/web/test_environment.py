@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tapekit import Tape, async_main_loop, evaluate, main_loop
+from tapekit import Tape, async_main_loop, evaluate, main_loop, replay_tape
 from tapekit.web import (
     Click,
     Fill,
@@ -136,6 +136,7 @@ def test_web_tapes_resume_from_any_cut() -> None:
     with WebEnvironment(max_concurrent=1) as env:
         full = main_loop(agent, start_tape("enter-password", 9), env).get_final_tape()
     assert observations(full)[-1].reward == 1.0
+    assert replay_tape(agent, full).ok  # the recorded observations stand in for the browser
     cuts = range(1, len(full))  # every cut but the finished tape
     with WebEnvironment(max_concurrent=1) as fresh:  # no page of the first run survives
         for cut in cuts:
