@@ -38,7 +38,7 @@ from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self, TypeVar
 
-from tapekit.core import Tape, new_id
+from tapekit.core import Observation, Tape, new_id
 from tapekit.environment import Environment, UnknownActionError, unanswered_actions
 from tapekit.errors import TapekitError
 from tapekit.web import _procs
@@ -118,10 +118,12 @@ class _TapeState:
     last: WebObservation | None = None
 
     @classmethod
-    def of(cls, tape: Tape[Any, Any], n_unanswered: int) -> _TapeState:
+    def of(cls, tape: Tape[Any, Any]) -> _TapeState:
+        """The state before the tape's unanswered actions (those after its last observation)."""
         state = cls()
         steps = list(tape.steps)
-        for step in steps[: len(steps) - n_unanswered] if n_unanswered else steps:
+        answered = max((i + 1 for i, s in enumerate(steps) if isinstance(s, Observation)), default=0)
+        for step in steps[:answered]:
             if isinstance(step, OpenTask):
                 state = cls(open=step)
             elif isinstance(step, WebAction) and state.open is not None:
@@ -780,7 +782,7 @@ class WebEnvironment(Environment):
                 )
         if self._slots is None:
             await self._ensure_browser()
-        state = _TapeState.of(tape, len(actions))
+        state = _TapeState.of(tape)
         observations: list[WebObservation] = []
         for action in actions:
             if isinstance(action, OpenTask):

@@ -26,6 +26,7 @@ from tapekit.web import (
     WebEnvironment,
     WebEnvironmentError,
     WebObservation,
+    WebThought,
     _procs,
     parse_axtree,
 )
@@ -175,6 +176,21 @@ def test_action_errors_are_observations_and_the_episode_goes_on(env: WebEnvironm
     assert final.info["truncated_by"] == "final answer"
     over = env.react(tape.append(Click(bid="1")))
     assert "episode is over" in observations(over)[-1].last_action_error
+
+
+def test_several_actions_in_one_turn_get_one_observation_each(env: WebEnvironment) -> None:
+    tape = env.react(start_tape("enter-text", 3))
+    first = observations(tape)[-1]
+    lines = parse_axtree(first.axtree)
+    box = next(x for x in lines if x.role == "textbox")
+    submit = next(x for x in lines if x.role == "button")
+    text = first.goal.split('"')[1]
+    tape = env.react(
+        tape.extend([Fill(bid=box.bid, text=text), WebThought(text="then"), Click(bid=submit.bid)])
+    )
+    obs = observations(tape)
+    assert [o.step for o in obs] == [0, 1, 2]
+    assert f'value="{text}"' in obs[1].axtree and obs[2].reward == 1.0
 
 
 def test_step_limit_ends_the_episode(env: WebEnvironment) -> None:
