@@ -61,7 +61,9 @@ def studio_command(
     imports: list[str] = typer.Option(  # noqa: B008
         [], "--import", help="a module defining step classes of the stored tapes; repeatable"
     ),
-    create: bool = typer.Option(False, "--create", help="create the SQLite file if it does not exist"),
+    create: bool = typer.Option(
+        False, "--create", metavar="", help="create the SQLite file if it does not exist"
+    ),
 ) -> None:
     """Browse, diff, edit and resume the tapes of a store in your browser (the Studio)."""
     from tapekit._cli.common import project_on_path
@@ -81,7 +83,9 @@ def studio_command(
 
 def command() -> Any:
     """The click command behind ``app``, with the type column left empty for flags: typer
-    shows ``<bool>`` beside ``--json`` or ``--help``, which take no value. (Typer may vendor its
+    shows ``<bool>`` beside ``--json`` or ``--help``, which take no value. (``--create`` and
+    ``--retry-failed`` also say ``metavar=""`` themselves, so that ``app`` invoked directly, as
+    typer's test runner does, shows them without a type too.) (Typer may vendor its
     own click, so the walk reads attributes rather than checking click's classes.)"""
     root = typer.main.get_command(app)
     todo: list[Any] = [root]

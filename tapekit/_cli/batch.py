@@ -91,7 +91,7 @@ def batch_command(
         int | None, typer.Option("--max-loops", help="agent/environment rounds per tape")
     ] = None,
     retry_failed: Annotated[
-        bool, typer.Option("--retry-failed", help="run the tapes that failed last time again")
+        bool, typer.Option("--retry-failed", metavar="", help="run the tapes that failed last time again")
     ] = False,
     tape_class: Annotated[
         str | None, typer.Option("--tape-class", help="module:attr of the tape class (default: Tape)")
