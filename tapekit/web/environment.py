@@ -153,9 +153,9 @@ class _Runner:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def stop(self) -> None:
-        if self.loop.is_closed():
+        if self.loop.is_closed() or threading.current_thread() is self.thread:
             return
-        if self.loop.is_running() and threading.current_thread() is not self.thread:
+        if self.loop.is_running():
             # a few turns of the loop: closed subprocess transports finish their callbacks
             with contextlib.suppress(Exception):
                 self.submit(asyncio.sleep(0.05)).result(timeout=5)
@@ -183,20 +183,31 @@ class _Leftovers:
     playwright: Any = None
 
     def clean(self) -> None:
+        """Kill the browser, stop Playwright's driver and the loop thread. Runs in whatever
+        thread collects the environment, the loop's own included (then it cannot wait there)."""
         _kill_marked(self.marker)
-        runner = self.runner
-        if (
-            self.playwright is not None
-            and runner is not None
-            and runner.loop.is_running()
-            and threading.current_thread() is not runner.thread
-        ):  # let Playwright close its driver, so that nothing is left to the loop's garbage
+        runner, playwright = self.runner, self.playwright
+        if runner is not None and threading.current_thread() is runner.thread:
+            runner.loop.create_task(self._finish_in_loop(playwright))
+            return
+        if playwright is not None and runner is not None and runner.loop.is_running():
+            # let Playwright close its driver, so that nothing is left to the loop's garbage
             with contextlib.suppress(Exception):
-                runner.submit(self.playwright.stop()).result(timeout=10)
-        if self.driver_pid is not None and _procs.alive(self.driver_pid):
-            _procs.kill_tree(self.driver_pid)
+                runner.submit(playwright.stop()).result(timeout=10)
+        self._kill_driver()
         if runner is not None:
             runner.stop()
+
+    def _kill_driver(self) -> None:
+        if self.driver_pid is not None and _procs.alive(self.driver_pid):
+            _procs.kill_tree(self.driver_pid)
+
+    async def _finish_in_loop(self, playwright: Any) -> None:
+        if playwright is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(playwright.stop(), 10)
+        self._kill_driver()
+        asyncio.get_running_loop().stop()
 
 
 class WebEnvironment(Environment):
