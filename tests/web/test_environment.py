@@ -306,6 +306,23 @@ def test_an_environment_dropped_without_closing_leaves_no_process() -> None:
     assert wait_dead([*pids, driver]) == []
 
 
+def test_the_finaliser_also_works_from_the_browser_loop_thread() -> None:
+    """Garbage collection can run the finaliser in the loop thread itself: it must not wait there."""
+    env = WebEnvironment(max_concurrent=1)
+    env.react(start_tape("focus-text", 1))
+    pids = env.browser_pids()
+    driver = _procs.parent(pids[0])
+
+    async def collected_here() -> None:
+        env._leftovers.clean()
+
+    env._call(collected_here()).result(timeout=30)
+    assert wait_dead([*pids, driver]) == []  # type: ignore[list-item]
+    assert env._runner is not None
+    env._runner.thread.join(timeout=15)
+    assert not env._runner.thread.is_alive()
+
+
 def test_async_context_manager_closes_the_browser() -> None:
     async def run() -> list[int]:
         async with WebEnvironment(max_concurrent=1) as env:
