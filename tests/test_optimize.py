@@ -285,3 +285,21 @@ def test_no_optimiser_goes_over_the_budget(budget: int) -> None:
     both = optimize(make_agent(), TRAIN, VAL, exact, optimizer=optimizers, budget=budget)
     assert both.rollouts_used <= budget
     assert both.rollouts_used == len(VAL) + sum(r.rollouts for r in both.runs)
+
+
+def test_a_teacher_bootstraps_the_demo_pool_and_its_rollouts_are_counted() -> None:
+    # the teacher doubles every number (a stronger policy); left to itself the student's own
+    # training tapes pass only on even numbers, the teacher's pass on all of them
+    teacher_llm = FunctionLLM(
+        fn=lambda p: f"Reasoning: double it\nAnswer: {2 * int(p.messages[-1]['content'].split()[-1])}"
+    )
+    teacher = make_agent(teacher_llm).model_copy(update={"name": "teacher"})
+    result = optimize(
+        make_agent(), TRAIN, VAL, exact, optimizer=AddDemos(max_demos=6, teacher=teacher), budget=20
+    )
+    demos = optimisable_nodes(result.agent)["doubler.answer"].demos  # type: ignore[attr-defined]
+    numbers = sorted(int(d.inputs["question"].split()[-1]) for d in demos)
+    assert numbers == [2, 3, 4, 5, 6, 8]  # odd numbers too: these came from the teacher's tapes
+    assert all(d.outputs["answer"] == str(2 * int(d.inputs["question"].split()[-1])) for d in demos)
+    assert result.rollouts_used == len(VAL) + len(TRAIN) + len(VAL)  # the teacher's runs count
+    assert result.best.mean() == 1.0

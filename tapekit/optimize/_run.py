@@ -155,11 +155,17 @@ class Search:
 
     def run(self, params: Params, tasks: list[Task], candidate_id: str, split: str = "train") -> EvalReport:
         """Evaluate the configuration ``params`` on ``tasks`` (counted against this share)."""
+        return self.run_agent(self.agent_with(params), tasks, candidate_id, split)
+
+    def run_agent(
+        self, agent: Agent, tasks: list[Task], candidate_id: str, split: str = "train"
+    ) -> EvalReport:
+        """Evaluate another agent (a teacher) on ``tasks``, counted against this share."""
         if len(tasks) > self.left:
             raise BudgetExhausted(
                 f"optimiser {self.name!r}: {len(tasks)} rollouts needed, {self.left} left of its share"
             )
-        report = self.judge.evaluate(self.agent_with(params), tasks, candidate_id, split)
+        report = self.judge.evaluate(agent, tasks, candidate_id, split)
         self.used += len(tasks)
         return report
 

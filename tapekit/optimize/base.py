@@ -18,7 +18,7 @@ from tapekit.core import Tape
 from tapekit.evaluate import EvalReport, SampleResult
 from tapekit.optimize._run import Search
 
-__all__ = ["Optimizer", "RunView", "demos_from_report", "node_runs", "render_run"]
+__all__ = ["Optimizer", "RunView", "demos_from_report", "demos_from_teacher", "node_runs", "render_run"]
 
 
 class Optimizer(BaseModel):
@@ -83,6 +83,43 @@ def demos_from_report(agent: Agent, report: EvalReport, targets: list[str]) -> d
             if key not in seen:
                 seen.add(key)
                 pool[run.target].append(demo)
+    return pool
+
+
+def demos_from_teacher(
+    agent: Agent, teacher: Agent, report: EvalReport, targets: list[str]
+) -> dict[str, list[Any]]:
+    """Demos for ``agent``'s ``targets`` from the passed tapes of ``teacher`` (DSPy's teacher
+    bootstrapping): each run of a teacher node feeds the targets whose node has the same name,
+    or every target when the teacher has one node. The target node's ``extract_demo`` reads
+    the teacher's run, so it must understand the teacher's steps (e.g. the web agent reads
+    the programmatic web teacher's). Runs it cannot read are skipped."""
+    from tapekit.optimize._targets import optimisable_nodes
+
+    nodes = optimisable_nodes(agent)
+    pool: dict[str, list[Any]] = {t: [] for t in targets}
+    seen: set[str] = set()
+    primary = report.scorers[0]
+    single = len(teacher.nodes) == 1 and not teacher.subagents
+    for sample in report.samples:
+        if not sample.scores[primary].passed or sample.error:
+            continue
+        tape = report.tapes[sample.tape_id]
+        for node, index in teacher.get_node_runs(tape):
+            for target in targets:
+                student = nodes[target]
+                extract = getattr(student, "extract_demo", None)
+                if extract is None or not (single or node.name == student.name):
+                    continue
+                try:  # the agent that ran it is the teacher's member, as for the student's own runs
+                    author = tape.steps[index].metadata.agent
+                    demo = extract(teacher.root.find_agent(author) if author else teacher, tape, index)
+                except Exception:
+                    continue
+                key = f"{target}|{demo.model_dump_json() if isinstance(demo, BaseModel) else demo!r}"
+                if key not in seen:
+                    seen.add(key)
+                    pool[target].append(demo)
     return pool
 
 

@@ -5,6 +5,10 @@
   ``max_demos`` of them per node.
 - :class:`BootstrapFewShot` makes the same pool, then runs a seeded random search over demo
   sets (sizes 1..``max_demos``) and keeps the set with the best validation score.
+
+Both take an optional ``teacher`` agent: the pool then comes from the teacher's passed tapes on
+the training tasks (a stronger policy, a programmatic one, a larger model), read by the target
+nodes' ``extract_demo``. The teacher's rollouts count against the budget like any other.
 """
 
 from __future__ import annotations
@@ -12,20 +16,29 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from pydantic import ConfigDict
+
+from tapekit.agent import Agent
 from tapekit.optimize._run import Search
 from tapekit.optimize._targets import NodeParams, Params
-from tapekit.optimize.base import Optimizer, demos_from_report
+from tapekit.optimize.base import Optimizer, demos_from_report, demos_from_teacher
 
 __all__ = ["AddDemos", "BootstrapFewShot", "bootstrap_pool"]
 
 
-def bootstrap_pool(search: Search, params: Params | None = None) -> dict[str, list[Any]]:
+def bootstrap_pool(
+    search: Search, params: Params | None = None, teacher: Agent | None = None
+) -> dict[str, list[Any]]:
     """Run the training tasks (as many as the budget allows after one validation) with
-    ``params`` (the base agent's own by default) and collect demos from the passed tapes."""
+    ``params`` (the base agent's own by default), or with ``teacher`` when given, and collect
+    demos from the passed tapes."""
     params = params if params is not None else search.baseline.params
     n = min(len(search.trainset), search.left - len(search.valset))
     if n <= 0:
         return {t: [] for t in search.targets}
+    if teacher is not None:
+        report = search.run_agent(teacher, search.trainset[:n], "teacher", "train")
+        return demos_from_teacher(search.agent_with(params), teacher, report, search.targets)
     source = search.baseline.id if params is search.baseline.params else search.new_id()
     report = search.run(params, search.trainset[:n], source, "train")
     return demos_from_report(search.agent_with(params), report, search.targets)
@@ -45,13 +58,17 @@ def _sample(pool: dict[str, list[Any]], k: int, rng: random.Random) -> dict[str,
 
 class AddDemos(Optimizer):
     """Demos from the runs of successful training tapes (the paper's ``add_demos``): at most
-    ``max_demos`` per target node, picked at random (seeded) when there are more."""
+    ``max_demos`` per target node, picked at random (seeded) when there are more. With
+    ``teacher``, the tapes are the teacher's."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     max_demos: int = 4
+    teacher: Agent | None = None
 
     def search(self, search: Search) -> None:
         """Bootstrap the demo pool, then validate one demo set."""
-        pool = bootstrap_pool(search)
+        pool = bootstrap_pool(search, teacher=self.teacher)
         if not any(pool.values()):
             return
         chosen = _sample(pool, self.max_demos, search.rng)
@@ -60,14 +77,18 @@ class AddDemos(Optimizer):
 
 class BootstrapFewShot(Optimizer):
     """Random search over demo sets from the bootstrapped pool: up to ``n_candidates`` sets of
-    1..``max_demos`` demos per target (seeded), each scored on the validation tasks."""
+    1..``max_demos`` demos per target (seeded), each scored on the validation tasks. With
+    ``teacher``, the pool comes from the teacher's tapes."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     max_demos: int = 4
     n_candidates: int = 6
+    teacher: Agent | None = None
 
     def search(self, search: Search) -> None:
         """Bootstrap the pool, then validate random demo sets while the budget lasts."""
-        pool = bootstrap_pool(search)
+        pool = bootstrap_pool(search, teacher=self.teacher)
         if not any(pool.values()):
             return
         tried: set[str] = set()

