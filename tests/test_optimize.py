@@ -303,3 +303,35 @@ def test_a_teacher_bootstraps_the_demo_pool_and_its_rollouts_are_counted() -> No
     assert all(d.outputs["answer"] == str(2 * int(d.inputs["question"].split()[-1])) for d in demos)
     assert result.rollouts_used == len(VAL) + len(TRAIN) + len(VAL)  # the teacher's runs count
     assert result.best.mean() == 1.0
+
+
+def test_the_test_split_is_evaluated_once_after_the_choice_and_outside_the_budget() -> None:
+    test = tasks([11, 12, 13, 14, 15], "test")
+    calls: list[str] = []
+
+    def counting(prompt: Prompt) -> str:
+        calls.append(prompt.messages[-1]["content"])
+        return stand_in(prompt)
+
+    result = optimize(
+        make_agent(FunctionLLM(fn=counting)),
+        TRAIN,
+        VAL,
+        exact,
+        optimizer=AddDemos(max_demos=2),
+        budget=20,
+        testset=test,
+    )
+    assert result.rollouts_used == len(VAL) + len(TRAIN) + len(VAL)  # the test runs are not in it
+    assert len(calls) == result.rollouts_used + 2 * len(test)
+    assert result.test_baseline is not None and result.test_best is not None
+    assert result.test_baseline.mean_score().value == 0.4  # 12 and 14 only
+    assert result.test_best.mean_score().value == 1.0
+    diff = result.test_difference()
+    assert diff.value == pytest.approx(0.6) and diff.excludes_zero
+    assert "test before" in result.to_text() and "evaluated once" in result.to_text()
+    with pytest.raises(OptimizeError, match="shares task ids"):
+        optimize(make_agent(), TRAIN, VAL, exact, optimizer=AddDemos(), budget=20, testset=VAL[:1])
+    plain = optimize(make_agent(), TRAIN, VAL, exact, optimizer=AddDemos(), budget=20)
+    with pytest.raises(OptimizeError, match="no test split"):
+        plain.test_difference()

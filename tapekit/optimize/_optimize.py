@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tapekit._sync import run_sync
 from tapekit.agent import Agent
 from tapekit.core import new_id
-from tapekit.evaluate import Task
+from tapekit.evaluate import Estimate, EvalReport, Task, aevaluate
 from tapekit.optimize._run import BudgetExhausted, Candidate, Judge, Search
 from tapekit.optimize._targets import OptimizeError, read_params, resolve_targets, save_optimized, with_params
 from tapekit.optimize.base import Optimizer
@@ -48,6 +49,15 @@ class OptimizeResult:
     rollouts_used: int
     run_id: str
     scorers: list[str] = field(default_factory=list)
+    test_baseline: EvalReport | None = None
+    test_best: EvalReport | None = None
+
+    def test_difference(self, scorer: str | None = None) -> Estimate:
+        """The chosen candidate's test pass@1 minus the baseline's, paired by task with a
+        task-stratified bootstrap interval (:meth:`EvalReport.compare`). Needs ``testset``."""
+        if self.test_baseline is None or self.test_best is None:
+            raise OptimizeError("no test split: pass testset= to optimize() to get test figures")
+        return self.test_best.compare(self.test_baseline, scorer)
 
     def table(self, title: str | None = None) -> Any:
         """The before/after report as a rich table: the validation metric (each scorer) before
@@ -59,12 +69,21 @@ class OptimizeResult:
         for scorer in self.scorers:
             table.add_column(f"{scorer} before", justify="right")
             table.add_column(f"{scorer} after", justify="right")
+        if self.test_best is not None:
+            table.add_column("test before", justify="right")
+            table.add_column("test after", justify="right")
         table.add_column("candidates", justify="right")
         table.add_column("rollouts", justify="right")
         for run in self.runs:
             cells = []
             for scorer in self.scorers:
                 cells += [f"{self.baseline.mean(scorer):.3f}", f"{run.best.mean(scorer):.3f}"]
+            if self.test_baseline is not None and self.test_best is not None:
+                chosen = run.best is self.best
+                cells += [
+                    f"{self.test_baseline.mean_score().value:.3f}",
+                    f"{self.test_best.mean_score().value:.3f}" if chosen else "-",
+                ]
             table.add_row(
                 run.name + (" (error)" if run.error else ""),
                 *cells,
@@ -75,6 +94,11 @@ class OptimizeResult:
             f"{self.rollouts_used} of {self.budget} rollouts used; "
             f"{len(self.baseline.task_scores())} validation tasks"
         )
+        if self.test_baseline is not None:
+            table.caption += (
+                f"; test ({self.test_baseline.n_tasks} tasks, evaluated once, after the choice): "
+                f"after - before = {self.test_difference()}"
+            )
         return table
 
     def to_text(self, width: int = 140) -> str:
@@ -125,6 +149,7 @@ def optimize(
     *,
     environment: Any = None,
     run_id: str | None = None,
+    testset: Sequence[Task] | None = None,
     **batch_options: Any,
 ) -> OptimizeResult:
     """Optimise the instructions and demos of ``agent``'s optimisable nodes.
@@ -139,6 +164,10 @@ def optimize(
       ``optimize:<run_id>:candidate:<candidate id>``.
     - ``targets``: the nodes to optimise (``["agent.node", ...]``); all optimisable nodes by default.
     - ``environment``: answers the agent's actions (tools); ``batch_options`` go to the batch runner.
+    - ``testset``: tasks no choice is made on. After the best candidate is chosen on ``valset``,
+      the baseline and the chosen agent are evaluated once on them (``test_baseline``,
+      ``test_best``, :meth:`OptimizeResult.test_difference`); these rollouts are outside
+      ``budget``, and their tapes are tagged ``optimize:<run_id>:test``.
     """
     if environment is None:
         from tapekit.environment import ToolEnvironment
@@ -146,6 +175,14 @@ def optimize(
         environment = ToolEnvironment()
     train = _check_tasks(trainset, "trainset")
     val = _check_tasks(valset, "valset")
+    test = _check_tasks(testset, "testset") if testset is not None else None
+    if test is not None:
+        shared = {t.id for t in test} & {t.id for t in [*train, *val]}
+        if shared:
+            raise OptimizeError(
+                f"testset shares task ids with trainset/valset: {sorted(shared)[:5]}; a test split "
+                "must be disjoint from what choices are made on"
+            )
     optimizers = [optimizer] if isinstance(optimizer, Optimizer) else list(optimizer)
     if not optimizers or not all(isinstance(o, Optimizer) for o in optimizers):
         raise OptimizeError("optimizer must be an Optimizer or a non-empty list of them (AddDemos(), ...)")
@@ -188,8 +225,20 @@ def optimize(
     for run in runs:
         if run.best.mean() > best.mean():
             best = run.best
+    chosen = with_params(agent, best.params)
+    test_reports: list[EvalReport | None] = [None, None]
+    if test is not None:
+        for i, (who, candidate) in enumerate((("baseline", agent), (best.id, chosen))):
+            name = f"optimize/{run_id}/test-{'baseline' if i == 0 else 'best'}-{who}"
+            report = run_sync(
+                aevaluate(candidate, environment, test, metric, name=name, store=store, **batch_options)
+            )
+            if store is not None:
+                for sample in report.samples:
+                    store.add_tags(sample.tape_id, [f"optimize:{run_id}", f"optimize:{run_id}:test"])
+            test_reports[i] = report
     return OptimizeResult(
-        agent=with_params(agent, best.params),
+        agent=chosen,
         targets=names,
         baseline=baseline,
         runs=runs,
@@ -198,4 +247,6 @@ def optimize(
         rollouts_used=judge.used,
         run_id=run_id,
         scorers=scorers,
+        test_baseline=test_reports[0],
+        test_best=test_reports[1],
     )
