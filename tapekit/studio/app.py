@@ -7,7 +7,9 @@ that loads step details in place. Pages have stable URLs and work when opened di
 - ``/tapes/{id}``: one tape, 200 steps to a page, colour-coded by kind category;
 - ``/tapes/{id}/steps/{index}``: the same page with the step's details: its JSON, the exact
   prompt and output of the LLM call behind it (tokens, cost, latency), the tape view stack at
-  that step, and forms to edit or delete it;
+  that step, and forms to edit or delete it (a web observation also shows its page, its
+  accessibility tree and its screenshot);
+- ``/tapes/{id}/steps/{index}/screenshot.png``: a web observation's screenshot as a PNG;
 - ``/diff?a=ID&b=ID``: two tapes side by side, the first divergence highlighted;
 - ``/diff/batches?a=tag:X&b=tag:Y``: two batches of tapes paired by how they started;
 - ``/runs``: step or run a registered agent on a tape.

@@ -10,7 +10,15 @@ from fastapi import FastAPI, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from tapekit.store import TapeFilter, TapeInfo
-from tapekit.studio.data import root_agent_name, step_author, step_row, view_infos
+from tapekit.studio.data import (
+    root_agent_name,
+    screenshot_png,
+    shown_fields,
+    step_author,
+    step_row,
+    view_infos,
+    web_fields,
+)
 from tapekit.studio.pages import (
     STEPS_PER_PAGE,
     TAPES_PER_PAGE,
@@ -27,7 +35,8 @@ __all__ = ["add_browse_routes"]
 
 
 def add_browse_routes(app: FastAPI, studio: Studio) -> None:
-    """Add ``/``, ``/tapes``, ``/tapes/{id}`` and ``/tapes/{id}/steps/{index}`` to ``app``."""
+    """Add ``/``, ``/tapes``, ``/tapes/{id}``, ``/tapes/{id}/steps/{index}`` and
+    ``/tapes/{id}/steps/{index}/screenshot.png`` to ``app``."""
     store = studio.store
 
     @app.get("/", include_in_schema=False)
@@ -124,7 +133,8 @@ def add_browse_routes(app: FastAPI, studio: Studio) -> None:
             "step": step,
             "row": step_row(step, index),
             "author": step_author(step),
-            "json": json.dumps(step.llm_dict(), indent=2, ensure_ascii=False),
+            "json": json.dumps(shown_fields(step), indent=2, ensure_ascii=False),
+            "web": web_fields(step),
             "metadata": step.metadata.model_dump(mode="json"),
             "call": store.get_llm_call(pid) if pid else None,
             "run": run,
@@ -139,3 +149,18 @@ def add_browse_routes(app: FastAPI, studio: Studio) -> None:
     @app.get("/tapes/{tape_id}/steps/{index}", response_class=HTMLResponse)
     def step(request: Request, tape_id: str, index: int) -> Response:
         return tape_page(request, tape_id, index)
+
+    @app.get("/tapes/{tape_id}/steps/{index}/screenshot.png")
+    def screenshot(tape_id: str, index: int) -> Response:
+        """A web observation's screenshot as PNG bytes (404 when the step has no valid one)."""
+        info = studio.info(tape_id)
+        if not 0 <= index < info.n_steps:
+            raise PageError(
+                404, "No such step", f"Tape {tape_id!r} has {info.n_steps} steps; there is no step {index}."
+            )
+        png = screenshot_png(studio.steps(info, index, index + 1)[0])
+        if png is None:
+            message = f"Step {index} of tape {tape_id!r} has no screenshot (or not a valid PNG)."
+            raise PageError(404, "No screenshot", message)
+        # a stored step never changes: the browser may keep the image
+        return Response(png, media_type="image/png", headers={"cache-control": "private, max-age=86400"})

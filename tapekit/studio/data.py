@@ -4,6 +4,8 @@ escape everything they print)."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import threading
 from collections import OrderedDict
@@ -33,15 +35,96 @@ __all__ = [
     "lenient_step",
     "lenient_steps",
     "lenient_tape",
+    "restore_screenshot",
     "root_agent_name",
+    "screenshot_note",
+    "screenshot_png",
+    "shown_fields",
     "start_key",
     "step_author",
     "step_row",
     "step_summary",
     "view_infos",
+    "web_fields",
 ]
 
 SUMMARY_WIDTH = 240
+
+
+SCREENSHOT_KINDS = frozenset({"web_observation"})
+"""Step kinds whose ``screenshot`` field is a base64 PNG (``tapekit.web``'s observations)."""
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MAX_SCREENSHOT_BYTES = 20_000_000
+
+
+def screenshot_png(step: Step) -> bytes | None:
+    """The PNG bytes of a web observation's ``screenshot``; None when the step has none or it is
+    not valid base64 of a PNG (the Studio then shows no image rather than failing).
+
+    Works on :class:`UnknownStep` too (the step class not imported: the field is a raw extra).
+    """
+    if step.kind not in SCREENSHOT_KINDS:
+        return None
+    value = getattr(step, "screenshot", None)
+    if not isinstance(value, str) or not value or len(value) > MAX_SCREENSHOT_BYTES * 4 // 3 + 4:
+        return None
+    try:
+        png = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return png if png.startswith(PNG_SIGNATURE) else None
+
+
+def screenshot_note(step: Step) -> str | None:
+    """What the step's JSON shows instead of its base64 ``screenshot`` (None: nothing to elide)."""
+    if step.kind not in SCREENSHOT_KINDS:
+        return None
+    value = getattr(step, "screenshot", None)
+    if not isinstance(value, str) or not value:
+        return None
+    png = screenshot_png(step)
+    if png is None:
+        return f"<screenshot: {len(value)} characters, not a base64 PNG>"
+    size = f"{len(png)} B" if len(png) < 1024 else f"{round(len(png) / 1024)} KB"
+    return f"<screenshot: {size} PNG>"
+
+
+def shown_fields(step: Step) -> dict[str, Any]:
+    """The step's content (:meth:`Step.llm_dict`) as the Studio prints it: a web observation's
+    screenshot replaced by :func:`screenshot_note` (the image itself is served on its own URL)."""
+    fields = step.llm_dict()
+    note = screenshot_note(step)
+    if note is not None:
+        fields["screenshot"] = note
+    return fields
+
+
+def restore_screenshot(new: Step, old: Step) -> Step:
+    """``new`` (an edit of ``old`` from the step JSON box) with ``old``'s screenshot back when the
+    edit left the screenshot's note as it was shown; any other value is the user's."""
+    note = screenshot_note(old)
+    if note is None or new.kind != old.kind or getattr(new, "screenshot", None) != note:
+        return new
+    return new.model_copy(update={"screenshot": getattr(old, "screenshot", None)})
+
+
+WEB_FIELDS = ("url", "title", "goal", "reward", "done", "truncated", "step", "last_action_error")
+
+
+def web_fields(step: Step) -> dict[str, Any] | None:
+    """A web observation's fields for its own panel section (None for other steps): the page's
+    URL and title, the goal, reward and episode state, the action's error, the accessibility
+    tree, the task and the task's info; whether there is a viewable screenshot."""
+    if step.kind not in SCREENSHOT_KINDS:
+        return None
+    data = step.llm_dict()
+    out = {name: data.get(name) for name in WEB_FIELDS}
+    out["axtree"] = data.get("axtree") or ""
+    out["task"] = f"{data.get('task', '?')} (seed {data.get('seed', '?')})"
+    out["info"] = data.get("info") or {}
+    out["screenshot"] = screenshot_note(step)
+    out["has_png"] = screenshot_png(step) is not None
+    return out
 
 
 def step_summary(step: Step, width: int = SUMMARY_WIDTH) -> str:
@@ -50,13 +133,15 @@ def step_summary(step: Step, width: int = SUMMARY_WIDTH) -> str:
         text = f"calls {step.agent_name}: {step.content}"
     elif isinstance(step, Respond):
         text = f"responds: {step.content}"
+    elif step.kind in SCREENSHOT_KINDS and not isinstance(step, UnknownStep):
+        text = _web_summary(step)
     elif isinstance(step, UnknownStep):
-        fields = {k: v for k, v in step.llm_dict().items() if k != "kind"}
+        fields = {k: v for k, v in shown_fields(step).items() if k != "kind"}
         text = "(step class not loaded: start the Studio with --import MODULE) " + json.dumps(
             fields, ensure_ascii=False, default=str
         )
     else:
-        fields = step.llm_dict()
+        fields = shown_fields(step)
         fields.pop("kind", None)
         fields = {k: v for k, v in fields.items() if v not in (None, "", [], {})}
         if len(fields) == 1:
@@ -65,6 +150,24 @@ def step_summary(step: Step, width: int = SUMMARY_WIDTH) -> str:
             text = " · ".join(f"{k}: {_text(v)}" for k, v in fields.items())
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _web_summary(step: Step) -> str:
+    """A web observation's gist: the page, the episode's state, the action's error, the goal
+    (the accessibility tree and the screenshot are in the step's panel)."""
+    web = web_fields(step) or {}
+    parts = [f"step {web['step']}: {web['url'] or web['title'] or '(no page)'}"]
+    if web["done"] or web["reward"]:
+        parts.append(f"reward {web['reward']:g}")
+    if web["truncated"]:
+        parts.append("truncated")
+    elif web["done"]:
+        parts.append("done")
+    if web["last_action_error"]:
+        parts.append(f"error: {web['last_action_error']}")
+    if web["goal"]:
+        parts.append(f"goal: {web['goal']}")
+    return " · ".join(parts)
 
 
 def _text(value: Any) -> str:
@@ -122,6 +225,7 @@ class StepRow:
     prompt_id: str
     run_start: bool
     tokens: str = ""
+    screenshot: bool = False
 
 
 def step_row(step: Step, index: int, run_start: bool = False, call: LLMCall | None = None) -> StepRow:
@@ -136,6 +240,7 @@ def step_row(step: Step, index: int, run_start: bool = False, call: LLMCall | No
         prompt_id=step.metadata.prompt_id,
         run_start=run_start,
         tokens=tokens,
+        screenshot=screenshot_png(step) is not None,
     )
 
 

@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from tapekit.core import Tape
+from tapekit.studio.data import restore_screenshot
 from tapekit.studio.pages import PageError, Studio, read_form, tape_url
 from tapekit.studio.runs import (
     NothingToDoError,
@@ -47,6 +48,7 @@ def add_edit_routes(app: FastAPI, studio: Studio) -> None:
             new = parse_step(form.get("step", ""), source.steps[index].metadata)
         except StepInputError as e:
             raise PageError(400, "Invalid step", str(e)) from None
+        new = restore_screenshot(new, source.steps[index])  # the JSON box shows a note, not the PNG
         child = edited_tape(source, index, new, keep_rest=form.get("keep_rest") == "on")
         return await save_child(child, index)
 
