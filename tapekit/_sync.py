@@ -27,10 +27,23 @@ def _loop_running() -> bool:
     return True
 
 
+async def _kept(coro: Coroutine[Any, Any, _T], box: list[_T]) -> None:
+    box.append(await coro)
+
+
 def run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
-    """Run a coroutine to completion from sync code and return its result."""
+    """Run a coroutine to completion from sync code and return its result.
+
+    The result is handed back through a list, not as the main task's result: at its end,
+    ``asyncio.run`` in the main thread reads the SIGINT handler it installed, and Python's
+    ``signal.getsignal`` then builds the ``repr`` of that handler, of the finished task and of
+    the task's result. For a long tape or a large report that repr costs time proportional to
+    its size on every sync call (86 ms per call at 4,000 steps, measured by bench/web_agent.py).
+    """
     if not _loop_running():
-        return asyncio.run(coro)
+        box: list[_T] = []
+        asyncio.run(_kept(coro, box))
+        return box[0]
     result: list[Any] = []
 
     def target() -> None:
