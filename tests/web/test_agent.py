@@ -333,3 +333,24 @@ def test_embedded_smollm2_acts_on_real_pages_under_the_page_grammar(env: Any) ->
             elif hasattr(step, "bid") and obs is not None:  # every bid it names is on the page it saw
                 assert f"[{step.bid}]" in obs.axtree
         assert reward_scorer(tape).value in (0.0, 1.0)
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING))
+def test_agent_tapes_replay_and_resume_from_every_cut(env: Any) -> None:
+    from tapekit import replay_tape
+
+    def clicks_then_answers(prompt: Prompt) -> str:  # a wrong click first, then the right one
+        user = prompt.messages[-1]["content"]
+        return answer("click('3')") if "Actions so far" not in user else page_reader(prompt)
+
+    agent = web_agent(FunctionLLM(fn=clicks_then_answers))
+    full = main_loop(agent, start_tape("click-button", 100_003), env).get_final_tape()
+    assert reward_scorer(full).passed
+    assert replay_tape(agent, full).ok  # the recorded observations stand in for the browser
+    calls = [s.call() for s in full.steps if hasattr(s, "call")]
+    for cut in range(1, len(full)):
+        resumed = main_loop(agent, full[:cut], env).get_final_tape()
+        assert resumed.metadata.error is None, (cut, resumed.metadata.error)
+        assert [s.call() for s in resumed.steps if hasattr(s, "call")] == calls, cut
+        assert reward_scorer(resumed).passed, cut
