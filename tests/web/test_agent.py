@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tapekit import Agent, FunctionLLM, LLMOutput, Prompt, ScriptedLLM, Tape, evaluate, main_loop
-from tapekit.core import StepSequence, StopStep, ToolCallRequest
+from tapekit.core import SetNextNode, StepSequence, StopStep, ToolCallRequest
 from tapekit.optimize import AddDemos, optimisable_nodes, optimize
 from tapekit.structured import LLMOutputParsingFailure
 from tapekit.web import (
@@ -240,6 +240,27 @@ def test_native_tool_calls() -> None:
     node = agent.nodes[0]
     rebuilt = node.make_llm_output(agent, main_loop(agent, tape_of(observation())).get_final_tape(), 3)
     assert rebuilt.tool_calls and rebuilt.tool_calls[0].name == "fill"
+
+
+def test_over_http_to_an_openai_compatible_server_tools_and_json() -> None:
+    from tapekit.llm import OpenAICompatibleLLM
+    from tests.scripted_openai import scripted_openai_server
+
+    with scripted_openai_server() as (url, requests):
+        llm = OpenAICompatibleLLM(model_name="m", base_url=url, api_key="k")
+        steps = run_once(web_agent(llm, output="tools"), tape_of(observation()))
+        # the scripted server calls the first tool (click) with the first number of the message
+        assert isinstance(steps[-1], Click) and steps[-1].bid == "3"
+        assert [t["function"]["name"] for t in requests[0]["tools"]][:2] == ["click", "fill"]
+        # JSON mode: the server answers prose; every answer is kept as a failure, then it stops
+        steps = run_once(web_agent(llm, constrain="json", max_retries=1), tape_of(observation()))
+        assert [type(s).__name__ for s in steps if not isinstance(s, SetNextNode)] == [
+            "LLMOutputParsingFailure",
+            "LLMOutputParsingFailure",
+            "StopStep",
+        ]
+        schema = requests[-1]["response_format"]["json_schema"]["schema"]
+        assert schema["properties"]["action"] == {"type": "string"}  # no pattern for such servers
 
 
 # --------------------------------------------------------------------------- training text and demos
