@@ -3,7 +3,8 @@
 - strict: the agent's final answer is written exactly as ``Answer: <integer>`` and the integer
   is the expected one;
 - lenient: the expected number appears (as a whole number) anywhere in what the agent wrote:
-  its plan, its calculator calls or its final line, whatever the format;
+  its plan, its calculator calls or its final line, whatever the format (in the final line only
+  when the question itself holds that number);
 - steps (:func:`step_credit`, a reward for RL, not a measure): partial credit for the
   calculator calls that follow the problem's own operations, in order, plus the strict answer.
 
@@ -16,7 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tapekit import AssistantThought, Tape, ToolCall
+from tapekit import AssistantThought, Tape, ToolCall, UserStep
 from tapekit.evaluate import EvalReport, Score, Task, evaluate
 
 from .agents import MathAnswer, MathPlan, calculator_environment, start_tape
@@ -53,10 +54,24 @@ def _written(tape: Tape[Any, Any]) -> str:
     return "\n".join(parts)
 
 
+def _has_number(text: str, number: str) -> bool:
+    return re.search(rf"(?<![\d.]){re.escape(number)}(?![\d.])", text) is not None
+
+
 def lenient(tape: Tape[Any, Any], task: Task) -> Score:
-    """Pass when the expected number appears anywhere in the agent's own writing."""
-    found = re.search(rf"(?<![\d.]){re.escape(str(task.expected))}(?![\d.])", _written(tape)) is not None
-    return Score(value=float(found), passed=found, feedback=None if found else "number not written")
+    """Pass when the expected number appears anywhere in the agent's own writing; when the
+    question itself holds that number, only in the final answer (copying a number out of the
+    question is not solving it)."""
+    expected = str(task.expected)
+    question = next((str(s.content) for s in tape.steps if isinstance(s, UserStep)), "")
+    if _has_number(question, expected):
+        answer = _answer(tape)
+        found = answer is not None and _has_number(answer.text, expected)
+        why = "number in the question; not in the final answer"
+    else:
+        found = _has_number(_written(tape), expected)
+        why = "number not written"
+    return Score(value=float(found), passed=found, feedback=None if found else why)
 
 
 SCORERS = {"strict": strict, "lenient": lenient}
