@@ -149,19 +149,21 @@ def parse_yes_no(text: str) -> bool:
 
 
 def _history_line(step: Step) -> str | None:
-    if isinstance(step, UserStep):
-        return f"User: {step.content}"
-    if isinstance(step, PromptUserForTextMessageAction):
-        return f"Assistant: {step.prompt}"
-    if isinstance(step, ExitAction):
-        return f"Assistant (leaving the conversation): {step.text}"
-    if isinstance(step, CallFunctionAction):
-        return f"Assistant submitted the form {step.function}."
-    if isinstance(step, FunctionResult):
-        return f"Submission result: {step.error or step.result}"
-    if isinstance(step, FunctionSchemaObservation):
-        return f"(The assistant imported the documentation of {step.function}.)"
-    return None
+    match step:
+        case UserStep():
+            return f"User: {step.content}"
+        case PromptUserForTextMessageAction():
+            return f"Assistant: {step.prompt}"
+        case ExitAction():
+            return f"Assistant (leaving the conversation): {step.text}"
+        case CallFunctionAction():
+            return f"Assistant submitted the form {step.function}."
+        case FunctionResult():
+            return f"Submission result: {step.error or step.result}"
+        case FunctionSchemaObservation():
+            return f"(The assistant imported the documentation of {step.function}.)"
+        case _:
+            return None
 
 
 def selected_schema(turn: AgentTurn) -> FunctionSchema | None:

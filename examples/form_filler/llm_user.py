@@ -55,15 +55,17 @@ _BOOKKEEPING = ("behavior", "intent")  # in every user step's facts, not somethi
 
 
 def _dialogue_line(step: Step) -> str | None:
-    if isinstance(step, UserStep):
-        return f"User: {step.content}"
-    if isinstance(step, PromptUserForTextMessageAction):
-        return f"Assistant: {step.prompt}"
-    if isinstance(step, ExitAction):
-        return f"Assistant (leaving): {step.text}"
-    if isinstance(step, CallFunctionAction):
-        return f"(The assistant submitted the form {step.function}.)"
-    return None
+    match step:
+        case UserStep():
+            return f"User: {step.content}"
+        case PromptUserForTextMessageAction():
+            return f"Assistant: {step.prompt}"
+        case ExitAction():
+            return f"Assistant (leaving): {step.text}"
+        case CallFunctionAction():
+            return f"(The assistant submitted the form {step.function}.)"
+        case _:
+            return None
 
 
 def render_dialogue(tape: Tape[Any, Any]) -> str:

@@ -31,6 +31,7 @@ __all__ = [
     "FunctionCandidates",
     "FunctionResult",
     "FunctionSchemaObservation",
+    "FunctionThought",
     "GatherValuesThought",
     "InspectFunctionAction",
     "NoAnswerInFunctionSchemaThought",
@@ -53,18 +54,22 @@ __all__ = [
 # --------------------------------------------------------------------------- thoughts
 
 
-class AnswerFromFunctionSchemaThought(Thought):
+class FunctionThought(Thought):
+    """A thought about one form, ``function`` (the base of the thoughts that name a form)."""
+
+    function: str
+
+
+class AnswerFromFunctionSchemaThought(FunctionThought):
     """Plans to answer the user's question from the form's documentation."""
 
     kind: Literal["answer_from_function_schema"] = "answer_from_function_schema"
-    function: str
 
 
-class NoAnswerInFunctionSchemaThought(Thought):
+class NoAnswerInFunctionSchemaThought(FunctionThought):
     """Plans to tell the user that the form's documentation does not answer their question."""
 
     kind: Literal["no_answer_in_function_schema"] = "no_answer_in_function_schema"
-    function: str
 
 
 class RefuseInexistentFunctionThought(Thought):
@@ -73,20 +78,18 @@ class RefuseInexistentFunctionThought(Thought):
     kind: Literal["refuse_inexistent_function"] = "refuse_inexistent_function"
 
 
-class RefuseInvalidFunctionParameterValueThought(Thought):
+class RefuseInvalidFunctionParameterValueThought(FunctionThought):
     """Plans to tell the user that ``parameter_value`` is not valid for ``parameter``."""
 
     kind: Literal["refuse_invalid_function_parameter_value"] = "refuse_invalid_function_parameter_value"
-    function: str
     parameter: str
     parameter_value: Any
 
 
-class RefuseSkippingParameterThought(Thought):
+class RefuseSkippingParameterThought(FunctionThought):
     """Plans to tell the user that the required ``parameter`` cannot be skipped."""
 
     kind: Literal["refuse_skipping_parameter"] = "refuse_skipping_parameter"
-    function: str
     parameter: str
 
 
@@ -96,11 +99,10 @@ class RefuseToEngageThought(Thought):
     kind: Literal["refuse_to_engage"] = "refuse_to_engage"
 
 
-class GatherValuesThought(Thought):
+class GatherValuesThought(FunctionThought):
     """The raw parameter values found in the user's last message (the teacher's first node)."""
 
     kind: Literal["gather_values"] = "gather_values"
-    function: str
     parameters: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -114,20 +116,18 @@ class ParameterCheck(BaseModel):
     explanation: str = ""
 
 
-class VerifyValuesThought(Thought):
+class VerifyValuesThought(FunctionThought):
     """The validity of each gathered value (the teacher's second node)."""
 
     kind: Literal["verify_values"] = "verify_values"
-    function: str
     parameters: dict[str, ParameterCheck] = Field(default_factory=dict)
 
 
-class UpdateFunctionParametersThought(Thought):
+class UpdateFunctionParametersThought(FunctionThought):
     """Sets parameters to NEW values (``assign``) and skips NEW optional ones (``skip``), from
     the user's last message only; the form's state is the fold of these thoughts."""
 
     kind: Literal["update_function_parameters"] = "update_function_parameters"
-    function: str
     assign: dict[str, Any] = Field(default_factory=dict)
     skip: list[str] = Field(default_factory=list)
 
@@ -139,20 +139,18 @@ class RequestFunctionThought(Thought):
     functions: list[str] = Field(default_factory=list)
 
 
-class RequestFunctionParametersThought(Thought):
+class RequestFunctionParametersThought(FunctionThought):
     """Plans to ask the user for one parameter (``parameters`` holds exactly one name)."""
 
     kind: Literal["request_function_parameters"] = "request_function_parameters"
-    function: str
     parameters: list[str] = Field(min_length=1, max_length=1)
 
 
-class RequestFunctionCallConfirmationThought(Thought):
+class RequestFunctionCallConfirmationThought(FunctionThought):
     """Plans to ask the user to confirm the submission; only once every parameter is filled or
     skipped."""
 
     kind: Literal["request_function_call_confirmation"] = "request_function_call_confirmation"
-    function: str
 
 
 class RequestExitConfirmationThought(Thought):

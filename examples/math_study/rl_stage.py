@@ -75,6 +75,28 @@ class RLStageSettings:
     out: Path = field(default_factory=lambda: Path("rl-out"))
 
 
+_SAME_AS_RL_RUN_CONFIG = (
+    "tasks_per_step",
+    "group_size",
+    "temperature",
+    "max_tokens",
+    "learning_rate",
+    "curriculum",
+    "sec_temperature",
+    "sec_alpha",
+    "scale_rewards",
+    "ppo_epochs",
+    "negative_scale",
+    "minibatches",
+    "max_grad_norm",
+    "mode",
+    "max_staleness",
+    "seed",
+)
+"""The settings passed to :class:`~tapekit.training.rl_loop.RLRunConfig` as they are, under the
+same names."""
+
+
 @dataclass
 class RLStageResult:
     """The stage's evaluations and step records."""
@@ -188,25 +210,11 @@ def rl_stage(
         output_dir=str(settings.out),
         run_name=f"math-{settings.curriculum}",
         steps=settings.max_steps,
-        tasks_per_step=settings.tasks_per_step,
-        group_size=settings.group_size,
-        temperature=settings.temperature,
-        max_tokens=settings.max_tokens,
         max_loops=MAX_LOOPS,
-        learning_rate=settings.learning_rate,
-        curriculum=settings.curriculum,  # type: ignore[arg-type]
         fixed_order=easy_to_hard(settings.arms, setup.tasks),
-        sec_temperature=settings.sec_temperature,
-        sec_alpha=settings.sec_alpha,
-        scale_rewards=settings.scale_rewards,
-        ppo_epochs=settings.ppo_epochs,
-        negative_scale=settings.negative_scale,
-        minibatches=settings.minibatches,
-        max_grad_norm=settings.max_grad_norm,
-        mode=settings.mode,  # type: ignore[arg-type]
-        max_staleness=settings.max_staleness,
-        seed=settings.seed,
         checkpoint=False,
+        # RLRunConfig checks these (the literals of curriculum and mode included)
+        **{name: getattr(settings, name) for name in _SAME_AS_RL_RUN_CONFIG},
     )
     evals: list[tuple[int, float, float]] = []
     budget = StopAfter(seconds=settings.seconds)  # training time: the evaluations are not counted
