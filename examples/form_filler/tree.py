@@ -26,6 +26,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, PositiveInt
+
 from examples.form_filler.behaviors import BEHAVIOR_NAMES, applicable_behaviors
 from examples.form_filler.environment import FormFillerEnvironment
 from examples.form_filler.llm_user import LLMUser
@@ -43,23 +45,19 @@ __all__ = ["GREETING", "Branch", "Tree", "TreeSettings", "grow_tree", "root_tape
 GREETING = "Hi, how can I help you?"
 
 
-@dataclass(frozen=True)
-class TreeSettings:
+class TreeSettings(BaseModel):
     """The shape of a tree: ``intents`` roots, ``branching`` behaviours drawn after each
     assistant message, at most ``beam_width`` branches per level, dialogues of at most
-    ``max_turns`` messages (both sides, the paper's 18)."""
+    ``max_turns`` messages (both sides, the paper's 18). Counts below 1 are refused."""
 
-    intents: int = 10
-    branching: int = 3
-    beam_width: int = 60
-    max_turns: int = 18
+    model_config = ConfigDict(frozen=True)
+
+    intents: PositiveInt = 10
+    branching: PositiveInt = 3
+    beam_width: PositiveInt = 60
+    max_turns: PositiveInt = 18
     seed: int = 0
-    max_concurrency: int = 16
-
-    def __post_init__(self) -> None:
-        for name in ("intents", "branching", "beam_width", "max_turns"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TreeSettings.{name} must be at least 1, got {getattr(self, name)}")
+    max_concurrency: PositiveInt = 16
 
 
 @dataclass(frozen=True)
