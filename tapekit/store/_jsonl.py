@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from tapekit.core import Step, Tape
 from tapekit.llm.base import LLMCall
+from tapekit.store._prompts import PromptEncoder
 from tapekit.store._writes import TapeRows, TapeWrite, Write, call_write, check_id, check_tags, serialised
 from tapekit.store.base import TapeInfo
 
@@ -97,10 +98,12 @@ class Import:
     tape_ids: list[str] = field(default_factory=list)
 
 
-def read_import(path: str | Path, stored_length: Callable[[str], int]) -> Import:
+def read_import(path: str | Path, stored_length: Callable[[str], int], prompts: PromptEncoder) -> Import:
     """Read and check every line of the export ``path``: the writes that store it in a store
     where ``stored_length(tape_id)`` steps of each tape are stored already (only the steps
-    beyond those are written). A bad line is a ``ValueError`` naming the file and line."""
+    beyond those are written), the LLM calls' prompts encoded by ``prompts`` (a fresh encoder:
+    the import is committed as a whole or not at all). A bad line is a ``ValueError`` naming
+    the file and line."""
     found = Import()
     header_seen = False
     for number, _, item in read_jsonl_lines(path):
@@ -117,7 +120,7 @@ def read_import(path: str | Path, stored_length: Callable[[str], int]) -> Import
                 found.writes.append(write)
                 found.tape_ids.append(write.tape_id)
             elif kind == "llm_call":
-                found.writes.append(call_write(LLMCall.model_validate(item["call"])))
+                found.writes.append(call_write(LLMCall.model_validate(item["call"]), prompts))
             else:
                 raise ValueError(f"unknown line type {kind!r}")
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError, ValidationError) as e:

@@ -14,6 +14,7 @@ from operator import itemgetter
 from typing import Any
 
 from tapekit.llm.base import LLMCall
+from tapekit.store._prompts import resolve_rows
 from tapekit.store._writer import QueuedTapeStore
 from tapekit.store._writes import CallWrite, TagWrite, TapeRows, Write, call_from_row
 from tapekit.store.base import TapeFilter, TapeInfo, Totals
@@ -67,6 +68,13 @@ SCHEMA = [
     PRIMARY KEY (tape_id, tag)
 )""",
     "CREATE INDEX IF NOT EXISTS tape_tags_tag ON tape_tags(tag, tape_id)",
+    # the parts of LLM calls' prompts, each stored once (see _prompts.py): a message node (prev:
+    # the node before it, NULL for the first message) or a tools list / response schema
+    """CREATE TABLE IF NOT EXISTS prompt_parts (
+    hash TEXT PRIMARY KEY,
+    prev TEXT,
+    body TEXT NOT NULL
+)""",
 ]
 
 # token ids of LLM calls (tapekit/store/_tokens.py), added to older files when they are opened
@@ -102,6 +110,14 @@ UPSERT_CALL = (
     "prompt_tokens=excluded.prompt_tokens, output_tokens=excluded.output_tokens, cost=excluded.cost, "
     "latency_s=excluded.latency_s, timestamp=excluded.timestamp, token_meta=excluded.token_meta, "
     "token_data=excluded.token_data"
+)
+INSERT_PART = "INSERT INTO prompt_parts (hash, prev, body) VALUES (?,?,?) ON CONFLICT DO NOTHING"
+# the parts named and every node before them (UNION, not UNION ALL: a node shared by several
+# chains is walked once)
+_SELECT_PARTS = (
+    "WITH RECURSIVE chain(hash, prev) AS (SELECT hash, prev FROM prompt_parts WHERE hash IN ({}) "
+    "UNION SELECT p.hash, p.prev FROM prompt_parts p JOIN chain c ON p.hash = c.prev) "
+    "SELECT p.hash, p.prev, p.body FROM chain c JOIN prompt_parts p ON p.hash = c.hash"
 )
 ADD_TAG = "INSERT INTO tape_tags (tape_id, tag) VALUES (?,?) ON CONFLICT DO NOTHING"
 REMOVE_TAG = "DELETE FROM tape_tags WHERE tape_id = ? AND tag = ?"
@@ -162,6 +178,7 @@ class SQLTapeStore(QueuedTapeStore):
 
     def _commit(self, conn: Any, writes: list[Write]) -> None:
         calls: list[tuple[Any, ...]] = []
+        parts: dict[str, tuple[Any, ...]] = {}
         steps: list[tuple[Any, ...]] = []
         # a session saved after every step queues many writes of one tape: only the last one's
         # metadata is written (with the first one's creation time), the steps of all of them
@@ -178,6 +195,8 @@ class SQLTapeStore(QueuedTapeStore):
         for w in writes:
             if isinstance(w, CallWrite):
                 calls.append(w.row)
+                for part in w.parts:
+                    parts[part[0]] = part
             elif isinstance(w, TagWrite):
                 tag(REMOVE_TAG if w.remove else ADD_TAG, [(w.tape_id, t) for t in w.tags])
             elif isinstance(w, TapeRows):
@@ -194,12 +213,25 @@ class SQLTapeStore(QueuedTapeStore):
         calls.sort(key=_FIRST)
         steps.sort(key=_FIRST_TWO)
         statements = [
+            (INSERT_PART, [parts[h] for h in sorted(parts)]),
             (UPSERT_CALL, calls),
             (UPSERT_TAPE, [(*w.tape, created, w.updated) for _, (w, created) in sorted(tapes.items())]),
             (IMPORT_TAPE, [(*w.tape, w.created, w.updated) for _, w in sorted(imports.items())]),
             (INSERT_STEP, steps),
         ]
         self._transaction(conn, [(sql, rows) for sql, rows in [*statements, *tag_ops] if rows])
+
+    def _salvage(self, conn: Any, writes: list[Write]) -> None:
+        """Store the prompt parts of ``writes``, which failed: the encoder counts them as
+        stored, and later prompts refer to them. If even that fails, the encoder forgets what
+        it handed out, so that later prompts bring all their parts."""
+        parts = {p[0]: p for w in writes if isinstance(w, CallWrite) for p in w.parts}
+        if not parts:
+            return
+        try:
+            self._transaction(conn, [(INSERT_PART, [parts[h] for h in sorted(parts)])])
+        except Exception:
+            self._prompts.forget()
 
     # ------------------------------------------------------------------ reads
 
@@ -297,9 +329,11 @@ class SQLTapeStore(QueuedTapeStore):
         return [r[0] for r in rows]
 
     def _select_llm_calls(self, prompt_ids: Sequence[str] | None) -> Iterator[LLMCall]:
+        parts: dict[str, tuple[str | None, str]] = {}  # prompt parts read so far: hash -> (prev, body)
         if prompt_ids is None:
-            for row in self._fetch(f"SELECT {_CALL_COLUMNS} FROM llm_calls ORDER BY timestamp, prompt_id"):
-                yield call_from_row(row)
+            rows = self._fetch(f"SELECT {_CALL_COLUMNS} FROM llm_calls ORDER BY timestamp, prompt_id")
+            for i in range(0, len(rows), _CHUNK):
+                yield from self._calls_of(rows[i : i + _CHUNK], parts)
             return
         for i in range(0, len(prompt_ids), _CHUNK):
             chunk = list(prompt_ids[i : i + _CHUNK])
@@ -308,8 +342,23 @@ class SQLTapeStore(QueuedTapeStore):
                 "ORDER BY timestamp, prompt_id",
                 chunk,
             )
-            for row in rows:
-                yield call_from_row(row)
+            yield from self._calls_of(rows, parts)
+
+    def _calls_of(
+        self, rows: list[tuple[Any, ...]], parts: dict[str, tuple[str | None, str]]
+    ) -> Iterator[LLMCall]:
+        """The calls of ``rows``, their prompt parts read into ``parts`` first."""
+        resolve_rows((r[2] for r in rows), self._select_parts, parts)
+        for row in rows:
+            yield call_from_row(row, parts)
+
+    def _select_parts(self, hashes: Sequence[str]) -> list[tuple[Any, ...]]:
+        """The ``prompt_parts`` rows of ``hashes`` and of every node before them."""
+        out: list[tuple[Any, ...]] = []
+        for i in range(0, len(hashes), _CHUNK):
+            chunk = list(hashes[i : i + _CHUNK])
+            out.extend(self._fetch(_SELECT_PARTS.format(",".join("?" * len(chunk))), chunk))
+        return out
 
     def _select_llm_call_ids(self, model: str | None) -> list[str]:
         sql, args = "SELECT prompt_id FROM llm_calls", []

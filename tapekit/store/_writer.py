@@ -68,6 +68,10 @@ class QueuedTapeStore(TapeStore):
     def _close_readers(self) -> None:
         """Close the connections used for reading."""
 
+    def _salvage(self, conn: Any, writes: list[Write]) -> None:
+        """Called with the writes of an item the database refused on its own: store what later
+        writes rely on (the SQL stores: its prompt parts)."""
+
     def _start_writer(self) -> None:
         """Start the writer thread; backends call this at the end of ``__init__``."""
         name = f"tapekit-{type(self).__name__}-writer"
@@ -168,12 +172,14 @@ class QueuedTapeStore(TapeStore):
         except Exception as e:
             if len(items) == 1:
                 self._failed_writes.append(f"{describe(items[0])}: {type(e).__name__}: {e}")
+                self._salvage(conn, flat(items))
                 return
         for item in items:
             try:
                 self._commit(conn, flat([item]))
             except Exception as e:
                 self._failed_writes.append(f"{describe(item)}: {type(e).__name__}: {e}")
+                self._salvage(conn, flat([item]))
 
     def pending_writes(self) -> int:
         """How many queued writes the background writer has not committed yet (what a recorded

@@ -11,12 +11,13 @@ does not keep thousands of objects alive for the garbage collector to scan over 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tapekit.core import Step, TapeMetadata
 from tapekit.llm.base import LLMCall
+from tapekit.store._prompts import Part, PromptEncoder, prompt_json
 from tapekit.store._text import check_text, model_json
 from tapekit.store._tokens import decode_tokens, encode_tokens
 
@@ -79,11 +80,13 @@ class TapeRows:
 class CallWrite:
     """A completed LLM call as its ``llm_calls`` row, ``(prompt_id, model, prompt, output,
     prompt_tokens, output_tokens, cost, latency_s, timestamp, token_meta, token_data)`` (prompt
-    and output as JSON, token ids in their stored form, see ``_tokens.py``), to upsert by prompt
-    id; :func:`call_from_row` reads it back."""
+    in its reference form and ``parts`` the ``prompt_parts`` rows it needs that were not queued
+    before, see ``_prompts.py``; output as JSON; token ids in their stored form, see
+    ``_tokens.py``), to upsert by prompt id; :func:`call_from_row` reads it back."""
 
     prompt_id: str
     row: tuple[Any, ...]
+    parts: list[Part]
 
 
 @dataclass(slots=True)
@@ -134,18 +137,19 @@ def flat(items: list[Write | WriteGroup]) -> list[Write]:
     return [w for item in items for w in (item.writes if isinstance(item, WriteGroup) else [item])]
 
 
-def call_write(call: LLMCall) -> CallWrite:
+def call_write(call: LLMCall, prompts: PromptEncoder) -> CallWrite:
     """The write of ``call``, serialised and checked here (a ``ValueError`` names what the
-    database could not store)."""
+    database could not store); its prompt as ``prompts`` (the store's encoder) encodes it, which
+    then counts its parts as queued: queue the write, or call ``prompts.forget()``."""
     what = f"the LLM call {call.prompt.id!r}"
     check_text(call.prompt.id, f"{what}: its prompt id")
     check_text(call.model, f"{what}: its model name")
-    prompt = model_json(call.prompt, f"{what}: its prompt")
     output = model_json(call.output, f"{what}: its output")
     try:
         token_meta, token_data = encode_tokens(call.tokens)
     except ValueError as e:
         raise ValueError(f"{what} cannot be stored: {e}") from None
+    prompt, parts = prompts.encode(call.prompt, f"{what}: its prompt")  # last: nothing fails after it
     row = (
         call.prompt.id,
         call.model,
@@ -159,15 +163,17 @@ def call_write(call: LLMCall) -> CallWrite:
         token_meta,
         token_data,
     )
-    return CallWrite(call.prompt.id, row)
+    return CallWrite(call.prompt.id, row, parts)
 
 
-def call_from_row(row: Sequence[Any]) -> LLMCall:
-    """The :class:`LLMCall` stored as ``row`` (the row of a :class:`CallWrite`)."""
+def call_from_row(row: Sequence[Any], parts: Mapping[str, tuple[str | None, str]]) -> LLMCall:
+    """The :class:`LLMCall` stored as ``row`` (the row of a :class:`CallWrite`); ``parts``
+    (``{hash: (prev, body)}``) holds the prompt parts it refers to (none for a row of the old
+    form, which holds the whole prompt)."""
     _, model, prompt, output, pt, ot, cost, latency, ts, token_meta, token_data = row
     call = LLMCall.model_validate(
         {
-            "prompt": json.loads(prompt),
+            "prompt": json.loads(prompt_json(prompt, parts)),
             "output": json.loads(output),
             "model": model,
             "prompt_tokens": pt,

@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 from tapekit.core import Step, Tape, TapeMetadata
 from tapekit.errors import TapekitError
 from tapekit.llm.base import LLMCall
+from tapekit.store._prompts import PromptEncoder
 from tapekit.store._writes import TagWrite, TapeWrite, Write, WriteGroup, call_write, serialised
 from tapekit.store._writes import check_id as _check_id
 from tapekit.store._writes import check_tags as _check_tags
@@ -246,6 +247,7 @@ class TapeStore(ABC):
     def __init__(self) -> None:
         self._known_lengths: dict[str, int] = {}  # steps saved by this object, per tape
         self._closed = False
+        self._prompts = PromptEncoder()  # LLM calls' prompts as shared parts (see _prompts.py)
 
     # ------------------------------------------------------------------ backend: writing
 
@@ -397,9 +399,13 @@ class TapeStore(ABC):
         replaces it)."""
         if not isinstance(call, LLMCall):
             raise TypeError(f"save_llm_call needs an LLMCall, not {type(call).__name__}")
-        write = call_write(call)
-        self._check_open()
-        self._submit(write)
+        write = call_write(call, self._prompts)
+        try:
+            self._check_open()
+            self._submit(write)
+        except BaseException:
+            self._prompts.forget()  # its parts were not queued: later prompts must bring them
+            raise
 
     def add_tags(self, tape_id: str, tags: Iterable[str]) -> None:
         """Add ``tags`` to the stored tape ``tape_id`` (tags it has already are kept once)."""
@@ -636,7 +642,7 @@ class TapeStore(ABC):
         from tapekit.store._jsonl import read_import
 
         self._check_open()
-        found = read_import(path, self._saved_length)
+        found = read_import(path, self._saved_length, PromptEncoder())
         if found.writes:
             self._submit(WriteGroup(found.writes))
         self.flush()

@@ -95,6 +95,7 @@ class MemoryStore(TapeStore):
         self._lock = threading.RLock()
         self._tapes: dict[str, _StoredTape] = {}
         self._calls: dict[str, tuple[Any, ...]] = {}  # prompt id -> row (see CallWrite)
+        self._parts: dict[str, tuple[str | None, str]] = {}  # prompt parts: hash -> (prev, body)
 
     def __repr__(self) -> str:
         return f"MemoryStore({len(self._tapes)} tapes, {len(self._calls)} LLM calls)"
@@ -110,6 +111,8 @@ class MemoryStore(TapeStore):
 
     def _apply(self, w: Write) -> None:
         if isinstance(w, CallWrite):
+            for h, prev, body in w.parts:
+                self._parts.setdefault(h, (prev, body))
             self._calls[w.prompt_id] = w.row
         elif isinstance(w, TagWrite):
             stored = self._tapes.get(w.tape_id)
@@ -200,7 +203,7 @@ class MemoryStore(TapeStore):
             else:
                 rows = [self._calls[p] for p in dict.fromkeys(prompt_ids) if p in self._calls]
         rows.sort(key=lambda r: (r[8], r[0]))
-        return (call_from_row(row) for row in rows)
+        return (call_from_row(row, self._parts) for row in rows)
 
     def _select_llm_call_ids(self, model: str | None) -> list[str]:
         with self._lock:

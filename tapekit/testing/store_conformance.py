@@ -21,7 +21,8 @@ or, without pytest, :func:`run_conformance` (``run_conformance(MyStore)`` raises
 
 What is checked: saving and reading tapes (typed steps and context, every metadata field, a
 save is a snapshot, a growing tape writes only its new steps), tags, every :class:`TapeFilter`
-field with paging and counting, ancestry, LLM calls (token ids included) and totals, JSONL
+field with paging and counting, ancestry, LLM calls (token ids included; long conversations
+read back byte for byte) and totals, JSONL
 export and import (round trip, subsets, a bad line stores nothing), the errors (a missing tape,
 bad arguments, text no database can hold, a closed store) and one store shared by threads.
 Several processes on one database, crashes and a database that refuses a committed row are the
@@ -677,6 +678,66 @@ def check_one_store_is_shared_by_threads(make_store: StoreFactory, tmp: Path) ->
         _equal(store.totals("agent")["agent3"]["calls"], 29, "totals of one thread's agent")
 
 
+def check_long_conversations_read_back_byte_identical(make_store: StoreFactory, tmp: Path) -> None:
+    """LLM calls whose prompts hold a whole conversation (shared FrozenMessage dicts, as
+    ``view_to_messages`` makes them) read back byte for byte (``model_dump_json``): every turn,
+    a fork of the conversation, a trailing instruction, a message object reused after other
+    messages, equal messages that serialise differently (key order, ``1`` and ``1.0``), tools,
+    a response schema, no messages at all; by ``get_llm_call``, listed, and through JSONL."""
+    from tapekit.core import FrozenMessage
+
+    system = FrozenMessage({"role": "system", "content": "you add ü 😀"})
+    again = FrozenMessage({"role": "user", "content": "again"})  # reused after other messages
+    tools: list[dict[str, Any]] = [
+        {"type": "function", "function": {"name": "add", "parameters": {"x": 1.0}}}
+    ]
+    prompts: list[Prompt] = []
+    conversation: list[Any] = [system, FrozenMessage({"role": "user", "content": "start"})]
+    for turn in range(40):
+        prompts.append(Prompt(id=f"main-{turn}", messages=list(conversation), tools=tools))
+        if turn % 7 == 3:  # the conversation plus an instruction that is not kept
+            hint = FrozenMessage({"role": "user", "content": f"hint {turn}"})
+            prompts.append(Prompt(id=f"hint-{turn}", messages=[*conversation, hint, again]))
+        request = {"id": f"c{turn}", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+        conversation.append(FrozenMessage({"role": "assistant", "content": None, "tool_calls": [request]}))
+        conversation.append(FrozenMessage({"role": "tool", "tool_call_id": f"c{turn}", "content": str(turn)}))
+        if turn == 20:  # a fork: another continuation of the first 20 turns
+            fork = [
+                *conversation[:-1],
+                FrozenMessage({"role": "tool", "tool_call_id": "c20", "content": "x"}),
+            ]
+            prompts.append(Prompt(id="fork", messages=[*fork, again], response_schema={"type": "object"}))
+    plain = [{"role": "user", "content": "n", "n": 1}, {"content": "n", "role": "user", "n": 1.0}]
+    prompts += [
+        Prompt(id="plain-a", messages=plain[:1], tools=[]),
+        Prompt(id="plain-b", messages=plain[1:] + plain[:1]),
+        Prompt(id="again-first", messages=[again, system]),
+        Prompt(id="frozen-a", messages=[system, *map(FrozenMessage, plain[:1])]),
+        Prompt(id="frozen-b", messages=[system, *map(FrozenMessage, plain[1:])]),
+        Prompt(id="empty"),
+    ]
+    calls = [
+        LLMCall(prompt=p, output=LLMOutput(content=f"a {n}"), model="m", timestamp=1000.0 + n)
+        for n, p in enumerate(prompts)
+    ]
+    expected = {c.prompt.id: c.model_dump_json() for c in calls}
+    with make_store() as store:
+        for call in calls:
+            store.save_llm_call(call)
+        for call in calls:
+            got = store.get_llm_call(call.prompt.id)
+            _equal(got.model_dump_json() if got else None, expected[call.prompt.id], f"call {call.prompt.id}")
+        _equal(store.list_llm_calls(), [c.prompt.id for c in calls], "the calls, oldest first")
+        store.export_jsonl(tmp / "calls.jsonl")
+    with make_store() as other:
+        other.import_jsonl(tmp / "calls.jsonl")
+        for call in calls:
+            got = other.get_llm_call(call.prompt.id)
+            _equal(
+                got.model_dump_json() if got else None, expected[call.prompt.id], f"imported {call.prompt.id}"
+            )
+
+
 CHECKS: tuple[Check, ...] = (
     check_a_recorded_session_round_trips,
     check_a_typed_tape_keeps_its_context_step_classes_and_metadata,
@@ -688,6 +749,7 @@ CHECKS: tuple[Check, ...] = (
     check_ancestry_and_descendants,
     check_every_step_leads_to_its_exact_llm_call,
     check_llm_calls_keep_every_field_and_token_ids,
+    check_long_conversations_read_back_byte_identical,
     check_totals_by_agent_node_and_tape,
     check_jsonl_round_trips_exactly_and_imports_once,
     check_jsonl_export_of_some_tapes_with_or_without_calls,
