@@ -49,13 +49,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--held-out-seeds", type=int, default=None, help="test seeds per held-out task")
     p.add_argument("--candidates", type=int, default=None, help="demo sets BootstrapFewShot scores")
     p.add_argument("--max-demos", type=int, default=4)
-    p.add_argument("--concurrency", type=int, default=2, help="episodes at once")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="episodes at once (1: on 2 cores, a second episode slows llama.cpp more than it saves)",
+    )
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
     p.add_argument("--teacher-url", default=None, help="an OpenAI-compatible /v1 URL for the teacher")
     p.add_argument("--teacher-model", default=None, help="the teacher model's name at --teacher-url")
     p.add_argument("--store", default=None, help="keep every tape in this store (a path or URL)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--optimize-id",
+        default="web-agent",
+        help="optimize()'s run id; with --store, a rerun resumes the evaluations already stored",
+    )
     args = p.parse_args(argv)
     if bool(args.teacher_url) != bool(args.teacher_model):
         p.error("--teacher-url and --teacher-model go together")
@@ -169,6 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             budget=budget,
             store=store,
             seed=args.seed,
+            run_id=args.optimize_id,
             environment=env,
             max_concurrency=args.concurrency,
         )
