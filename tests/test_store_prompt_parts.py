@@ -258,3 +258,37 @@ def test_a_refused_call_leaves_its_parts_for_the_next_prompts(tmp_path: Path) ->
         got = store.get_llm_call("good")
         assert got is not None and got.prompt.model_dump_json() == following.model_dump_json()
         assert store.get_llm_call("bad") is None
+
+
+def test_growing_token_ids_are_stored_once(tmp_path: Path) -> None:
+    """A conversation's calls whose prompt ids extend the previous call's store each id once:
+    every call adds one node of its new ids (base64 of uint16, ~2.7 bytes an id) and keeps only
+    its output ids in ``token_data``; the old form held every call's whole prompt ids."""
+    from tapekit.llm.base import TokenTrace
+
+    turns, per_turn = 200, 50
+    path = tmp_path / "ids.db"
+    ids: list[int] = list(range(100))
+    calls = []
+    encoder = PromptEncoder()
+    with SQLiteStore(path) as store:
+        for turn in range(turns):
+            output = [1000 + turn] * 10
+            trace = TokenTrace(prompt_ids=list(ids), output_ids=output, output_logprobs=[-0.25] * 10)
+            call = LLMCall(prompt=Prompt(id=f"p{turn}"), output=LLMOutput(content="x"), tokens=trace)
+            calls.append(call)
+            write = call_write(call, encoder)
+            assert len([p for p in write.parts if p[2].startswith("t2:")]) == 1
+            store.save_llm_call(call)
+            ids = [*ids, *output, *range(turn, turn + per_turn - len(output))]
+        for call in calls:
+            got = store.get_llm_call(call.prompt.id)
+            assert got is not None and got.tokens == call.tokens
+    db = sqlite3.connect(path)
+    data = db.execute("SELECT SUM(LENGTH(token_data)) FROM llm_calls").fetchone()[0]
+    nodes = db.execute("SELECT SUM(LENGTH(body)) FROM prompt_parts WHERE body LIKE 't2:%'").fetchone()[0]
+    db.close()
+    assert data == turns * (10 * 2 + 10 * 4)  # output ids (uint16) and log-probs (float32) only
+    assert nodes < 3 * len(ids) + 4 * turns  # each prompt id once (base64 of 2 bytes) and a prefix
+    whole = sum(len(c.tokens.prompt_ids) * 2 for c in calls if c.tokens)  # the old form's ids
+    assert nodes * 20 < whole

@@ -348,7 +348,7 @@ class SQLTapeStore(QueuedTapeStore):
         self, rows: list[tuple[Any, ...]], parts: dict[str, tuple[str | None, str]]
     ) -> Iterator[LLMCall]:
         """The calls of ``rows``, their prompt parts read into ``parts`` first."""
-        resolve_rows((r[2] for r in rows), self._select_parts, parts)
+        resolve_rows([(r[2], r[9]) for r in rows], self._select_parts, parts)
         for row in rows:
             yield call_from_row(row, parts)
 

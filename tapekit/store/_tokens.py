@@ -8,6 +8,12 @@ float32; ``token_meta`` (TEXT) is a short JSON object with the counts, the width
 strings (tokenizer fingerprint, policy version, finish reason). A call without ids has NULL in
 both. Encoding is one ``struct.pack`` of the ids (about twice as fast as filling an ``array``
 from a list) and decoding one ``array`` conversion: no per-token Python work.
+
+A call saved now keeps its prompt ids as prompt parts (``_prompts.py``: a conversation's calls,
+whose prompt ids grow turn by turn, share them): ``token_meta`` then has a ``prompt_node`` key
+naming their last node (null for no ids) and ``token_data`` holds the output ids and the
+log-probabilities only (:func:`encode_tokens_apart`). Rows without that key hold the prompt ids
+in ``token_data`` (:func:`encode_tokens`, the earlier form) and read as before.
 """
 
 from __future__ import annotations
@@ -16,12 +22,14 @@ import json
 import struct
 import sys
 from array import array
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
 from tapekit.llm.base import TokenTrace
+from tapekit.store._prompts import ids_of
 
-__all__ = ["decode_tokens", "encode_tokens"]
+__all__ = ["decode_tokens", "encode_tokens", "encode_tokens_apart"]
 
 _SWAP = sys.byteorder != "little"
 _ID_TYPES = {2: "H", 4: "i"}  # id_bytes -> array typecode
@@ -73,12 +81,59 @@ def encode_tokens(trace: TokenTrace | None) -> tuple[str | None, bytes | None]:
     return meta, data
 
 
-def decode_tokens(meta: str | None, data: Any) -> TokenTrace | None:
-    """The trace stored as ``(token_meta, token_data)``; None when there is none."""
+def encode_tokens_apart(trace: TokenTrace) -> Callable[[str | None], tuple[str, bytes]]:
+    """``trace``'s output ids checked and packed now (a ``ValueError`` for an id outside
+    int32), and the function that makes its ``(token_meta, token_data)`` once its prompt ids
+    are stored as prompt parts ending at a node (``_prompts.py``): then ``token_meta`` has the
+    ``prompt_node`` key and ``token_data`` holds the output ids (and log-probabilities) only, so
+    a conversation's calls, whose prompt ids grow turn by turn, do not store them again."""
+    try:
+        width, data = 2, struct.pack(f"<{len(trace.output_ids)}H", *trace.output_ids)
+    except struct.error:
+        try:
+            width, data = 4, struct.pack(f"<{len(trace.output_ids)}i", *trace.output_ids)
+        except struct.error as e:
+            raise ValueError(f"its token ids cannot be stored: every id must be an int32 ({e})") from None
+    logprobs = trace.output_logprobs
+    if logprobs is not None:
+        data += _bytes(array("f", logprobs))
+
+    def finish(prompt_node: str | None) -> tuple[str, bytes]:
+        meta = (
+            f'{{"n_prompt":{len(trace.prompt_ids)},"n_output":{len(trace.output_ids)},'
+            f'"logprobs":{"true" if logprobs is not None else "false"},"id_bytes":{width},'
+            f'"prompt_node":{json.dumps(prompt_node)},'
+            + _meta_tail(trace.tokenizer, trace.policy_version, trace.finish_reason)
+        )
+        return meta, data
+
+    return finish
+
+
+def prompt_node_of(meta: str | None) -> str | None:
+    """The node of the prompt ids that ``token_meta`` refers to (None: the ids are in
+    ``token_data``, or there are none)."""
+    if meta is None or '"prompt_node":"' not in meta:
+        return None
+    node: str | None = json.loads(meta).get("prompt_node")
+    return node
+
+
+def decode_tokens(
+    meta: str | None, data: Any, parts: Mapping[str, tuple[str | None, str]] | None = None
+) -> TokenTrace | None:
+    """The trace stored as ``(token_meta, token_data)``; None when there is none. With a
+    ``prompt_node`` in ``token_meta``, the prompt ids come from ``parts`` (``{hash: (prev,
+    body)}``, see ``_prompts.py``)."""
     if meta is None or data is None:
         return None
     info = json.loads(meta)
     n_prompt, n_output = info["n_prompt"], info["n_output"]
+    apart = "prompt_node" in info
+    prompt_ids: list[int] | None = None
+    if apart:
+        prompt_ids = ids_of(info["prompt_node"], parts or {}, n_prompt)
+        n_prompt = 0
     width = info.get("id_bytes", 4)
     if width not in _ID_TYPES:
         raise ValueError(f"token_meta has id_bytes={width!r}; expected 2 or 4")
@@ -96,7 +151,7 @@ def decode_tokens(meta: str | None, data: Any) -> TokenTrace | None:
     if _SWAP:
         ids.byteswap()
     return TokenTrace.model_construct(
-        prompt_ids=ids[:n_prompt].tolist(),
+        prompt_ids=ids[:n_prompt].tolist() if prompt_ids is None else prompt_ids,
         output_ids=ids[n_prompt:].tolist(),
         output_logprobs=logprobs,
         tokenizer=info["tokenizer"],

@@ -19,7 +19,7 @@ from tapekit.core import Step, TapeMetadata
 from tapekit.llm.base import LLMCall
 from tapekit.store._prompts import Part, PromptEncoder, prompt_json
 from tapekit.store._text import check_text, model_json
-from tapekit.store._tokens import decode_tokens, encode_tokens
+from tapekit.store._tokens import decode_tokens, encode_tokens_apart
 
 __all__ = [
     "CallWrite",
@@ -145,11 +145,19 @@ def call_write(call: LLMCall, prompts: PromptEncoder) -> CallWrite:
     check_text(call.prompt.id, f"{what}: its prompt id")
     check_text(call.model, f"{what}: its model name")
     output = model_json(call.output, f"{what}: its output")
+    token_meta = token_data = None
     try:
-        token_meta, token_data = encode_tokens(call.tokens)
+        # the prompt ids become prompt parts (shared with the conversation's other calls)
+        finish = None if call.tokens is None else encode_tokens_apart(call.tokens)
+        prompt_ids = None if call.tokens is None else call.tokens.prompt_ids
+        # last: nothing fails after it (it counts its parts as queued)
+        prompt, parts, ids_node = prompts.encode(call.prompt, f"{what}: its prompt", prompt_ids)
     except ValueError as e:
+        if "its token ids" not in str(e):
+            raise
         raise ValueError(f"{what} cannot be stored: {e}") from None
-    prompt, parts = prompts.encode(call.prompt, f"{what}: its prompt")  # last: nothing fails after it
+    if finish is not None:
+        token_meta, token_data = finish(ids_node)
     row = (
         call.prompt.id,
         call.model,
@@ -183,7 +191,7 @@ def call_from_row(row: Sequence[Any], parts: Mapping[str, tuple[str | None, str]
             "timestamp": ts,
         }
     )
-    call.tokens = decode_tokens(token_meta, token_data)
+    call.tokens = decode_tokens(token_meta, token_data, parts)
     return call
 
 

@@ -683,7 +683,8 @@ def check_long_conversations_read_back_byte_identical(make_store: StoreFactory, 
     ``view_to_messages`` makes them) read back byte for byte (``model_dump_json``): every turn,
     a fork of the conversation, a trailing instruction, a message object reused after other
     messages, equal messages that serialise differently (key order, ``1`` and ``1.0``), tools,
-    a response schema, no messages at all; by ``get_llm_call``, listed, and through JSONL."""
+    a response schema, no messages at all; with token ids that grow from call to call; by
+    ``get_llm_call``, listed, and through JSONL."""
     from tapekit.core import FrozenMessage
 
     system = FrozenMessage({"role": "system", "content": "you add ü 😀"})
@@ -720,6 +721,21 @@ def check_long_conversations_read_back_byte_identical(make_store: StoreFactory, 
         LLMCall(prompt=p, output=LLMOutput(content=f"a {n}"), model="m", timestamp=1000.0 + n)
         for n, p in enumerate(prompts)
     ]
+    # token ids that grow from call to call (stored apart, shared): the previous ids, its
+    # output and a tool result; every fifth call retokenises the last id before, wide ids
+    # (over 16 bits) now and then, log-probabilities on some, and no prompt ids at all
+    ids: list[int] = [1, 2, 3]
+    previous = 0  # how many prompt ids the call before had
+    for n, call in enumerate(calls[:-1]):
+        output = [100 + n, 70_000 + n] if n % 6 == 4 else [100 + n]
+        if n % 5 == 3:  # the last id of the call before changes: only the one before it is shared
+            ids[previous - 1] = 9
+        previous = len(ids)
+        call.tokens = TokenTrace(
+            prompt_ids=list(ids), output_ids=output, output_logprobs=[-0.5] * len(output) if n % 2 else None
+        )
+        ids = [*ids, *output, 7, 8]
+    calls[-1].tokens = TokenTrace(prompt_ids=[], output_ids=[5])
     expected = {c.prompt.id: c.model_dump_json() for c in calls}
     with make_store() as store:
         for call in calls:
