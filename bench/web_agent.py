@@ -88,11 +88,13 @@ def real_steps(db: str) -> dict[str, dict[str, float]]:
     """Per evaluation name prefix: median model latency, tokens and browser seconds per step."""
     rows: dict[str, dict[str, list[float]]] = {}
     with open_store(db) as store:
-        for info in store.list_tapes():
-            tape = store.get(info.id)
-            group = next((t for t in info.tags if t.startswith(("web/test/", "web/val/"))), None)
+        for info in store.list_tape_infos():
+            group = next(
+                (t.split(":")[1] for t in info.tags if t.startswith("eval:") and t.count(":") == 1), None
+            )
             if group is None:
                 continue
+            tape = store.get_tape(info.id)
             agg = rows.setdefault(
                 group, {"model_s": [], "prompt_tokens": [], "output_tokens": [], "browser_s": []}
             )
