@@ -31,3 +31,12 @@ if [ -z "${TAPEKIT_SKIP_TRANSFORMERS:-}" ]; then
     python -c "import torch" 2>/dev/null || python -m pip install "torch==2.13.0"
     python -m pip install -e "$root[train]"
 fi
+
+# Stock BrowserGym, for the tapekit/BrowserGym reward-equivalence test and `bench/web.py
+# --browsergym` (not a dependency of tapekit.web). --no-deps because browsergym-core 0.14.3 pins
+# playwright==1.44 (the project needs >= 1.45) and pulls mcp[cli]; it runs on the newer
+# Playwright, which the equivalence test checks. Set TAPEKIT_SKIP_BROWSERGYM=1 to skip.
+if [ -z "${TAPEKIT_SKIP_BROWSERGYM:-}" ]; then
+    python -m pip install --no-deps "browsergym-core==0.14.3" "browsergym-miniwob==0.14.3" \
+        beautifulsoup4 soupsieve "lxml<6" pyparsing
+fi
