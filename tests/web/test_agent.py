@@ -21,6 +21,7 @@ from tapekit.web import (
     Fill,
     OpenTask,
     WebAbort,
+    WebAction,
     WebAgentNode,
     WebObservation,
     WebThought,
@@ -375,3 +376,26 @@ def test_agent_tapes_replay_and_resume_from_every_cut(env: Any) -> None:
         assert resumed.metadata.error is None, (cut, resumed.metadata.error)
         assert [s.call() for s in resumed.steps if hasattr(s, "call")] == calls, cut
         assert reward_scorer(resumed).passed, cut
+
+
+@pytest.mark.train
+def test_the_model_training_produces_runs_the_agent(tmp_path: Any) -> None:
+    """TransformersLLM (the backend a trained student is served with) behind the web agent: an
+    untrained tiny model writes no valid answer, so each try is kept and the episode stops."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tapekit.llm import TransformersLLM
+    from tapekit.training.tiny import make_tiny
+
+    texts = [render_observation(observation(), []), answer("click('12')"), TREE] * 20
+    make_tiny(texts, path=tmp_path / "tiny")
+    llm = TransformersLLM(model_path=str(tmp_path / "tiny"), device="cpu", max_tokens=12)
+    agent = web_agent(llm, constrain="none", max_retries=1)
+    steps = run_once(agent, tape_of(observation()))
+    failures = [s for s in steps if isinstance(s, LLMOutputParsingFailure)]
+    last = steps[-1]
+    if isinstance(last, StopStep):  # what an untrained model does: two tries kept, then a stop
+        assert len(failures) == 2 and "could not be parsed" in last.reason
+    else:  # a lucky valid answer is an action on the page
+        assert isinstance(last, WebAction) and len(failures) <= 1
+    assert all(s.raw is not None for s in steps if isinstance(s, LLMOutputParsingFailure))
