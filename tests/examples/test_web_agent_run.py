@@ -24,12 +24,26 @@ MISSING = [
     )
     if not ok
 ]
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(bool(MISSING), reason="needs " + ", ".join(MISSING)),
-]
+needs_all = pytest.mark.skipif(bool(MISSING), reason="needs " + ", ".join(MISSING))
 
 
+def test_a_model_behind_an_openai_compatible_url_can_be_the_teacher() -> None:
+    from examples.web_agent import run
+    from tapekit.llm import OpenAICompatibleLLM
+
+    teacher = run.make_teacher(
+        run.parse_args(["--teacher-url", "http://127.0.0.1:9/v1", "--teacher-model", "m"])
+    )
+    llm = teacher.llms["default"] if "default" in teacher.llms else next(iter(teacher.llms.values()))
+    assert isinstance(llm, OpenAICompatibleLLM) and llm.base_url == "http://127.0.0.1:9/v1"
+    assert teacher.nodes[0].constrain == "json"  # servers' schemas may not take a pattern
+    with pytest.raises(SystemExit):
+        run.parse_args(["--teacher-url", "http://127.0.0.1:9/v1"])  # the model's name is needed too
+    assert run.make_teacher(run.parse_args([])).name == "teacher"  # the programmatic one
+
+
+@pytest.mark.browser
+@needs_all
 def test_quick_run_prints_the_table_and_writes_the_figures(tmp_path: Path) -> None:
     out = tmp_path / "figures.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "PYTHONPATH"))}
