@@ -13,6 +13,7 @@ runner and the store) to show what share of a step decoding is.
     python bench/rollouts.py                                  # a tiny model (random weights)
     python bench/rollouts.py --model OUT/sft-tiny/final       # a saved tiny student
     python bench/rollouts.py --device cuda --threads 8
+    python bench/rollouts.py --device cuda --arch smollm2     # SmolLM2-135M's shape, bf16
 """
 
 from __future__ import annotations
@@ -40,6 +41,19 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
     else:
         texts = [p.question for p in make_problems(600, seed=1)]
         model, tokenizer = make_tiny(texts, TinyConfig(whole_numbers=2000))  # the math students' shape
+    if args.arch == "smollm2":  # SmolLM2-135M's architecture, random weights, the tiny tokenizer's ids
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(
+            vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+            num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+            rope_theta=100000.0, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+        model = LlamaForCausalLM(config).to(dtype)
     return model.to(args.device).eval(), tokenizer
 
 
@@ -149,6 +163,12 @@ def main() -> None:
     )
     parser.add_argument("--model", type=Path, default=None, help="a saved tiny model (default: random)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--arch",
+        choices=["tiny", "smollm2"],
+        default="tiny",
+        help="smollm2: its architecture, random weights",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--rows", type=int, default=128, help="requests decoded together")
     parser.add_argument("--tokens", type=int, default=32, help="tokens decoded per row")
