@@ -441,6 +441,7 @@ async def ceiling(
     if client in ("httpx", "openai-sdk"):
         return await _bare_sdk_or_httpx(client, base_url, bodies, concurrency, per_worker)
     import aiohttp
+
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def send_aiohttp(i: int) -> None:

@@ -73,9 +73,7 @@ def make_agent(rounds: int) -> Agent:
     def script(prompt: Prompt) -> LLMOutput:
         n = int(prompt.messages[-1]["content"])
         if n < 3 * rounds:
-            request = ToolCallRequest(
-                id=str(n), name="echo", arguments=json.dumps({"text": f"round {n}"})
-            )
+            request = ToolCallRequest(id=str(n), name="echo", arguments=json.dumps({"text": f"round {n}"}))
             return LLMOutput(tool_calls=[request])
         return LLMOutput(content="done")
 
@@ -127,9 +125,7 @@ def main() -> None:
     traced_s = statistics.median(r["loop_s"] for r in traced)
     print(f"main loop, no tracer:     {plain_s:.3f} s ({plain[0]['events']:.0f} events)")
     print(f"main loop, OtelTracer:    {traced_s:.3f} s ({100 * (traced_s / plain_s - 1):+.1f} %)")
-    print(
-        f"tracer callback:          {statistics.median(r['callback_us'] for r in traced):.1f} us per event"
-    )
+    print(f"tracer callback:          {statistics.median(r['callback_us'] for r in traced):.1f} us per event")
     print(f"tracer close (drain):     {statistics.median(r['close_s'] for r in traced):.3f} s")
 
     start: Tape[Any, Any] = Tape(steps=[UserStep(content="go")])

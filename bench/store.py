@@ -52,9 +52,13 @@ def make_call(i: int, worker: int, calls: str) -> LLMCall:
     a trace of 300 prompt ids and 40 output ids with log-probabilities."""
     trace = TRACE if calls == "ids" else None
     return LLMCall(
-        prompt=Prompt(id=f"w{worker}-p{i}-{time.time_ns()}", messages=[
-            {"role": "system", "content": "You are an analyst."}, {"role": "user", "content": TEXT}
-        ]),
+        prompt=Prompt(
+            id=f"w{worker}-p{i}-{time.time_ns()}",
+            messages=[
+                {"role": "system", "content": "You are an analyst."},
+                {"role": "user", "content": TEXT},
+            ],
+        ),
         output=LLMOutput(content=f"{i}: {TEXT}"),
         model="bench",
         prompt_tokens=300,
@@ -148,8 +152,10 @@ def main() -> None:
     parser.add_argument("--no-postgres", action="store_true")
     args = parser.parse_args()
     print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, {platform.platform()}")
-    print(f"{args.steps} steps per writer, tapes of {STEPS_PER_TAPE} steps saved after every step, "
-          f"LLM calls: {args.calls}")
+    print(
+        f"{args.steps} steps per writer, tapes of {STEPS_PER_TAPE} steps saved after every step, "
+        f"LLM calls: {args.calls}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         counter = iter(range(1_000))
         path = lambda: str(Path(tmp) / f"bench{next(counter)}.db")  # noqa: E731

@@ -336,9 +336,7 @@ class MCPEnvironment(ToolEnvironment):
         if loop is None:
             return
         if thread is None:  # started with astart on a loop that someone else runs
-            raise RuntimeError(
-                "this MCP environment was started with astart: close it with await aclose()"
-            )
+            raise RuntimeError("this MCP environment was started with astart: close it with await aclose()")
         asyncio.run_coroutine_threadsafe(self.aclose(), loop).result()
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
@@ -411,9 +409,7 @@ class MCPEnvironment(ToolEnvironment):
             error = f"unknown tool {call.name!r}; available tools: {', '.join(known) or 'none'}"
             return ToolResult(call_id=call.call_id, name=call.name, error=error)
         if not self.running:
-            raise RuntimeError(
-                f"MCP environment {self.name!r} is not started: use `async with` or `with` it"
-            )
+            raise RuntimeError(f"MCP environment {self.name!r} is not started: use `async with` or `with` it")
         if asyncio.get_running_loop() is not self._loop:
             return await self._hop(self._call_mcp(call, info))
         return await self._call_mcp(call, info)

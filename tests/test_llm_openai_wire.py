@@ -518,7 +518,7 @@ def test_the_agent_records_the_tokens_on_its_llm_call(wire: WireServer) -> None:
 
 def test_sse_decoder_keeps_partial_lines() -> None:
     decoder = SSEDecoder()
-    assert decoder.feed(b"data: {\"a\"") == []
+    assert decoder.feed(b'data: {"a"') == []
     assert decoder.feed(b": 1}\n\ndata:[DO") == [b'{"a": 1}']
     assert decoder.feed(b"NE]\n") == [b"[DONE]"]
     assert decoder.feed(b"data: tail") == [] and decoder.flush() == [b"tail"]

@@ -84,8 +84,13 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory, llm: object) -> object:
     tokenizer = llm.load()[1]  # type: ignore[attr-defined]
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, bos_token_id=tokenizer.bos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
     path = tmp_path_factory.mktemp("tiny")

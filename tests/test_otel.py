@@ -359,7 +359,10 @@ def test_live_tracing_with_the_sync_loop_and_a_team() -> None:
 
 def test_a_refusing_collector_is_named() -> None:
     tapes, calls = sessions()
-    with Receiver(status=400) as receiver, pytest.raises(RuntimeError, match=r"could not send 7 spans to http://127\.0\.0\.1"):
+    with (
+        Receiver(status=400) as receiver,
+        pytest.raises(RuntimeError, match=r"could not send 7 spans to http://127\.0\.0\.1"),
+    ):
         export_tapes_otlp(tapes[:1], receiver.url, llm_calls=calls, timeout_s=2)
     with pytest.raises(TypeError, match="tape_ids selects tapes of a store"):
         export_tapes_otlp(tapes, "http://127.0.0.1:9/v1/traces", tape_ids=["x"])

@@ -44,10 +44,17 @@ def _call(tok: Any, pid: str, messages: list[dict[str, Any]], answer: str, ids: 
 
     chat = ChatTokenizer(tok)
     prompt_ids, output_ids = chat.render_call(messages, LLMOutput(content=answer))
-    trace = TokenTrace(
-        prompt_ids=prompt_ids, output_ids=output_ids, output_logprobs=[-0.5] * len(output_ids),
-        tokenizer=chat.fingerprint(), finish_reason="stop",
-    ) if ids else None
+    trace = (
+        TokenTrace(
+            prompt_ids=prompt_ids,
+            output_ids=output_ids,
+            output_logprobs=[-0.5] * len(output_ids),
+            tokenizer=chat.fingerprint(),
+            finish_reason="stop",
+        )
+        if ids
+        else None
+    )
     return LLMCall(prompt=Prompt(id=pid, messages=messages), output=LLMOutput(content=answer), tokens=trace)
 
 
@@ -55,8 +62,11 @@ def _tape(tok: Any, ids: bool = True, break_second: bool = False) -> tuple[Tape[
     """user -> plan (node 'plan') -> tool result -> act (node 'act'): two calls of agent 'a'."""
     m1 = [{"role": "user", "content": "Add 2 and 3."}]
     c1 = _call(tok, "p1", m1, "I will call add.", ids)
-    m2 = [*m1, {"role": "assistant", "content": "I will call add." + (" " if break_second else "")},
-          {"role": "user", "content": "[tool result] 5"}]
+    m2 = [
+        *m1,
+        {"role": "assistant", "content": "I will call add." + (" " if break_second else "")},
+        {"role": "user", "content": "[tool result] 5"},
+    ]
     c2 = _call(tok, "p2", m2, "The answer is 5.", ids)
     steps = [
         Seen(text="Add 2 and 3."),
@@ -219,8 +229,12 @@ def test_teacher_tapes_are_reused_by_the_student_and_rendered_with_its_template(
         def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
             question = tape.steps[0]
             assert isinstance(question, Seen)
-            return Prompt(messages=[{"role": "system", "content": self.system},
-                                    {"role": "user", "content": question.text}])
+            return Prompt(
+                messages=[
+                    {"role": "system", "content": self.system},
+                    {"role": "user", "content": question.text},
+                ]
+            )
 
         def generate_steps(self, agent: Agent, tape: Tape[Any, Any], llm_stream: Any) -> Iterator[Any]:
             yield Say(text=llm_stream.get_text())
@@ -230,10 +244,12 @@ def test_teacher_tapes_are_reused_by_the_student_and_rendered_with_its_template(
             assert isinstance(step, Say)
             return LLMOutput(content=step.text)
 
-    teacher_tape = Tape(steps=[
-        Seen(text="2+2?"),
-        Say(text="4", metadata=StepMetadata(prompt_id="t1", agent="teacher", node="solve", run_end=True)),
-    ])
+    teacher_tape = Tape(
+        steps=[
+            Seen(text="2+2?"),
+            Say(text="4", metadata=StepMetadata(prompt_id="t1", agent="teacher", node="solve", run_end=True)),
+        ]
+    )
     unused = FunctionLLM(fn=lambda prompt: "")  # reuse makes no call; the tokenizer is given
     student = Agent.create("student", llms=unused, nodes=[Solve(system="Be brief.")])
     result = make_samples([teacher_tape], reuse_with=student, tokenizer=tokenizer)

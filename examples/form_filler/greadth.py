@@ -324,7 +324,6 @@ class GreadthReport(JsonReport):
         return self.summary()
 
 
-
 def _price_turn(
     labels: TurnLabels, calls: list[LLMCall], prices: dict[str, Price] | None, model: str | None
 ) -> None:

@@ -145,9 +145,7 @@ class OtelTracer:
     def _stored_metadata(self) -> Any:
         """The final tape's metadata as a store's recorder saves it under the conversation id."""
         start, tape = self._start, self._tape
-        parent = (
-            start.metadata.parent_id if self.conversation_id == start.metadata.id else start.metadata.id
-        )
+        parent = start.metadata.parent_id if self.conversation_id == start.metadata.id else start.metadata.id
         return tape.metadata.model_copy(
             update={
                 "id": self.conversation_id,

@@ -85,9 +85,7 @@ def tape_span_records(
     base_ns = int((base_time if base_time is not None else time.time()) * _NS)
     times = step_times(tape, calls, base_ns)
     records: list[SpanRecord] = []
-    builder = SpanBuilder(
-        conversation_id or tape.metadata.id, records.append, times[0] if times else base_ns
-    )
+    builder = SpanBuilder(conversation_id or tape.metadata.id, records.append, times[0] if times else base_ns)
     for call in calls.values():
         builder.add_llm_call(call)
     for step, t in zip(tape.steps, times, strict=True):
@@ -249,14 +247,10 @@ def tapes_from_otlp_json(
         for event in span.get("events", []):
             if event.get("name") == STEP_EVENT:
                 fields = _attributes(event.get("attributes", []))
-                steps.setdefault(trace, {})[int(fields["tapekit.step.index"])] = fields[
-                    "tapekit.step.json"
-                ]
+                steps.setdefault(trace, {})[int(fields["tapekit.step.index"])] = fields["tapekit.step.json"]
     orphans = sorted(set(steps) - set(tapes))
     if orphans:
-        raise ValueError(
-            f"traces {orphans} have tape steps but no tape span (was the export cut short?)"
-        )
+        raise ValueError(f"traces {orphans} have tape steps but no tape span (was the export cut short?)")
     out = []
     for trace, attributes in tapes.items():
         found = steps.get(trace, {})
@@ -270,9 +264,7 @@ def tapes_from_otlp_json(
         metadata = TapeMetadata.model_validate_json(attributes["tapekit.tape.metadata"])
         context = json.loads(attributes["tapekit.tape.context"])
         step_data = [json.loads(found[i]) for i in range(n_steps)]
-        out.append(
-            tape_class.model_validate({"metadata": metadata, "context": context, "steps": step_data})
-        )
+        out.append(tape_class.model_validate({"metadata": metadata, "context": context, "steps": step_data}))
     return out
 
 
@@ -388,9 +380,7 @@ def _tapes_of(
         for tape_id in ids:
             tape = source.get_tape(tape_id)
             calls = {}
-            for prompt_id in dict.fromkeys(
-                s.metadata.prompt_id for s in tape.steps if s.metadata.prompt_id
-            ):
+            for prompt_id in dict.fromkeys(s.metadata.prompt_id for s in tape.steps if s.metadata.prompt_id):
                 call = source.get_llm_call(prompt_id)
                 if call is not None:
                     calls[prompt_id] = call

@@ -87,9 +87,7 @@ def test_no_example_module_shadows_an_installed_or_standard_module() -> None:
 
 
 def test_the_scripted_demo_runs_end_to_end_from_a_fresh_folder(tmp_path: Path) -> None:
-    result = run(
-        str(ROOT / "examples" / "analyst.py"), "--model", "scripted", "--db", "d.db", cwd=tmp_path
-    )
+    result = run(str(ROOT / "examples" / "analyst.py"), "--model", "scripted", "--db", "d.db", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "stored as tape" in result.stdout and "(8 LLM calls, model scripted-brain)" in result.stdout
     assert (tmp_path / "d.db").is_file()
