@@ -89,8 +89,9 @@ def test_small_study_tunes_the_student_above_zero_shot(tmp_path: Path, capsys: A
 
     report = run.run(run.parse_args([*CI_ARGS, "--out", str(tmp_path)]))
     assert report.score(run.TEACHER).value == 1.0
-    zero, tuned = report.score(run.ZERO_SHOT).value, report.score(run.TUNED).value
-    assert zero == 0.0 and tuned >= zero, (zero, tuned)
+    # an untrained student passes no turn; the tuned one is held to a margin on the criteria below
+    # (a bare "tuned >= zero" with zero == 0 could not fail)
+    assert report.score(run.ZERO_SHOT).value == 0.0
     summary = report.summary()
     assert summary[run.ZERO_SHOT]["invalid"] == 19, "an untrained tiny model writes no valid JSON"
     assert summary[run.TUNED]["invalid"] <= 16, summary[run.TUNED]["invalid"]  # measured: 14
