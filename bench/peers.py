@@ -41,97 +41,27 @@ import resource
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tapekit import (
-    Agent,
-    FunctionLLM,
-    LLMOutput,
-    LLMStream,
-    Node,
-    Prompt,
-    SetNextNode,
-    StopStep,
-    Tape,
-    ToolCallRequest,
-    amain_loop,
-)
-from tapekit.dialog import (
-    AssistantStep,
-    SystemStep,
-    ToolCall,
-    ToolResult,
-    UserStep,
-    tool_calls_from_output,
-    view_to_messages,
-)
-from tapekit.environment import ToolEnvironment
+from tapekit import StopStep, Tape, amain_loop
+from tapekit.dialog import ToolCall, ToolResult, UserStep
+from tapekit.testing.react import add, react_agent, react_start
 
 SYSTEM = "You are a calculator agent. Use the add tool, then answer."
 
 
-def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
-
-
-# --------------------------------------------------------------------------- tapekit side
-
-
-class ScriptedTurns:
-    """An instant model that never reads its input: K tool calls, then a final answer."""
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-        self.n = 0
-
-    def __call__(self, prompt: Prompt) -> LLMOutput:
-        self.n += 1
-        if self.n <= self.k:
-            call = ToolCallRequest(id=f"call_{self.n}", name="add", arguments='{"a": 1, "b": 2}')
-            return LLMOutput(content=None, tool_calls=[call])
-        return LLMOutput(content="done")
-
-
-class ReactNode(Node):
-    """The user's ReAct node: system message plus the whole conversation, one tool."""
-
-    name: str = "react"
-    tools: list[dict[str, Any]] = []
-
-    def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
-        return Prompt(messages=view_to_messages(tape.steps, agent.name), tools=self.tools)
-
-    def generate_steps(self, agent: Agent, tape: Tape[Any, Any], llm_stream: LLMStream) -> Iterator[Any]:
-        output = llm_stream.get_output()
-        calls = tool_calls_from_output(output)
-        if calls:
-            yield SetNextNode(next_node="react")
-            yield from calls
-        else:
-            yield AssistantStep(content=output.content or "")
-            yield StopStep(reason="done")
-
-
-def tapekit_agent(k: int, env: ToolEnvironment) -> Agent:
-    llm = FunctionLLM(fn=ScriptedTurns(k), stream_chunks=False)
-    node = ReactNode(tools=env.tool_schemas())
-    return Agent.create(name="react", llms=llm, nodes=[node], max_iterations=10**9)
-
-
 def start_tape() -> Tape[Any, Any]:
-    return Tape(steps=[SystemStep(content=SYSTEM), UserStep(content="Add 1 and 2, many times.")])
+    return react_start(SYSTEM)
 
 
 def run_tapekit(k: int, config: str, tmp: Path) -> tuple[float, int, float | None]:
     """One tapekit run: (seconds, steps, file MB or None)."""
-    env = ToolEnvironment([add])
-    agent = tapekit_agent(k, env)
+    agent, env, _ = react_agent(k)
     if config == "make_prompt":  # the user's prompt building alone, over a finished session
         tape, _, _ = _finished_tape(k)
-        node = ReactNode(tools=env.tool_schemas())
+        node = agent.nodes[0]
         steps = tape.steps
         cuts = [i for i in range(1, len(steps)) if isinstance(steps[i - 1], UserStep | ToolResult)]
         t0 = time.perf_counter()
@@ -166,9 +96,9 @@ _FINISHED: dict[int, Tape[Any, Any]] = {}
 
 def _finished_tape(k: int) -> tuple[Tape[Any, Any], None, None]:
     if k not in _FINISHED:
-        env = ToolEnvironment([add])
+        agent, env, _ = react_agent(k)
         _FINISHED.clear()
-        _FINISHED[k] = asyncio.run(amain_loop(tapekit_agent(k, env), start_tape(), env).get_final_tape())
+        _FINISHED[k] = asyncio.run(amain_loop(agent, start_tape(), env).get_final_tape())
     return _FINISHED[k], None, None
 
 

@@ -13,82 +13,30 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tapekit import (
-    Agent,
-    FunctionLLM,
-    LLMOutput,
-    LLMStream,
-    Node,
-    Prompt,
-    SetNextNode,
-    StopStep,
-    Tape,
-    ToolCallRequest,
-    amain_loop,
-)
+from tapekit import LLMOutput, Prompt, amain_loop
 from tapekit.core import FrozenMessage
-from tapekit.dialog import AssistantStep, SystemStep, UserStep, tool_calls_from_output, view_to_messages
-from tapekit.environment import ToolEnvironment
 from tapekit.llm.base import LLMCall
 from tapekit.store import SQLiteStore, TapeStore
 from tapekit.store._pgtemp import TempPostgres, postgres_unavailable
 from tapekit.store._prompts import PromptEncoder, is_reference
 from tapekit.store._writes import call_write
+from tapekit.testing.react import react_agent, react_start
 
 PG_UNAVAILABLE = postgres_unavailable()
 
 
-def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
-
-
-class ReactNode(Node):
-    name: str = "react"
-    tools: list[dict[str, Any]] = []
-
-    def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
-        return Prompt(messages=view_to_messages(tape.steps, agent.name), tools=self.tools)
-
-    def generate_steps(self, agent: Agent, tape: Tape[Any, Any], llm_stream: LLMStream) -> Iterator[Any]:
-        output = llm_stream.get_output()
-        calls = tool_calls_from_output(output)
-        if calls:
-            yield SetNextNode(next_node="react")
-            yield from calls
-        else:
-            yield AssistantStep(content=output.content or "")
-            yield StopStep(reason="done")
-
-
 def _react_session(store: TapeStore, turns: int) -> list[Prompt]:
     """A ReAct session of ``turns`` tool turns (each prompt: the whole conversation), stored."""
-    seen: list[Prompt] = []
-
-    def model(prompt: Prompt) -> LLMOutput:
-        seen.append(prompt)
-        if len(seen) <= turns:
-            call = ToolCallRequest(id=f"c{len(seen)}", name="add", arguments='{"a": 1, "b": 2}')
-            return LLMOutput(tool_calls=[call])
-        return LLMOutput(content="done")
-
-    env = ToolEnvironment([add])
-    agent = Agent.create(
-        name="react",
-        llms=FunctionLLM(fn=model, stream_chunks=False),
-        nodes=[ReactNode(tools=env.tool_schemas())],
-        max_iterations=10**6,
-    )
-    start = Tape(steps=[SystemStep(content="You add numbers. " * 20), UserStep(content="add, many times")])
+    agent, env, model = react_agent(turns, record=True)
+    start = react_start("You add numbers. " * 20, "add, many times")
     asyncio.run(amain_loop(agent, start, env, store=store).get_final_tape())
     store.flush()
-    return seen
+    return model.prompts
 
 
 def test_a_long_session_grows_the_sqlite_file_linearly(tmp_path: Path) -> None:

@@ -10,6 +10,9 @@ and the conformance suite every store backend passes.
   searches, with a per-call latency to show the overlap.
 - :mod:`tapekit.testing.mailer`: an assistant whose ``send_email`` tool waits for a person's
   approval (human in the loop).
+- :mod:`tapekit.testing.react`: the ReAct loop most users write (the whole conversation as the
+  prompt, one tool) on an instant scripted model: the workload of long-session tests and
+  ``bench/peers.py``.
 - :mod:`tapekit.testing.store_conformance`: what every :class:`~tapekit.store.TapeStore` backend
   must do, as check functions any test runner (or none) can run on a store factory; tapekit runs
   them on its memory, SQLite and PostgreSQL stores, and you can run them on your own backend.

@@ -1,0 +1,92 @@
+"""The loop most users write, as a fixed workload: a ReAct agent whose prompt is the system message
+plus the whole conversation so far (``view_to_messages``), one tool (``add``), and an instant
+scripted model that never reads its input: ``turns`` tool calls, then a final answer.
+
+Tests of long sessions (stored prompts that read back byte-identical, a store file that grows
+linearly) and ``bench/peers.py`` (tapekit against LangGraph) run the same session from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from tapekit.agent import Agent, Node
+from tapekit.core import LLMOutput, Prompt, SetNextNode, StopStep, Tape, ToolCallRequest
+from tapekit.dialog import AssistantStep, SystemStep, UserStep, tool_calls_from_output, view_to_messages
+from tapekit.environment import ToolEnvironment
+from tapekit.llm.base import LLMStream
+from tapekit.llm.scripted import FunctionLLM
+
+__all__ = ["ReactNode", "ScriptedTurns", "add", "react_agent", "react_start"]
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+class ReactNode(Node):
+    """The user's ReAct node: the whole conversation as the prompt, with ``tools``; the model's
+    tool calls loop back to this node, a text answer ends the session."""
+
+    name: str = "react"
+    tools: list[dict[str, Any]] = []
+
+    def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
+        """System message, user message and every turn so far, as chat messages."""
+        return Prompt(messages=view_to_messages(tape.steps, agent.name), tools=self.tools)
+
+    def generate_steps(self, agent: Agent, tape: Tape[Any, Any], llm_stream: LLMStream) -> Iterator[Any]:
+        """The tool calls (and a loop back), or the answer and a stop."""
+        output = llm_stream.get_output()
+        calls = tool_calls_from_output(output)
+        if calls:
+            yield SetNextNode(next_node="react")
+            yield from calls
+        else:
+            yield AssistantStep(content=output.content or "")
+            yield StopStep(reason="done")
+
+
+class ScriptedTurns:
+    """The instant model: ``add(1, 2)`` for the first ``turns`` calls, then ``final``. With
+    ``record``, the prompts it was given are kept in ``prompts`` (memory grows with the square of
+    the session: leave it off for long benchmark sessions)."""
+
+    def __init__(self, turns: int, final: str = "done", record: bool = False) -> None:
+        self.turns = turns
+        self.final = final
+        self.record = record
+        self.calls = 0
+        self.prompts: list[Prompt] = []
+
+    def __call__(self, prompt: Prompt) -> LLMOutput:
+        """The next scripted output."""
+        self.calls += 1
+        if self.record:
+            self.prompts.append(prompt)
+        if self.calls <= self.turns:
+            call = ToolCallRequest(id=f"call_{self.calls}", name="add", arguments='{"a": 1, "b": 2}')
+            return LLMOutput(content=None, tool_calls=[call])
+        return LLMOutput(content=self.final)
+
+
+def react_agent(
+    turns: int, final: str = "done", record: bool = False
+) -> tuple[Agent, ToolEnvironment, ScriptedTurns]:
+    """The ReAct agent on a :class:`ScriptedTurns` model, its tool environment, and the model."""
+    env = ToolEnvironment([add])
+    model = ScriptedTurns(turns, final, record)
+    agent = Agent.create(
+        name="react",
+        llms=FunctionLLM(fn=model, stream_chunks=False),
+        nodes=[ReactNode(tools=env.tool_schemas())],
+        max_iterations=10**9,
+    )
+    return agent, env, model
+
+
+def react_start(system: str, user: str = "Add 1 and 2, many times.") -> Tape[Any, Any]:
+    """The session's start tape: a system message and the user's request."""
+    return Tape(steps=[SystemStep(content=system), UserStep(content=user)])
