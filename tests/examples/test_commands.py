@@ -11,16 +11,14 @@ module or a missing install step fails the suite instead of a newcomer's first t
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import re
-import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.examples._commands import ROOT, run
+
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # `python examples/x.py ...` or `python -m examples.x.y ...`, as written in a shell line
 COMMAND = re.compile(r"python (-m examples\.[\w.]+|examples/[\w/]+\.py)")
@@ -33,25 +31,6 @@ def documented_commands() -> dict[str, str]:
         for match in COMMAND.finditer(doc.read_text()):
             found.setdefault(match.group(1), doc.name)
     return found
-
-
-def clean_env() -> dict[str, str]:
-    """The environment a newcomer's shell has: no PYTHONPATH, no pytest or coverage variables."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYTEST", "COV_"))}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def run(command: str, *args: str, timeout: float = 300, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    """``python COMMAND ARGS`` with this interpreter (the venv's ``python``), from the root."""
-    return subprocess.run(
-        [sys.executable, *shlex.split(command), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env=clean_env(),
-    )
 
 
 def test_the_docs_name_the_main_examples() -> None:

@@ -6,13 +6,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.examples._commands import run as run_command
+
 MISSING = [
     what
     for what, ok in (
@@ -46,21 +45,13 @@ def test_a_model_behind_an_openai_compatible_url_can_be_the_teacher() -> None:
 @needs_all
 def test_quick_run_prints_the_table_and_writes_the_figures(tmp_path: Path) -> None:
     out = tmp_path / "figures.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "PYTHONPATH"))}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "examples/web_agent/run.py",
-            "--quick",
-            "--out",
-            str(out),
-            "--store",
-            str(tmp_path / "s.db"),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    proc = run_command(
+        "examples/web_agent/run.py",
+        "--quick",
+        "--out",
+        str(out),
+        "--store",
+        str(tmp_path / "s.db"),
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
