@@ -7,7 +7,7 @@ the budget and keeps the candidates) and returns when it is done or the budget i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,10 +60,16 @@ def node_runs(agent: Agent, tape: Tape[Any, Any], targets: list[str]) -> Iterato
             yield RunView(target, agent.root.find_agent(author), node, tape, index)
 
 
-def demos_from_report(agent: Agent, report: EvalReport, targets: list[str]) -> dict[str, list[Any]]:
-    """Demos from the node runs of the passed tapes of ``report`` (the paper's Listing 1),
-    by target; nodes without ``extract_demo`` give none. Runs on failed tapes, runs that
-    raise while being read back, and repeated demos are skipped."""
+_Run = tuple[str, Node, Agent, int]
+"""A run to make a demo from: the target, the node whose ``extract_demo`` reads it, the agent
+that ran it, and the run's first step."""
+
+
+def _demo_pool(
+    report: EvalReport, targets: list[str], runs: Callable[[Tape[Any, Any]], Iterator[_Run]]
+) -> dict[str, list[Any]]:
+    """Demos from ``runs`` of each passed tape of ``report``, by target; runs whose node has no
+    ``extract_demo`` or that raise while being read back, and repeated demos, are skipped."""
     pool: dict[str, list[Any]] = {t: [] for t in targets}
     seen: set[str] = set()
     primary = report.scorers[0]
@@ -71,19 +77,31 @@ def demos_from_report(agent: Agent, report: EvalReport, targets: list[str]) -> d
         if not sample.scores[primary].passed or sample.error:
             continue
         tape = report.tapes[sample.tape_id]
-        for run in node_runs(agent, tape, targets):
-            extract = getattr(run.node, "extract_demo", None)
+        for target, node, member, index in runs(tape):
+            extract = getattr(node, "extract_demo", None)
             if extract is None:
                 continue
             try:
-                demo = extract(run.agent, tape, run.index)
+                demo = extract(member, tape, index)
             except Exception:
                 continue
-            key = f"{run.target}|{demo.model_dump_json() if isinstance(demo, BaseModel) else demo!r}"
+            key = f"{target}|{demo.model_dump_json() if isinstance(demo, BaseModel) else demo!r}"
             if key not in seen:
                 seen.add(key)
-                pool[run.target].append(demo)
+                pool[target].append(demo)
     return pool
+
+
+def demos_from_report(agent: Agent, report: EvalReport, targets: list[str]) -> dict[str, list[Any]]:
+    """Demos from the node runs of the passed tapes of ``report`` (the paper's Listing 1),
+    by target; nodes without ``extract_demo`` give none. Runs on failed tapes, runs that
+    raise while being read back, and repeated demos are skipped."""
+
+    def runs(tape: Tape[Any, Any]) -> Iterator[_Run]:
+        for run in node_runs(agent, tape, targets):
+            yield run.target, run.node, run.agent, run.index
+
+    return _demo_pool(report, targets, runs)
 
 
 def demos_from_teacher(
@@ -97,30 +115,20 @@ def demos_from_teacher(
     from tapekit.optimize._targets import optimisable_nodes
 
     nodes = optimisable_nodes(agent)
-    pool: dict[str, list[Any]] = {t: [] for t in targets}
-    seen: set[str] = set()
-    primary = report.scorers[0]
     single = len(teacher.nodes) == 1 and not teacher.subagents
-    for sample in report.samples:
-        if not sample.scores[primary].passed or sample.error:
-            continue
-        tape = report.tapes[sample.tape_id]
+
+    def runs(tape: Tape[Any, Any]) -> Iterator[_Run]:
         for node, index in teacher.get_node_runs(tape):
+            author = tape.steps[index].metadata.agent
+            try:  # the agent that ran it is the teacher's member, as for the student's own runs
+                member = teacher.root.find_agent(author) if author else teacher
+            except Exception:
+                continue
             for target in targets:
-                student = nodes[target]
-                extract = getattr(student, "extract_demo", None)
-                if extract is None or not (single or node.name == student.name):
-                    continue
-                try:  # the agent that ran it is the teacher's member, as for the student's own runs
-                    author = tape.steps[index].metadata.agent
-                    demo = extract(teacher.root.find_agent(author) if author else teacher, tape, index)
-                except Exception:
-                    continue
-                key = f"{target}|{demo.model_dump_json() if isinstance(demo, BaseModel) else demo!r}"
-                if key not in seen:
-                    seen.add(key)
-                    pool[target].append(demo)
-    return pool
+                if single or node.name == nodes[target].name:
+                    yield target, nodes[target], member, index
+
+    return _demo_pool(report, targets, runs)
 
 
 def _steps_text(tape: Tape[Any, Any], start: int, limit: int) -> str:
