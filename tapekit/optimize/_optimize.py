@@ -8,10 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tapekit._sync import run_sync
 from tapekit.agent import Agent
 from tapekit.core import new_id
-from tapekit.evaluate import Estimate, EvalReport, Task, aevaluate
+from tapekit.evaluate import Estimate, EvalReport, Task
 from tapekit.optimize._run import BudgetExhausted, Candidate, Judge, Search
 from tapekit.optimize._targets import OptimizeError, read_params, resolve_targets, save_optimized, with_params
 from tapekit.optimize.base import Optimizer
@@ -167,7 +166,8 @@ def optimize(
     - ``testset``: tasks no choice is made on. After the best candidate is chosen on ``valset``,
       the baseline and the chosen agent are evaluated once on them (``test_baseline``,
       ``test_best``, :meth:`OptimizeResult.test_difference`); these rollouts are outside
-      ``budget``, and their tapes are tagged ``optimize:<run_id>:test``.
+      ``budget``, and their tapes are tagged ``optimize:<run_id>:test`` (and with their
+      candidate's tag, as every tape of the run).
     """
     if environment is None:
         from tapekit.environment import ToolEnvironment
@@ -226,17 +226,10 @@ def optimize(
         if run.best.mean() > best.mean():
             best = run.best
     chosen = with_params(agent, best.params)
-    test_reports: list[EvalReport | None] = [None, None]
+    test_baseline = test_best = None
     if test is not None:
-        for i, (who, candidate) in enumerate((("baseline", agent), (best.id, chosen))):
-            name = f"optimize/{run_id}/test-{'baseline' if i == 0 else 'best'}-{who}"
-            report = run_sync(
-                aevaluate(candidate, environment, test, metric, name=name, store=store, **batch_options)
-            )
-            if store is not None:
-                for sample in report.samples:
-                    store.add_tags(sample.tape_id, [f"optimize:{run_id}", f"optimize:{run_id}:test"])
-            test_reports[i] = report
+        test_baseline = judge.evaluate(agent, test, "baseline", "test", counted=False)
+        test_best = judge.evaluate(chosen, test, best.id, "test", counted=False)
     return OptimizeResult(
         agent=chosen,
         targets=names,
@@ -247,6 +240,6 @@ def optimize(
         rollouts_used=judge.used,
         run_id=run_id,
         scorers=scorers,
-        test_baseline=test_reports[0],
-        test_best=test_reports[1],
+        test_baseline=test_baseline,
+        test_best=test_best,
     )

@@ -90,15 +90,19 @@ class Judge:
         """Rollouts the budget has left."""
         return self.budget - self.used
 
-    def evaluate(self, agent: Agent, tasks: list[Task], candidate_id: str, split: str) -> EvalReport:
+    def evaluate(
+        self, agent: Agent, tasks: list[Task], candidate_id: str, split: str, counted: bool = True
+    ) -> EvalReport:
         """Run ``agent`` once on each task and score it; raises :class:`BudgetExhausted`
-        (running nothing) when the tasks do not fit in what is left."""
-        if len(tasks) > self.left:
-            raise BudgetExhausted(
-                f"evaluating candidate {candidate_id!r} on {len(tasks)} {split} tasks needs "
-                f"{len(tasks)} rollouts; the budget has {self.left} of {self.budget} left"
-            )
-        self.used += len(tasks)
+        (running nothing) when the tasks do not fit in what is left. ``counted=False`` runs
+        outside the budget (the test split, after the choice)."""
+        if counted:
+            if len(tasks) > self.left:
+                raise BudgetExhausted(
+                    f"evaluating candidate {candidate_id!r} on {len(tasks)} {split} tasks needs "
+                    f"{len(tasks)} rollouts; the budget has {self.left} of {self.budget} left"
+                )
+            self.used += len(tasks)
         self._n += 1
         name = f"optimize/{self.run}/{self._n}-{candidate_id}-{split}"
         report = run_sync(
