@@ -147,26 +147,10 @@ def render_observation(
     return "\n".join(lines)
 
 
-def _single(text: str) -> str:
-    """``text`` as a single-quoted literal the call syntax reads back."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def call_text(action: WebAction) -> str:
     """The action as the agent writes it: BrowserGym's call syntax with single quotes, which sit
     inside a JSON string without escapes (``fill('7', 'Ana')``)."""
-    args = []
-    for name in action.arguments:
-        value = getattr(action, name)
-        if isinstance(value, str):
-            args.append(_single(value))
-        elif isinstance(value, list):
-            args.append("[" + ", ".join(_single(str(v)) for v in value) + "]")
-        elif isinstance(value, float) and value.is_integer():
-            args.append(str(int(value)))
-        else:
-            args.append(repr(value))
-    return f"{action.function}({', '.join(args)})"
+    return action.call(quote="'")
 
 
 def answer_schema(bids: list[str] | None, rationale: bool = True) -> dict[str, Any]:

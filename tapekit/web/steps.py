@@ -36,12 +36,17 @@ __all__ = [
 ]
 
 
-def _lit(value: Any) -> str:
-    """A Python literal as BrowserGym's call text writes it (strings double-quoted, JSON-escaped)."""
+def _lit(value: Any, quote: str = '"') -> str:
+    """A Python literal as BrowserGym's call text writes it: strings double-quoted and
+    JSON-escaped, or, with ``quote="'"``, single-quoted (backslash, quote and line breaks
+    escaped)."""
     if isinstance(value, str):
+        if quote == "'":
+            escaped = value.replace("\\", "\\\\").replace("'", "\\'")
+            return "'" + escaped.replace("\n", "\\n").replace("\r", "\\r") + "'"
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, list):
-        return "[" + ", ".join(_lit(v) for v in value) + "]"
+        return "[" + ", ".join(_lit(v, quote) for v in value) + "]"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return repr(value)
@@ -57,9 +62,12 @@ class WebAction(Action):
     function: ClassVar[str] = ""
     arguments: ClassVar[tuple[str, ...]] = ()
 
-    def call(self) -> str:
-        """The action in BrowserGym's syntax, e.g. ``click("12")`` or ``fill("7", "Ana")``."""
-        args = ", ".join(_lit(getattr(self, name)) for name in self.arguments)
+    def call(self, quote: str = '"') -> str:
+        """The action in BrowserGym's syntax, e.g. ``click("12")`` or ``fill("7", "Ana")``;
+        ``quote="'"`` writes strings single-quoted (``fill('7', 'Ana')``)."""
+        if quote not in ('"', "'"):
+            raise ValueError(f"quote must be '\"' or \"'\", got {quote!r}")
+        args = ", ".join(_lit(getattr(self, name), quote) for name in self.arguments)
         return f"{self.function}({args})"
 
 

@@ -50,12 +50,22 @@ from tapekit.web.miniwob import (
         GoBack(),
         Noop(wait_ms=250),
         SendMsgToUser(text="done"),
+        Fill(bid="7", text="it's a \\ path"),
+        SelectOption(bid="3", options=["a'b", "c"]),
     ],
 )
-def test_call_text_parses_back_to_the_same_action(action: object) -> None:
-    text = action.call()  # type: ignore[attr-defined]
+@pytest.mark.parametrize("quote", ['"', "'"])
+def test_call_text_parses_back_to_the_same_action(action: object, quote: str) -> None:
+    text = action.call(quote)  # type: ignore[attr-defined]
     parsed = parse_action(text)
     assert type(parsed) is type(action) and parsed.llm_dict() == action.llm_dict()  # type: ignore[attr-defined]
+
+
+def test_single_quoted_call_text_and_a_bad_quote() -> None:
+    assert Fill(bid="7", text="it's").call("'") == "fill('7', 'it\\'s')"
+    assert SelectOption(bid="3", options=["a", "b"]).call("'") == "select_option('3', ['a', 'b'])"
+    with pytest.raises(ValueError, match="quote must be"):
+        Click(bid="1").call("`")
 
 
 def test_parse_accepts_browsergym_spellings() -> None:
