@@ -195,20 +195,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
 
         print(f"3. the test seeds, once each ({len(test)} episodes per agent)")
-        reports = {
-            "teacher": run("web/test/teacher", teacher, test),
-            "SmolLM2 zero-shot": run("web/test/zero-shot", student(rationale, args.threads), test),
-            f"SmolLM2 optimised ({result.best.note or 'no demos'})": run(
-                "web/test/optimised", result.agent, test
-            ),
+        optimised = f"SmolLM2 optimised ({result.best.note or 'no demos'})"
+        agents = {
+            "teacher": ("web/test/teacher", teacher),
+            "SmolLM2 zero-shot": ("web/test/zero-shot", student(rationale, args.threads)),
+            optimised: ("web/test/optimised", result.agent),
         }
+        reports = {label: run(name, agent, test) for label, (name, agent) in agents.items()}
         results["test"] = [
-            row(label, rep, run.minutes[name])
-            for (label, rep), name in zip(
-                reports.items(), ("web/test/teacher", "web/test/zero-shot", "web/test/optimised"), strict=True
-            )
+            row(label, reports[label], run.minutes[name]) for label, (name, _) in agents.items()
         ]
-        zero, best = list(reports.values())[1:]
+        zero, best = reports["SmolLM2 zero-shot"], reports[optimised]
         diff = best.compare(zero)
         results["test_difference"] = {"value": diff.value, "low": diff.low, "high": diff.high}
         results["optimize_minutes"] = optimize_minutes
