@@ -77,12 +77,16 @@ def screenshot_png(step: Step) -> bytes | None:
 
 def screenshot_note(step: Step) -> str | None:
     """What the step's JSON shows instead of its base64 ``screenshot`` (None: nothing to elide)."""
+    return _note(step, screenshot_png(step))
+
+
+def _note(step: Step, png: bytes | None) -> str | None:
+    """:func:`screenshot_note` for a step whose :func:`screenshot_png` is ``png``."""
     if step.kind not in SCREENSHOT_KINDS:
         return None
     value = getattr(step, "screenshot", None)
     if not isinstance(value, str) or not value:
         return None
-    png = screenshot_png(step)
     if png is None:
         return f"<screenshot: {len(value)} characters, not a base64 PNG>"
     size = f"{len(png)} B" if len(png) < 1024 else f"{round(len(png) / 1024)} KB"
@@ -122,8 +126,9 @@ def web_fields(step: Step) -> dict[str, Any] | None:
     out["axtree"] = data.get("axtree") or ""
     out["task"] = f"{data.get('task', '?')} (seed {data.get('seed', '?')})"
     out["info"] = data.get("info") or {}
-    out["screenshot"] = screenshot_note(step)
-    out["has_png"] = screenshot_png(step) is not None
+    png = screenshot_png(step)  # decoded once for the note and the image
+    out["screenshot"] = _note(step, png)
+    out["has_png"] = png is not None
     return out
 
 
