@@ -1,7 +1,9 @@
 """The paper's math distillation (section 4.4) in small, offline: teacher tapes -> a student that learns.
 
 1. Arithmetic word problems in three difficulty levels are generated from a seed
-   (``examples/math_study/problems.py``), split into training and held-out problems.
+   (``examples/math_study/problems.py``), split into training, validation and test problems
+   (no validation or test problem has a training problem's arithmetic, and no test problem a
+   validation problem's).
 2. A multi-node teacher (plan -> act, calling a calculator tool over several turns -> answer)
    solves the training problems through the batch runner; its tapes go to a SQLite store. The
    teacher is a programmatic oracle LLM (offline) or any OpenAI-compatible model
@@ -10,22 +12,26 @@
    as if the student had made them, one student turn per calculator call.
 4. Token-exact training samples are made from those tapes with the student's own chat template
    (loss only on what the student writes), and the student is fine-tuned (SFT).
-5. The student is evaluated on the held-out problems before and after, strict (``Answer: N``
-   exactly right) and lenient (the right number written anywhere), with ``tapekit.evaluate``.
+5. The student is evaluated on the validation problems before and after, strict (``Answer: N``
+   exactly right) and lenient (the right number written anywhere), with ``tapekit.evaluate``:
+   pass@1 with its 95 % bootstrap interval. Every setting is chosen on the validation split;
+   ``--split test`` also evaluates the final student, once, on the untouched test split.
 
 Students: ``--student tiny`` (default) is a tiny Llama-architecture model whose tokenizer is
 trained here on the teacher's conversations (``tapekit.training.tiny``), fully fine-tuned;
 ``--student smollm2`` is the embedded SmolLM2-135M-Instruct with LoRA.
 
-Each stage prints one line (``stage=sft student=tiny heldout_exact=0.84 ...``), then a table.
-``--quick`` uses fewer problems and steps (CI).
+Each stage prints one line (``stage=sft student=tiny split=val n=150 exact=0.84
+exact_95ci=[0.78,0.90] ...``), then a table. ``--quick`` uses fewer problems and steps (CI);
+on its 45 validation problems the interval is about +-14 points wide.
 
-Run: ``python examples/math_distill.py [--quick] [--student tiny|smollm2] [--out DIR]``
+Run: ``python examples/math_distill.py [--quick] [--student tiny|smollm2] [--split val|test] [--out DIR]``
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -47,9 +53,9 @@ from examples.math_study.agents import (
     start_tape,
     student_messages,
 )
-from examples.math_study.problems import LEVELS, split_problems
+from examples.math_study.problems import LEVELS, Splits, split_problems
 from examples.math_study.rl_stage import ARMS
-from examples.math_study.scoring import MAX_LOOPS, evaluate_agent, strict, tasks_for
+from examples.math_study.scoring import MAX_LOOPS, evaluate_agent, pass_at_1_text, strict, tasks_for
 from tapekit import FunctionLLM, Tape
 from tapekit.batch import batch
 from tapekit.evaluate import EvalReport, Task
@@ -65,10 +71,12 @@ class Settings:
     rl_curriculum: str = "sec"
     rl_arms: str = "levels"  # the curriculum's arms: "levels" or "sizes" (examples.math_study.rl_stage)
     n_train: int = 6000
-    n_heldout: int = 150
+    n_val: int = 150  # every stage is evaluated on these
+    n_test: int = 150  # with split="test", the final student is also evaluated on these, once
+    split: str = "val"  # "test": evaluate the final student on the test split too
     steps: int = 1000
     batch_size: int = 16
-    # training problems per level (held-out ones are spread evenly): level1 is learned early,
+    # training problems per level (validation and test ones are spread evenly): level1 is learned early,
     # so most samples go to the longer problems
     train_weights: dict[str, int] | None = field(
         default_factory=lambda: {"level1": 1, "level2": 2, "level3": 3}
@@ -101,14 +109,26 @@ class StageResult:
     # loads it (a later stage, e.g. RL, continues from the SFT stage's)
     model_path: str | None = None
     adapter_path: str | None = None
+    split: str = "val"  # the problems ``report`` was measured on: "val" or "test"
+
+    def record(self) -> dict[str, Any]:
+        """What ``results.json`` keeps of the stage: the split, its size, pass@1 with intervals."""
+        return {
+            "stage": self.stage,
+            "model": self.who,
+            "split": self.split,
+            "n": self.report.n_tasks,
+            **{name: self.report.pass_at_1(name).model_dump() for name in ("strict", "lenient")},
+            "train_seconds": round(self.train_seconds, 1),
+        }
 
     def line(self) -> str:
-        """``stage=... student=... heldout_exact=... heldout_lenient=... tokens_per_task=...``"""
+        """``stage=... student=... split=val n=... exact=... exact_95ci=[..,..] lenient=...
+        lenient_95ci=[..,..] tokens_per_task=... train_seconds=...``"""
         key = "teacher" if self.stage == "teacher" else "student"
         return (
-            f"stage={self.stage} {key}={self.who} "
-            f"heldout_exact={self.report.pass_at_1('strict').value:.2f} "
-            f"heldout_lenient={self.report.pass_at_1('lenient').value:.2f} "
+            f"stage={self.stage} {key}={self.who} split={self.split} "
+            f"{pass_at_1_text(self.report)} "
             f"tokens_per_task={self.report.tokens_per_attempt:.0f} "
             f"train_seconds={self.train_seconds:.0f}"
         )
@@ -167,7 +187,7 @@ def adapt(student: Any, tapes: list[Tape[Any, Any]]) -> tuple[list[Tape[Any, Any
 
 
 def run_eval(agent: Any, tasks: list[Task], store: Any, name: str) -> EvalReport:
-    """Strict and lenient held-out scores (greedy, one attempt per problem)."""
+    """Strict and lenient scores on ``tasks`` (greedy, one attempt per problem)."""
     return evaluate_agent(agent, tasks, store, name, max_concurrency=4)
 
 
@@ -271,16 +291,17 @@ def table(results: list[StageResult]) -> Any:
     """The rich table of every stage."""
     from rich.table import Table
 
-    out = Table(title="math distillation: held-out problems")
-    for column in ("stage", "model", "exact", "lenient", *LEVELS, "tokens/task", "train s"):
-        out.add_column(column, justify="left" if column in ("stage", "model") else "right")
+    out = Table(title="math distillation: pass@1 [95 % interval] on the split named")
+    for column in ("stage", "model", "split", "exact", "lenient", *LEVELS, "tokens/task", "train s"):
+        out.add_column(column, justify="left" if column in ("stage", "model", "split") else "right")
     for r in results:
         levels = r.report.by_category()
         out.add_row(
             r.stage,
             r.who,
-            f"{r.report.pass_at_1('strict').value:.2f}",
-            f"{r.report.pass_at_1('lenient').value:.2f}",
+            f"{r.split} ({r.report.n_tasks})",
+            r.report.pass_at_1("strict").short(),
+            r.report.pass_at_1("lenient").short(),
             *(f"{levels[c].pass_at_1('strict').value:.2f}" if c in levels else "-" for c in LEVELS),
             f"{r.report.tokens_per_attempt:.0f}",
             f"{r.train_seconds:.0f}" if r.stage in ("sft", "rl") else "-",
@@ -289,7 +310,8 @@ def table(results: list[StageResult]) -> Any:
 
 
 def run(settings: Settings) -> list[StageResult]:
-    """The whole pipeline; prints one line per stage as it finishes."""
+    """The whole pipeline; prints one line per stage as it finishes, and writes them, each with
+    its split, to ``OUT/results.json``."""
     import transformers
 
     from tapekit import open_store
@@ -311,11 +333,16 @@ def run(settings: Settings) -> list[StageResult]:
     if db.exists():
         db.unlink()  # evaluations resume by name: a stale store would give stale scores
     store = open_store(str(db))
-    train, heldout = split_problems(
-        settings.n_train, settings.n_heldout, settings.seed, settings.train_weights
+    splits = problem_splits(settings)
+    train, val, test = splits
+    dropped = {name: sum(counts.values()) for name, counts in splits.dropped.items()}
+    print(
+        f"splits: train={len(train)} val={len(val)} test={len(test)} "
+        f"(skipped for a used arithmetic: val {dropped['val']}, test {dropped['test']})",
+        flush=True,
     )
-    tasks = tasks_for(heldout)
-    oracle = Oracle(train + heldout)
+    tasks = tasks_for(val)
+    oracle = Oracle(train + val + test)
     results: list[StageResult] = []
 
     def report(result: StageResult) -> None:
@@ -365,9 +392,35 @@ def run(settings: Settings) -> list[StageResult]:
             out=settings.out / "rl",
         )
         rl_report, rl_seconds = after_sft(final, train, tasks, store, rl_settings)
-        report(StageResult("rl", settings.student, rl_report, train_seconds=rl_seconds))
+        rl_path = str(rl_settings.out / "final")
+        report(StageResult("rl", settings.student, rl_report, rl_seconds, model_path=rl_path))
+    if settings.split == "test":  # the final student, once, on the untouched test split
+        last = results[-1]
+        tuned = student_llm(settings, last.model_path, last.adapter_path)
+        test_report = run_eval(student_agent(settings, tuned), tasks_for(test), store, f"{last.stage}-test")
+        report(
+            StageResult(
+                last.stage,
+                settings.student,
+                test_report,
+                last.train_seconds,
+                last.model_path,
+                last.adapter_path,
+                split="test",
+            )
+        )
     store.close()
+    record = [r.record() for r in results]
+    (settings.out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     return results
+
+
+def problem_splits(settings: Settings) -> Splits:
+    """This run's training, validation and test problems. Everything trained on (the teacher's
+    tapes for SFT, the RL stage's pool) comes from ``train``; the test problems (drawn only
+    with ``split="test"``) share no arithmetic with the training or validation ones."""
+    n_test = settings.n_test if settings.split == "test" else 0
+    return split_problems(settings.n_train, settings.n_val, n_test, settings.seed, settings.train_weights)
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:
@@ -376,7 +429,15 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--quick", action="store_true", help="fewer problems and steps (CI, < 5 minutes)")
     parser.add_argument("--student", choices=["tiny", "smollm2"], default="tiny")
     parser.add_argument("--train", type=int, help="training problems")
-    parser.add_argument("--heldout", type=int, help="held-out problems")
+    parser.add_argument("--val", "--heldout", type=int, dest="val", help="validation problems")
+    parser.add_argument("--test-size", type=int, help="test problems (with --split test; default 150)")
+    parser.add_argument(
+        "--split",
+        choices=["val", "test"],
+        default="val",
+        help="val (default): every stage on the validation split; test: also the final student,"
+        " once, on the untouched test split",
+    )
     parser.add_argument("--steps", type=int, help="SFT optimiser steps")
     parser.add_argument("--batch-size", type=int, help="samples per SFT step")
     parser.add_argument("--lr", type=float, help="learning rate")
@@ -406,15 +467,16 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     args = parser.parse_args(argv)
     settings = Settings(student=args.student, seed=args.seed)
     if args.student == "smollm2":
-        settings.n_train, settings.n_heldout, settings.steps = 200, 30, 60
+        settings.n_train, settings.n_val, settings.n_test, settings.steps = 200, 30, 30, 60
         settings.batch_size, settings.learning_rate = 4, 1e-3
-    if args.quick:
-        settings.n_train, settings.n_heldout, settings.steps = 1500, 45, 400
+    if args.quick:  # the test split keeps its size: --quick --split test gives a narrower interval
+        settings.n_train, settings.n_val, settings.steps = 1500, 45, 400
         if args.student == "smollm2":
-            settings.n_train, settings.n_heldout, settings.steps = 100, 15, 20
+            settings.n_train, settings.n_val, settings.n_test, settings.steps = 100, 15, 15, 20
     overrides = {  # setting <- command-line option, where the option was given
         "n_train": args.train,
-        "n_heldout": args.heldout,
+        "n_val": args.val,
+        "n_test": args.test_size,
         "steps": args.steps,
         "batch_size": args.batch_size,
         "learning_rate": args.lr,
@@ -430,7 +492,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     for name, value in overrides.items():
         if value is not None:
             setattr(settings, name, value)
-    settings.packing = args.packing
+    settings.packing, settings.split = args.packing, args.split
     if args.level_weights is not None:
         counts = args.level_weights.split(",")
         if len(counts) != len(LEVELS) or not all(c.strip().isdigit() for c in counts):
@@ -440,8 +502,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     settings.rl = args.rl if args.rl is not None else not args.quick  # RL adds 5 minutes: not in CI
     settings.rl_seconds, settings.rl_curriculum = args.rl_seconds, args.rl_curriculum
     settings.rl_arms = args.rl_arms
-    if settings.n_train < 1 or settings.n_heldout < 1 or settings.steps < 1:
-        parser.error("--train, --heldout and --steps must be at least 1")
+    if min(settings.n_train, settings.n_val, settings.n_test, settings.steps) < 1:
+        parser.error("--train, --val, --test-size and --steps must be at least 1")
     return settings
 
 
@@ -452,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run(settings)
     from rich.console import Console
 
-    Console(width=120).print(table(results))
+    Console(width=160).print(table(results))
     print(f"total_seconds={time.perf_counter() - started:.0f} out={settings.out}")
     return 0
 

@@ -18,15 +18,21 @@ of the numbers met on the way (the RL stage's curriculum can sample by either).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from itertools import islice
 
 __all__ = [
     "ALL_LEVELS",
     "DIFFICULTIES",
     "HARDER",
     "LEVELS",
+    "TEST_STREAM",
     "Operation",
     "Problem",
+    "Splits",
+    "arithmetic",
     "difficulty",
     "format_expression",
     "make_problems",
@@ -179,62 +185,138 @@ def make_problem(rng: random.Random, category: str, index: int) -> Problem:
     )
 
 
-def make_problems(n: int, seed: int = 0, categories: list[str] | None = None) -> list[Problem]:
-    """``n`` problems, spread evenly over ``categories`` (default: every level), the same for
-    the same ``n``, ``seed`` and categories; no two share a question."""
-    if n < 0:
-        raise ValueError(f"make_problems: n must be >= 0, got {n}")
-    categories = categories or list(LEVELS)
+def _stream(seed: int, categories: list[str]) -> Iterator[Problem]:
+    """The problems of ``seed``, the categories in turn, no question twice (endless)."""
     rng = random.Random(seed)
-    problems: list[Problem] = []
     seen: set[str] = set()
     attempts = 0
-    while len(problems) < n:
+    while True:
         attempts += 1
-        if attempts > 50 * n + 100:
-            raise ValueError(f"make_problems could not find {n} distinct problems")
-        category = categories[len(problems) % len(categories)]
-        problem = make_problem(rng, category, len(problems))
+        if attempts > 50 * len(seen) + 150:
+            raise ValueError(f"could not find more than {len(seen)} distinct problems")
+        category = categories[len(seen) % len(categories)]
+        problem = make_problem(rng, category, len(seen))
         if problem.question not in seen:
             seen.add(problem.question)
-            problems.append(problem)
-    return problems
+            yield problem
+
+
+def make_problems(n: int, seed: int = 0, categories: list[str] | None = None) -> list[Problem]:
+    """``n`` problems, spread evenly over ``categories`` (default: every level), the same for
+    the same ``n``, ``seed`` and categories (a shorter list is a prefix of a longer one); no
+    two share a question."""
+    if n < 0:
+        raise ValueError(f"make_problems: n must be >= 0, got {n}")
+    return list(islice(_stream(seed, categories or list(LEVELS)), n))
+
+
+def arithmetic(problem: Problem) -> str:
+    """What decides a problem's answer: its start and its operations in order, written as
+    :func:`format_expression` writes them (``(12+7)*3-5``). Two problems with the same
+    arithmetic differ only in names and items; a validation or test problem must not share it
+    with a problem trained (or, for test, chosen) on."""
+    return format_expression(problem.start, problem.operations)
+
+
+TEST_STREAM = 104_729  # the test problems come from seed + TEST_STREAM, a stream no other set draws from
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Training, validation and test problems (see :func:`split_problems`); unpacks as
+    ``train, val, test``. ``dropped`` counts, per split and category, the candidates skipped
+    because their arithmetic was already used."""
+
+    train: list[Problem]
+    val: list[Problem]
+    test: list[Problem]
+    dropped: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[list[Problem]]:
+        return iter((self.train, self.val, self.test))
+
+
+def _renamed(problem: Problem, prefix: str) -> Problem:
+    return replace(problem, id=f"{prefix}-{problem.id}")
+
+
+def _draw(
+    stream: Iterator[Problem], quota: Counter[str], used: set[str], prefix: str, limit: int
+) -> tuple[list[Problem], Counter[str]]:
+    """The first problems of ``stream`` that fill ``quota`` (count per category) and whose
+    arithmetic is neither in ``used`` nor an earlier pick's, in stream order, ids prefixed
+    ``prefix-``; and how many were skipped per category because their arithmetic was taken."""
+    wanted, out, dropped, used = Counter(quota), [], Counter[str](), set(used)
+    for looked in range(limit + 1):
+        if sum(wanted.values()) == 0:
+            return out, dropped
+        if looked == limit:
+            short = {c: n for c, n in wanted.items() if n}
+            raise ValueError(
+                f"split_problems: after {limit} candidates still short of {short} {prefix} problems "
+                "whose arithmetic is not already used; ask for fewer"
+            )
+        problem = next(stream)
+        if wanted[problem.category] == 0:
+            continue
+        if arithmetic(problem) in used:
+            dropped[problem.category] += 1
+            continue
+        wanted[problem.category] -= 1
+        used.add(arithmetic(problem))
+        out.append(_renamed(problem, prefix))
+    return out, dropped
 
 
 def split_problems(
     n_train: int,
-    n_heldout: int,
+    n_val: int,
+    n_test: int = 0,
     seed: int = 0,
     train_weights: dict[str, int] | None = None,
     categories: list[str] | None = None,
-) -> tuple[list[Problem], list[Problem]]:
-    """Disjoint training and held-out problems (held-out ids start with ``heldout-``), both
-    spread evenly over ``categories`` (default: the three :data:`LEVELS`; e.g. add ``level4``
-    and ``level5`` for a hard tail). ``train_weights`` (e.g. ``{"level1": 1, "level2": 2,
-    "level3": 3}``) draws the training problems in those proportions instead, from another
-    stream, leaving out any question that is held out."""
-    everything = make_problems(n_train + n_heldout, seed, categories)
-    train = everything[:n_train]
+) -> Splits:
+    """Training, validation and test problems, fixed by the arguments, disjoint by question and
+    by :func:`arithmetic`.
+
+    - ``train``: the first ``n_train`` problems of the seed's stream, spread evenly over
+      ``categories`` (default: the three :data:`LEVELS`; e.g. add ``level4`` and ``level5``
+      for a hard tail), or, with ``train_weights`` (e.g. ``{"level1": 1, "level2": 2,
+      "level3": 3}``), of another stream drawn in those proportions. Everything the example
+      trains on (the SFT teacher tapes, the RL stage's pool) comes from these.
+    - ``val`` (ids ``val-...``): the problems that follow the first ``n_train`` of the seed's
+      stream (the held-out problems every tuning round so far was measured on), as many per
+      category as those ``n_val`` positions hold, skipping any whose arithmetic is a training
+      problem's (or an earlier validation problem's) and taking the next ones instead. Every
+      choice of settings is made here.
+    - ``test`` (ids ``test-...``): ``n_test`` problems of a stream of their own
+      (``seed + TEST_STREAM``), spread evenly over ``categories``, skipping any whose
+      arithmetic is a training, validation or earlier test problem's. Measured once, on the
+      final settings.
+
+    With few possible arithmetics (``level1``: 1,276) a large training set leaves few for the
+    other splits; a ValueError says so when a split cannot be filled.
+    """
+    if min(n_train, n_val, n_test) < 0:
+        raise ValueError(f"split_problems: sizes must be >= 0, got {n_train}, {n_val}, {n_test}")
+    categories = categories or list(LEVELS)
+    main = _stream(seed, categories)
+    train = list(islice(main, n_train))  # the validation problems follow these in the stream
     if train_weights is not None:
         unknown = set(train_weights) - set(LEVELS)
         if unknown or not any(train_weights.values()) or min(train_weights.values()) < 0:
             raise ValueError(
                 f"train_weights must give levels {sorted(LEVELS)} counts >= 0, got {train_weights}"
             )
-        categories = [c for c in LEVELS for _ in range(train_weights.get(c, 0))]
-        held = {p.question for p in everything[n_train:]}
-        pool = make_problems(n_train + n_heldout, seed + 7919, categories)
-        train = [p for p in pool if p.question not in held][:n_train]
-    heldout = [
-        Problem(
-            id=f"heldout-{p.id}",
-            category=p.category,
-            question=p.question,
-            start=p.start,
-            operations=p.operations,
-            expression=p.expression,
-            answer=p.answer,
-        )
-        for p in everything[n_train:]
-    ]
-    return train, heldout
+        weighted = [c for c in LEVELS for _ in range(train_weights.get(c, 0))]
+        train = make_problems(n_train, seed + 7919, weighted)
+    used = {arithmetic(p) for p in train}
+    # the validation window: the categories of stream positions n_train .. n_train + n_val - 1
+    window = Counter(categories[(n_train + j) % len(categories)] for j in range(n_val))
+    val, val_dropped = _draw(main, window, used, "val", limit=200 * n_val + 20_000)
+    used |= {arithmetic(p) for p in val}
+    even = Counter({c: n_test // len(categories) for c in categories})
+    even.update(categories[: n_test % len(categories)])
+    test_stream = _stream(seed + TEST_STREAM, categories)
+    test, test_dropped = _draw(test_stream, even, used, "test", limit=200 * n_test + 20_000)
+    return Splits(train, val, test, {"val": val_dropped, "test": test_dropped})

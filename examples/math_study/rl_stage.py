@@ -4,10 +4,12 @@ After SFT, the student solves training problems itself (``group_size`` sampled a
 problem, batched), each attempt is scored strict (the reward) and lenient, and the student is
 trained by :func:`tapekit.training.rl_loop.train_rl` with a curriculum over the difficulty
 levels (SEC by default: levels where the attempts disagree are drawn more; ``--levels 5`` adds
-two levels beyond what SFT taught, a hard tail for the curriculum to avoid). Held-out
-exact and lenient match are measured before, every ``eval_every`` steps and after, with the
-same batched greedy decoding, and printed as ``stage=rl ...`` lines like the other stages,
-with the curriculum's arm probabilities.
+two levels beyond what SFT taught, a hard tail for the curriculum to avoid). Exact and
+lenient match on the validation problems (``examples.math_study.problems.split_problems``:
+none shares a training problem's arithmetic) are measured before, every ``eval_every`` steps
+and after, with the same batched greedy decoding, and printed as ``stage=rl ... split=val``
+lines like the other stages (pass@1 with 95 % intervals), with the curriculum's arm
+probabilities. The RL pool is the training problems only.
 
 Run alone on a saved SFT model: ``python -m examples.math_study.rl_stage MODEL_DIR [--seconds 300]``.
 """
@@ -25,7 +27,7 @@ from tapekit.evaluate import EvalReport, Task
 
 from .agents import STUDENT_SYSTEM, calculator_environment, make_student
 from .problems import ALL_LEVELS, DIFFICULTIES, HARDER, LEVELS, Problem, difficulty, split_problems
-from .scoring import MAX_LOOPS, SCORERS, evaluate_agent, step_credit, tasks_for
+from .scoring import MAX_LOOPS, SCORERS, evaluate_agent, pass_at_1_text, step_credit, tasks_for
 
 __all__ = [
     "RLStageResult",
@@ -69,7 +71,7 @@ class RLStageSettings:
     max_grad_norm: float = 1.0
     mode: str = "sync"
     max_staleness: int = 1
-    eval_every: int = 0  # steps between held-out evaluations (0: before and after only)
+    eval_every: int = 0  # steps between validation evaluations (0: before and after only)
     system: str | None = None  # the student's system message (None: make_student's default)
     seed: int = 0
     out: Path = field(default_factory=lambda: Path("rl-out"))
@@ -165,7 +167,8 @@ def math_setup(
 def heldout_eval(
     model: Any, tokenizer: Any, tasks: list[Task], name: str, store: Any = None, system: str | None = None
 ) -> EvalReport:
-    """Greedy held-out evaluation of the model, every problem at once (batched ``generate``)."""
+    """Greedy evaluation of the model on ``tasks`` (the validation split), every problem at
+    once (batched ``generate``)."""
     from tapekit.llm.batched import BatchedTransformersLLM
 
     llm = BatchedTransformersLLM.from_model(
@@ -177,12 +180,11 @@ def heldout_eval(
 
 
 def line(report: EvalReport, step: int, seconds: float, extra: str = "") -> str:
-    """``stage=rl student=tiny heldout_exact=.. heldout_lenient=.. step=.. train_seconds=..``"""
+    """``stage=rl student=tiny split=val n=.. exact=.. exact_95ci=[..] lenient=.. ... step=..``"""
     levels = report.by_category()
     per_level = " ".join(f"{c}={levels[c].pass_at_1('strict').value:.2f}" for c in ALL_LEVELS if c in levels)
     return (
-        f"stage=rl student=tiny heldout_exact={report.pass_at_1('strict').value:.2f} "
-        f"heldout_lenient={report.pass_at_1('lenient').value:.2f} "
+        f"stage=rl student=tiny split=val {pass_at_1_text(report)} "
         f"tokens_per_task={report.tokens_per_attempt:.0f} step={step} train_seconds={seconds:.0f} "
         f"{per_level}{extra}"
     )
@@ -220,7 +222,7 @@ def rl_stage(
     budget = StopAfter(seconds=settings.seconds)  # training time: the evaluations are not counted
 
     class Progress(StepCallback):
-        """One ``rl step=...`` line per step, and the held-out evaluation every ``eval_every``."""
+        """One ``rl step=...`` line per step, and the validation evaluation every ``eval_every``."""
 
         def on_step(self, record: StepRecord) -> bool | None:
             r = record.metrics
@@ -292,11 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         choices=[3, 4, 5],
         default=3,
-        help="levels in the training and held-out pools: 4 and 5 add a hard tail (level4, level5);"
+        help="levels in the training and validation pools: 4 and 5 add a hard tail (level4, level5);"
         " SEC was measured there with --tasks 8 --group 16 --sec-temperature 0.4 (docs/training.md)",
     )
     parser.add_argument("--train", type=int, default=1500)
-    parser.add_argument("--heldout", type=int, default=150)
+    parser.add_argument("--val", "--heldout", type=int, default=150, dest="val", help="validation problems")
     parser.add_argument("--eval-every", type=int, default=0)
     parser.add_argument("--sec-temperature", type=float, default=0.3)
     parser.add_argument("--sec-alpha", type=float, default=0.5)
@@ -319,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_tiny(args.model)
-    train, heldout = split_problems(args.train, args.heldout, 0, categories=pool_levels(args.levels))
+    train, val, _ = split_problems(args.train, args.val, seed=0, categories=pool_levels(args.levels))
     settings = RLStageSettings(
         seconds=args.seconds,
         learning_rate=args.lr,
@@ -341,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         out=args.out,
         system=STUDENT_SYSTEM if args.long_system else None,
     )
-    rl_stage(model, tokenizer, train, tasks_for(heldout), settings)
+    rl_stage(model, tokenizer, train, tasks_for(val), settings)
     return 0
 
 
@@ -354,8 +356,9 @@ if __name__ == "__main__":
 def after_sft(
     model_dir: Path, train: list[Problem], heldout: list[Task], store: Any, settings: RLStageSettings
 ) -> tuple[EvalReport, float]:
-    """The RL stage of ``examples/math_distill.py``: RL on the SFT result in ``model_dir``;
-    returns the held-out report after RL and the seconds spent training."""
+    """The RL stage of ``examples/math_distill.py``: RL on the SFT result in ``model_dir`` over
+    the ``train`` problems; returns the report on ``heldout`` (the validation tasks) after RL
+    and the seconds spent training. The model is saved to ``settings.out / "final"``."""
     from tapekit.training.tiny import load_tiny
 
     model, tokenizer = load_tiny(model_dir)

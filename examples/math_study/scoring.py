@@ -23,7 +23,16 @@ from tapekit.evaluate import EvalReport, Score, Task, evaluate
 from .agents import MathAnswer, MathPlan, calculator_environment, start_tape
 from .problems import Problem
 
-__all__ = ["MAX_LOOPS", "SCORERS", "evaluate_agent", "lenient", "step_credit", "strict", "tasks_for"]
+__all__ = [
+    "MAX_LOOPS",
+    "SCORERS",
+    "evaluate_agent",
+    "lenient",
+    "pass_at_1_text",
+    "step_credit",
+    "strict",
+    "tasks_for",
+]
 
 MAX_LOOPS = 8  # agent/environment rounds per problem: 3 calculator calls need 4
 
@@ -126,7 +135,18 @@ def evaluate_agent(agent: Any, tasks: list[Task], store: Any, name: str, max_con
         k=1,
         name=name,
         store=store,
-        n_bootstrap=200,
+        n_bootstrap=1000,
         max_loops=MAX_LOOPS,
         max_concurrency=max_concurrency,
     )
+
+
+def pass_at_1_text(report: EvalReport) -> str:
+    """``n=45 exact=0.62 exact_95ci=[0.47,0.76] lenient=0.67 lenient_95ci=[0.53,0.80]``: pass@1
+    of both scorers with their 95 % bootstrap intervals (problems resampled), so that a figure
+    on a few dozen problems is read as the range it is."""
+    parts = [f"n={report.n_tasks}"]
+    for name, scorer in (("exact", "strict"), ("lenient", "lenient")):
+        e = report.pass_at_1(scorer)
+        parts.append(f"{name}={e.value:.2f} {name}_95ci=[{e.low:.2f},{e.high:.2f}]")
+    return " ".join(parts)

@@ -51,7 +51,7 @@ def test_a_pool_with_a_hard_tail_keeps_the_fixed_order_easy_to_hard() -> None:
     for n in (2, 6):
         with pytest.raises(ValueError, match="3 to 5 levels"):
             pool_levels(n)
-    train, _ = split_problems(60, 10, categories=pool_levels(5))
+    train = split_problems(60, 10, categories=pool_levels(5)).train
     assert easy_to_hard("levels", math_setup(train).tasks) == pool_levels(5)
     assert easy_to_hard("levels", math_setup(train[:2]).tasks) == ["level1", "level2"]
     by_size = easy_to_hard("sizes", math_setup(train, arms="sizes").tasks)
