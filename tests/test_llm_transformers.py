@@ -159,3 +159,95 @@ def test_missing_model_or_adapter_directory_is_named(tmp_path: object) -> None:
 
     with pytest.raises(LLMError, match="model_path '/nonexistent/model' is not a directory"):
         TransformersLLM(model_path="/nonexistent/model").load()
+
+
+# ------------------------------------------------------------------ answers held to a JSON schema
+
+SCHEMA_PROMPT_TEXT = 'Goal: Click on the "Ok" button.\nPage:\n[12] text "x"\n[14] button "Ok"'
+
+
+def _check_answer(text: str, bids: list[str]) -> None:
+    import json
+    import re
+
+    from tapekit.web.agent import answer_schema
+
+    schema = answer_schema(bids)
+    data = json.loads(text)  # the whole answer is one JSON object, nothing after it
+    assert set(data) == {"thought", "action"}
+    assert re.fullmatch(schema["properties"]["action"]["pattern"], data["action"]), data["action"]
+    assert re.fullmatch(schema["properties"]["thought"]["pattern"], data["thought"]), data["thought"]
+    layouts = [json.dumps(d, ensure_ascii=False) for d in (data, dict(reversed(list(data.items()))))]
+    assert text in layouts  # json.dumps's separators, no other whitespace
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_random_model_held_to_a_schema_writes_only_valid_answers(
+    tiny_dir: object, temperature: float
+) -> None:
+    """A random tiny model would write noise; under the page schema every answer is one JSON
+    object in json.dumps's layout whose action names a bid of the page, and the recorded
+    log-probabilities are the model's own (temperature-scaled, before the mask)."""
+    from tapekit.llm.transformers import TransformersLLM
+    from tapekit.web.agent import answer_schema
+
+    bids = ["12", "14"]
+    prompt = Prompt(
+        messages=[{"role": "user", "content": SCHEMA_PROMPT_TEXT}], response_schema=answer_schema(bids)
+    )
+    for seed in range(3):
+        llm = TransformersLLM(
+            model_path=str(tiny_dir), device="cpu", temperature=temperature, seed=seed, max_tokens=120
+        )
+        final = list(llm.stream(prompt))[-1]
+        assert final.output is not None and final.tokens is not None
+        _check_answer(final.output.content or "", bids)
+        assert final.tokens.finish_reason == "stop"
+        reference = _reference_logprobs(llm.load()[0], final.tokens, temperature or 1.0)
+        assert final.tokens.output_logprobs == pytest.approx(reference, abs=1e-4)
+
+
+def test_batched_rows_with_and_without_a_schema_decode_together(tiny_dir: object) -> None:
+    """One batched generate: constrained rows are held to their own schema (different bids),
+    the free row is not constrained at all, and sampled log-probs are the model's."""
+    import asyncio
+
+    from tapekit.llm.batched import BatchedTransformersLLM
+    from tapekit.web.agent import answer_schema
+
+    llm = BatchedTransformersLLM(model_path=str(tiny_dir), device="cpu", temperature=0.8, max_tokens=120)
+    pages = [["12", "14"], ["3", "40", "41"]]
+    prompts = [
+        Prompt(
+            messages=[{"role": "user", "content": f"{SCHEMA_PROMPT_TEXT} {i}"}],
+            response_schema=answer_schema(b),
+        )
+        for i, b in enumerate(pages)
+    ]
+    free = Prompt(messages=[{"role": "user", "content": SCHEMA_PROMPT_TEXT}])
+
+    async def run() -> list[object]:
+        async def one(p: Prompt) -> object:
+            events = [e async for e in llm.astream(p)]
+            return events[-1]
+
+        return list(await asyncio.gather(*(one(p) for p in [*prompts, free])))
+
+    finals = asyncio.run(run())
+    assert llm.batcher.stats.largest_batch == 3  # one generate for the three rows
+    for final, bids in zip(finals[:2], pages, strict=True):
+        _check_answer(final.output.content or "", bids)  # type: ignore[attr-defined]
+        reference = _reference_logprobs(llm.load()[0], final.tokens, 0.8)  # type: ignore[attr-defined]
+        assert final.tokens.output_logprobs == pytest.approx(reference, abs=1e-4)  # type: ignore[attr-defined]
+    free_text = finals[2].output.content or ""  # type: ignore[attr-defined]
+    assert not free_text.startswith('{"')  # a random model left alone writes no JSON answer
+
+
+def test_a_schema_that_cannot_be_compiled_is_named(tiny_dir: object) -> None:
+    from tapekit.llm.base import LLMError
+    from tapekit.llm.transformers import TransformersLLM
+
+    llm = TransformersLLM(model_path=str(tiny_dir), device="cpu", max_tokens=5)
+    bad = Prompt(messages=[{"role": "user", "content": "hi"}], response_schema={"type": "strnig"})
+    with pytest.raises(LLMError, match="response_schema cannot be compiled"):
+        list(llm.stream(bad))

@@ -8,7 +8,10 @@ together (left padding, one ``generate`` call), the way vLLM batches dynamically
 Each request keeps its own exact tokens: the prompt ids it was conditioned on, the ids sampled
 for its row (up to and including its end-of-turn token), and their log-probabilities under the
 row's sampling distribution (the processed scores ``generate`` drew from), so the RL loss
-takes its importance ratio against what was really sampled.
+takes its importance ratio against what was really sampled. A prompt's ``response_schema``
+holds its row's answer to that schema (:mod:`tapekit.llm._grammar`); the mask decides what can
+be drawn, and the recorded log-probabilities are the model's before it (what the trainer
+recomputes).
 
 When to decode:
 
@@ -67,6 +70,7 @@ class _Request:
     ids: list[int]
     future: asyncio.Future[tuple[list[int], list[float]]]
     loop: asyncio.AbstractEventLoop
+    schema: dict[str, Any] | None = None
 
 
 @dataclass
@@ -109,10 +113,13 @@ class RequestBatcher:
             self._active = None
         self._maybe_flush()
 
-    async def submit(self, llm: BatchedTransformersLLM, ids: list[int]) -> tuple[list[int], list[float]]:
-        """Queue one prompt; returns its sampled ids and their log-probabilities."""
+    async def submit(
+        self, llm: BatchedTransformersLLM, ids: list[int], schema: dict[str, Any] | None = None
+    ) -> tuple[list[int], list[float]]:
+        """Queue one prompt (its answer held to the JSON ``schema``, if one is given); returns
+        its sampled ids and their log-probabilities."""
         loop = asyncio.get_running_loop()
-        request = _Request(ids, loop.create_future(), loop)
+        request = _Request(ids, loop.create_future(), loop, schema)
         with self._lock:
             self._pending.append(request)
             self._llm = llm
@@ -155,7 +162,8 @@ class RequestBatcher:
         for batch, seed in chunks:
             started = time.perf_counter()
             try:
-                results = llm.generate_batch([r.ids for r in batch], seed)
+                schemas = [r.schema for r in batch]
+                results = llm.generate_batch([r.ids for r in batch], seed, schemas if any(schemas) else None)
             except BaseException as e:
                 for r in batch:
                     r.loop.call_soon_threadsafe(_fail, r.future, e)
@@ -203,14 +211,23 @@ class BatchedTransformersLLM(TransformersLLM):
         self._generate_lock = lock
 
     def generate_batch(
-        self, prompts: list[list[int]], seed: int | None = None
+        self,
+        prompts: list[list[int]],
+        seed: int | None = None,
+        schemas: list[dict[str, Any] | None] | None = None,
     ) -> list[tuple[list[int], list[float]]]:
         """Decode ``prompts`` (token ids) in one left-padded ``generate``; for each, the sampled
-        ids (cut after its first end-of-turn token) and their sampling log-probabilities."""
+        ids (cut after its first end-of-turn token) and their sampling log-probabilities.
+        ``schemas[i]`` holds row ``i``'s answer to a JSON schema (see :mod:`tapekit.llm._grammar`:
+        the mask decides what can be drawn; the log-probabilities are the model's, before it)."""
         import torch
 
         if not prompts or any(not p for p in prompts):
             raise LLMError("BatchedTransformersLLM.generate_batch: empty batch or empty prompt")
+        if schemas is not None and len(schemas) != len(prompts):
+            raise LLMError(
+                f"BatchedTransformersLLM.generate_batch: {len(schemas)} schemas for {len(prompts)} prompts"
+            )
         model, tokenizer = self.load()
         pad = _pad_id(tokenizer)
         if pad is None:
@@ -219,8 +236,14 @@ class BatchedTransformersLLM(TransformersLLM):
         width = input_ids.shape[1]
         kwargs = self.generate_kwargs()
         sampling = bool(kwargs.pop("do_sample", False))
-        sampler = _sampler(kwargs, seed) if sampling else None
         stops = _eos_ids(model, tokenizer)
+        constraint = None
+        if schemas is not None and any(s is not None for s in schemas):
+            from tapekit.llm._grammar import RowConstraints
+
+            constraint = RowConstraints(tokenizer, schemas, sorted(stops))
+        sampler = _sampler(kwargs, seed, constraint) if sampling else None
+        processors = [sampler] if sampler else [constraint] if constraint else None
         with self._generate_lock, torch.no_grad():
             out = model.generate(
                 input_ids=input_ids.to(model.device),
@@ -229,7 +252,7 @@ class BatchedTransformersLLM(TransformersLLM):
                 return_dict_in_generate=True,
                 output_logits=not sampling,
                 do_sample=False,  # with a sampler, greedy takes the one token it leaves
-                logits_processor=[sampler] if sampler else None,
+                logits_processor=processors,
                 **kwargs,
             )
         sequences = out.sequences[:, width:].cpu()
@@ -252,7 +275,7 @@ class BatchedTransformersLLM(TransformersLLM):
     async def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
         tokenizer = self.load()[1]
         ids = self.prompt_ids(prompt)
-        output_ids, logprobs = await self._batcher.submit(self, ids)
+        output_ids, logprobs = await self._batcher.submit(self, ids, prompt.response_schema)
         content = tokenizer.decode(output_ids, skip_special_tokens=True)
         if content:
             yield LLMEvent(chunk=content)
@@ -273,7 +296,7 @@ def left_pad(prompts: list[list[int]], pad: int) -> tuple[Any, Any]:
     return input_ids, attention
 
 
-def _sampler(kwargs: dict[str, Any], seed: int | None) -> Any:
+def _sampler(kwargs: dict[str, Any], seed: int | None, constraint: Any = None) -> Any:
     """A logits processor that samples each row's next token itself and records its log-prob.
 
     It takes ``temperature``, ``top_p`` and ``top_k`` out of ``kwargs`` and applies them with
@@ -282,7 +305,9 @@ def _sampler(kwargs: dict[str, Any], seed: int | None) -> Any:
     uniform number per row and inverts the cumulative distribution. ``generate``'s own
     sampling calls ``torch.multinomial`` over the whole vocabulary, which on a CPU took about
     a quarter of each decoding step of a tiny model (bench/rollouts.py). The returned scores
-    keep only the drawn token, so ``generate`` run greedily emits it.
+    keep only the drawn token, so ``generate`` run greedily emits it. With a ``constraint``
+    (:class:`~tapekit.llm._grammar.RowConstraints`) the token is drawn from the masked
+    distribution and its log-prob read from the unmasked one.
     """
     import torch
     from transformers import LogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
@@ -304,10 +329,13 @@ def _sampler(kwargs: dict[str, Any], seed: int | None) -> Any:
             self.picked: list[Any] = []
 
         def __call__(self, input_ids: Any, scores: Any) -> Any:
-            for warp in warpers:
+            masked = None if constraint is None else constraint(input_ids, scores.float())
+            for warp in warpers:  # the mask goes first, so top-k/top-p keep some allowed token
                 scores = warp(input_ids, scores)
+                masked = None if masked is None else warp(input_ids, masked)
             logp = torch.log_softmax(scores.float(), dim=-1)
-            cdf = logp.exp().cumsum(dim=-1)
+            drawn = logp if masked is None else torch.log_softmax(masked, dim=-1)
+            cdf = drawn.exp().cumsum(dim=-1)
             u = torch.rand((scores.shape[0], 1), generator=generator).to(cdf.device) * cdf[:, -1:]
             # the first token whose cumulative probability exceeds u: never one of probability 0
             token = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)

@@ -47,6 +47,9 @@ class TransformersLLM(LLM):
     same sample (leave it None to draw different samples, e.g. k attempts per task);
     ``max_tokens`` bounds the answer. ``parameters`` go to ``generate`` last and override all
     of these (``{"max_new_tokens": 20, "do_sample": False}`` works as before).
+    A prompt's ``response_schema`` holds the answer to that JSON schema, as llama.cpp's grammar
+    does (llguidance; see :mod:`tapekit.llm._grammar`); the recorded log-probabilities are the
+    model's before the schema's mask.
 
     Every final event carries a :class:`TokenTrace`: prompt ids as fed to ``generate`` (chat
     template applied), the sampled ids (the end-of-turn token included when the model wrote
@@ -172,6 +175,15 @@ class TransformersLLM(LLM):
         streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
         kwargs = self.generate_kwargs()
         sampling = bool(kwargs.get("do_sample"))
+        constraint = None
+        if prompt.response_schema is not None:
+            from tapekit.llm._grammar import RowConstraints
+
+            constraint = RowConstraints(
+                tokenizer, [prompt.response_schema], sorted(_eos_ids(model, tokenizer))
+            )
+            kwargs["logits_processor"] = [constraint]
+        temperature = float(kwargs.get("temperature") or 1.0)
         result: list[tuple[list[int], list[float]]] = []
         failure: list[BaseException] = []
 
@@ -188,10 +200,13 @@ class TransformersLLM(LLM):
                             pad_token_id=_pad_id(tokenizer),
                             return_dict_in_generate=True,
                             output_scores=sampling,
-                            output_logits=not sampling,
+                            output_logits=not sampling or constraint is not None,
                             **kwargs,
                         )
-                result.append(_sampled(out, len(ids), sampling))
+                if constraint is not None and sampling:  # the model's distribution, before the mask
+                    result.append(_sampled(out, len(ids), False, temperature))
+                else:
+                    result.append(_sampled(out, len(ids), sampling))
             except BaseException as e:
                 failure.append(e)
                 streamer.end()
@@ -257,9 +272,12 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
-def _sampled(out: Any, n_prompt: int, sampling: bool) -> tuple[list[int], list[float]]:
+def _sampled(
+    out: Any, n_prompt: int, sampling: bool, temperature: float = 1.0
+) -> tuple[list[int], list[float]]:
     """The sampled ids of a ``generate`` result and their log-probabilities: from the processed
-    scores the sampler drew from when sampling, from the raw logits when greedy."""
+    scores the sampler drew from when sampling, else from the raw logits divided by
+    ``temperature`` (greedy; or sampling under a response schema, whose mask is not counted)."""
     import torch
 
     ids = out.sequences[0, n_prompt:]
@@ -267,5 +285,7 @@ def _sampled(out: Any, n_prompt: int, sampling: bool) -> tuple[list[int], list[f
     if not len(ids):
         return [], []
     table = torch.stack([r[0] for r in rows[: len(ids)]]).float()
+    if not sampling and temperature != 1.0:
+        table = table / temperature
     logprobs = torch.log_softmax(table, dim=-1).gather(1, ids.view(-1, 1).to(table.device)).view(-1)
     return [int(i) for i in ids.tolist()], [float(x) for x in logprobs.tolist()]

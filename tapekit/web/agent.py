@@ -176,7 +176,12 @@ def answer_schema(bids: list[str] | None, rationale: bool = True) -> dict[str, A
             thought = {"type": "string", "pattern": r"^[^\"\\\n]{0,100}$"}
         properties["thought"] = thought
     properties["action"] = action
-    return {"type": "object", "properties": properties, "required": list(properties)}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
 
 
 def _tools() -> list[dict[str, Any]]:

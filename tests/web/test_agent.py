@@ -168,6 +168,7 @@ def test_page_schema_admits_actions_on_the_pages_bids_only() -> None:
         "type": "object",
         "properties": {"action": {"type": "string"}},
         "required": ["action"],
+        "additionalProperties": False,
     }
 
 
