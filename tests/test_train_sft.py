@@ -223,3 +223,19 @@ def test_step_callbacks_see_typed_records_and_stop_the_trainer(tmp_path: Path) -
     assert all(r.tokens for r in keep.records)
     info = json.loads((final / "tapekit_train.json").read_text())
     assert info["global_step"] == 3 and "3 steps" in info["stopped"]
+
+
+def decoder_dtypes(tmp: Path, dtype: str) -> set[torch.dtype]:
+    """The dtypes one SFT step's decoder computes in (an MLP projection's outputs), fp32 weights."""
+    model, tok = make_model()
+    seen: list[torch.dtype] = []
+    model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+    build_sft_trainer(sum_rows(tok, 8), model, tok, config(tmp, max_steps=1, dtype=dtype)).train()
+    return set(seen)
+
+
+def test_bfloat16_autocasts_the_labelled_head_loss_of_an_fp32_model(tmp_path: Path) -> None:
+    # the labelled-only head calls the decoder directly, around accelerate's autocast wrapper
+    # of model.forward: dtype bfloat16 must still run the decoder in bf16 (and float32 in fp32)
+    assert decoder_dtypes(tmp_path / "bf16", "bfloat16") == {torch.bfloat16}
+    assert decoder_dtypes(tmp_path / "fp32", "float32") == {torch.float32}

@@ -167,7 +167,9 @@ def _model_loss_trainer(base: type) -> type:
     On plain-head architectures (Llama, Mistral, Qwen) the LM head runs only on the positions
     that have a label (:func:`~tapekit.training._head_loss.labelled_loss`): the same loss and
     gradients; measured on the math example's tiny student (vocabulary 2,472, ~100-token samples,
-    about a third of them trained) 9.9k instead of 5.5k tokens/s."""
+    about a third of them trained) 9.9k instead of 5.5k tokens/s. The loss runs inside the
+    accelerator's autocast (``dtype: bfloat16`` with fp32 weights: bf16 autocast on CPU), as the
+    model's own forward would."""
     from transformers import Trainer
 
     from tapekit.training._head_loss import labelled_loss
@@ -178,7 +180,10 @@ def _model_loss_trainer(base: type) -> type:
         ) -> Any:
             if not return_outputs and "labels" in inputs and self.label_smoother is None:
                 items = num_items_in_batch if self.model_accepts_loss_kwargs else None
-                loss = labelled_loss(model, inputs, items)
+                # the decoder is called directly, around the forward accelerate wraps in its
+                # autocast: enter it here, or dtype bfloat16 would train an fp32 model in fp32
+                with self.accelerator.autocast():
+                    loss = labelled_loss(model, inputs, items)
                 if loss is not None:
                     if self.args.average_tokens_across_devices and items is not None:
                         loss = loss * self.accelerator.num_processes  # as Trainer.compute_loss does
