@@ -246,7 +246,8 @@ def _draw(
     """The first problems of ``stream`` that fill ``quota`` (count per category) and whose
     arithmetic is neither in ``used`` nor an earlier pick's, in stream order, ids prefixed
     ``prefix-``; and how many were skipped per category because their arithmetic was taken."""
-    wanted, out, dropped, used = Counter(quota), [], Counter[str](), set(used)
+    out: list[Problem] = []
+    wanted, dropped, used = Counter(quota), Counter[str](), set(used)
     for looked in range(limit + 1):
         if sum(wanted.values()) == 0:
             return out, dropped
