@@ -1,13 +1,26 @@
-"""SFT throughput on tape-made samples: tapekit's packed path vs plain TRL and transformers.Trainer.
+"""SFT throughput on tape-made samples: tapekit's packed path vs TRL at its best and transformers.Trainer.
 
 The samples come from tapes: an agent answers arithmetic questions after a conversation history
 of 0-12 earlier exchanges (so lengths vary, as in multi-turn agent data), run by
 ``tapekit.evaluate`` on a backend that records token ids; each LLM call becomes one sample
 (prompt ids masked, sampled ids trained). The same samples are then trained for one epoch by:
 
-  tapekit   tapekit.training.sft: TRL's SFTTrainer, BFD packing, padding-free rows
-  trl       plain TRL SFTTrainer with its default padding collator (completion-only loss)
-  trainer   plain transformers.Trainer with DataCollatorForSeq2Seq (pads to the batch's longest)
+  tapekit            tapekit.training.sft: TRL's SFTTrainer, BFD packing, padding-free rows kept as
+                     rows (PackedRowsCollator), the model's loss with the LM head on labelled
+                     positions only
+  tapekit-full-head  the same with the labelled-only head off (the model's own loss, full logits)
+  tapekit-joined     also without the rows-as-rows collator: TRL's padding-free collator joins a
+                     step's packed rows into one row; what is left of tapekit is the model's loss
+                     in place of TRL's (the gap to ``trl`` is TRL's loss)
+  trl                TRL SFTTrainer at its best: packing=True (BFD), padding_free=True (the fields
+                     the installed TRL has), the same rows per step and row length as tapekit,
+                     completion-only loss
+  trl-padded         TRL SFTTrainer with its default padding collator (completion-only loss)
+  trainer            plain transformers.Trainer with DataCollatorForSeq2Seq (pads to the batch's longest)
+
+The chain trl -> tapekit-joined -> tapekit-full-head -> tapekit switches tapekit's features on one
+at a time, so each ratio is the gain of one of them: the model's loss instead of TRL's, packed
+rows kept as rows, the labelled-only head.
 
 Each mode runs in its own process (so peak memory is its own) and reports real (non-pad) tokens
 per second, the share of real tokens in what the model computed on, peak memory and the number
@@ -23,6 +36,7 @@ random weights (throughput does not depend on the weights; nothing is downloaded
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -44,7 +58,8 @@ from tapekit.dialog import AssistantThought
 from tapekit.evaluate import Score, Task, evaluate
 from tapekit.llm.base import LLM, LLMEvent, TokenTrace
 
-MODES = ("tapekit", "trl", "trainer")
+PACKED = ("tapekit", "tapekit-full-head", "tapekit-joined", "trl")
+MODES = ("tapekit", "tapekit-full-head", "tapekit-joined", "trl", "trl-padded", "trainer")
 
 
 class Exchange(Observation):
@@ -204,21 +219,38 @@ def run_mode(args: argparse.Namespace) -> dict[str, Any]:
     # packed rows as long as the longest sample, as many per step as hold a padded batch's tokens
     packed_len = -(-longest // 64) * 64
     rows_per_step = max(1, round(args.batch_size * mean_len / packed_len))
-    if args.mode == "tapekit":
+    if args.mode != "tapekit":  # the other modes run the LM head over every position
+        import tapekit.training._head_loss as head_loss
+
+        head_loss.plain_head_parts = lambda model: None
+    if args.mode.startswith("tapekit"):
         config = SFTConfig(
             output_dir=common["output_dir"], epochs=1, batch_size=rows_per_step, max_length=packed_len,
             lora={"r": 16, "alpha": 32} if args.lora else None, device=args.device,
             dtype="bfloat16" if args.device == "cuda" else "float32", logging_steps=10**6, learning_rate=1e-4,
         )  # fmt: skip
         trainer = build_sft_trainer(rows, model, tokenizer, config)
-    elif args.mode == "trl":
+        if args.mode == "tapekit-joined":  # TRL's own padding-free collator: one joined row per step
+            from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+            trainer.data_collator = DataCollatorForLanguageModeling(
+                pad_token_id=trainer.data_collator.pad_token_id, padding_free=True
+            )
+    elif args.mode.startswith("trl"):
         from trl import SFTConfig as TRLSFTConfig
         from trl import SFTTrainer
 
         data = Dataset.from_list(
             [{"input_ids": r["input_ids"], "completion_mask": r["loss_mask"]} for r in rows]
         )
-        trl_args = TRLSFTConfig(**common, max_length=None, completion_only_loss=True, packing=False)
+        if args.mode == "trl":  # TRL's best: BFD packing, padding-free, tapekit's rows per step
+            fields = {f.name for f in dataclasses.fields(TRLSFTConfig)}
+            best = {"packing": True, "packing_strategy": "bfd", "padding_free": True}
+            best = {k: v for k, v in best.items() if k in fields}
+            batch = {"per_device_train_batch_size": rows_per_step, "max_length": packed_len}
+            trl_args = TRLSFTConfig(**{**common, **batch}, completion_only_loss=True, **best)
+        else:
+            trl_args = TRLSFTConfig(**common, max_length=None, completion_only_loss=True, packing=False)
         trainer = SFTTrainer(
             model=model,
             args=trl_args,
@@ -268,7 +300,7 @@ def run_mode(args: argparse.Namespace) -> dict[str, Any]:
         "real_share": real / total,
         "peak_mib": peak,
         "steps": trainer.state.global_step,
-        "packed": f"{rows_per_step} rows of {packed_len}" if args.mode == "tapekit" else None,
+        "packed": f"{rows_per_step} rows of {packed_len}" if args.mode in PACKED else None,
     }
 
 
@@ -306,7 +338,7 @@ def main() -> None:
             f" batch={args.batch_size}"
         )
         header = ("mode", "tokens/s", "real share", "peak MiB", "trained tok", "steps", "s")
-        print("{:8} {:>10} {:>10} {:>9} {:>11} {:>5} {:>6}".format(*header))
+        print("{:17} {:>10} {:>10} {:>9} {:>11} {:>5} {:>6}".format(*header))
         for mode in args.modes.split(","):
             runs = []
             for _ in range(args.repeat):
@@ -322,7 +354,7 @@ def main() -> None:
                 runs.append(json.loads(line[7:]))
             r = sorted(runs, key=lambda x: x["tokens_per_s"])[len(runs) // 2]
             print(
-                f"{mode:8} {r['tokens_per_s']:>10,.0f} {r['real_share']:>10.1%} {r['peak_mib']:>9,.0f}"
+                f"{mode:17} {r['tokens_per_s']:>10,.0f} {r['real_share']:>10.1%} {r['peak_mib']:>9,.0f}"
                 f" {r['trained_tokens']:>11,} {r['steps']:>5} {r['seconds']:>6.1f}"
                 + (f"   ({r['packed']} tokens per step)" if r["packed"] else "")
             )
