@@ -37,6 +37,9 @@ def test_loads_the_embedded_gguf_and_answers_like_llama_cpp(llm: object) -> None
     model, _ = llm.load()
     assert type(model).__name__ == "LlamaForCausalLM"
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
+    # dequantized tensors, not a quantized model: full fine-tuning and save_pretrained work
+    assert not getattr(model, "is_quantized", False) and model.hf_quantizer is None
+    assert "quantization_config" not in model.config.to_dict()
     events = list(llm.stream(QUESTION))
     chunks = [e.chunk for e in events if e.chunk]
     final = events[-1]

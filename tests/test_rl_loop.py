@@ -248,9 +248,9 @@ def test_rollouts_do_not_depend_on_timing_even_with_a_task_drawn_twice(
     submit = RequestBatcher.submit
     jitter = random.Random()
 
-    async def late_submit(self: Any, llm: Any, ids: list[int]) -> Any:
+    async def late_submit(self: Any, llm: Any, ids: list[int], schema: Any = None) -> Any:
         await asyncio.sleep(jitter.random() * 0.005)  # another arrival order each run
-        return await submit(self, llm, ids)
+        return await submit(self, llm, ids, schema)
 
     monkeypatch.setattr(RequestBatcher, "submit", late_submit)
     model, tokenizer = make_model()

@@ -163,7 +163,11 @@ class RequestBatcher:
             started = time.perf_counter()
             try:
                 schemas = [r.schema for r in batch]
-                results = llm.generate_batch([r.ids for r in batch], seed, schemas if any(schemas) else None)
+                prompts = [r.ids for r in batch]
+                if any(s is not None for s in schemas):
+                    results = llm.generate_batch(prompts, seed, schemas)
+                else:
+                    results = llm.generate_batch(prompts, seed)
             except BaseException as e:
                 for r in batch:
                     r.loop.call_soon_threadsafe(_fail, r.future, e)

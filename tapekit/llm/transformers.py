@@ -114,6 +114,8 @@ class TransformersLLM(LLM):
             raise LLMError(f"TransformersLLM: dtype {self.dtype!r} is not float32, bfloat16, float16 or auto")
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, **extra)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype, **extra)
+        if gguf:
+            _as_plain_model(model)
         if self.adapter_path is not None:
             model = _with_adapter(model, self.adapter_path)
         device = self.device
@@ -244,6 +246,17 @@ class TransformersLLM(LLM):
                 finish_reason=finish,
             ),
         )
+
+
+def _as_plain_model(model: Any) -> None:
+    """transformers dequantizes a GGUF file's tensors to the requested dtype but still marks the
+    model quantized, and its Trainer then refuses full fine-tuning ("purely quantized models")
+    and ``save_pretrained`` writes a GGUF quantization config. The weights are plain tensors:
+    drop the marks."""
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
 
 
 def _with_adapter(model: Any, adapter_path: str) -> Any:

@@ -36,7 +36,8 @@ __all__ = ["RolloutBatch", "collect_rollouts", "rollout_rows", "rollout_tags", "
 @dataclass
 class RolloutBatch:
     """One step's rollouts: the scored tapes (``group_size`` per task, in task order), each
-    tape's task, the policy version that sampled them, and timing."""
+    tape's task, the policy version that sampled them, timing, and the tokens the policy
+    prefilled (``prompt_tokens``, every call's whole prompt) and sampled (``output_tokens``)."""
 
     step: int
     policy_version: int
@@ -44,6 +45,7 @@ class RolloutBatch:
     tasks: list[Task]
     reward_name: str
     seconds: float = 0.0
+    prompt_tokens: int = 0
     output_tokens: int = 0
     llm_calls: int = 0
     failed: int = 0
@@ -157,6 +159,7 @@ async def acollect_rollouts(
         )
         async for result in results:
             finals[result.index] = result.tape
+            out.prompt_tokens += result.prompt_tokens
             out.output_tokens += result.output_tokens
             out.llm_calls += result.llm_calls
             out.failed += result.error is not None
