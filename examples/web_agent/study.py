@@ -1,0 +1,395 @@
+"""SFT, RL and SFT→RL for the web agent at one compute budget: SmolLM2-135M in headless Chromium.
+
+    python examples/web_agent/study.py --arm sft_rl --seed 0 --budget-seconds 1800
+    python examples/web_agent/study.py --quick        # the mechanics in a few minutes (CI)
+
+``--threads`` sets torch's threads (1 is faster while other jobs share the 2 cores).
+
+Three arms, each given the same budget of wall seconds on this machine (``--budget-seconds``,
+teacher browser time included where the arm uses teacher tapes; evaluations are outside it):
+
+- ``sft``: the programmatic teacher's tapes on training seeds, then supervised fine-tuning for
+  the rest of the budget (several epochs);
+- ``sft_rl``: the same SFT for ``--sft-fraction`` of the budget, then on-policy GRPO in the
+  browser (``train_rl`` with a web :class:`~tapekit.training.RLSetup`) for the rest;
+- ``rl``: GRPO from the base model, tasks drawn by the self-evolving curriculum (``--curriculum
+  uniform`` is its control).
+
+The student is the embedded SmolLM2-135M-Instruct, fully fine-tuned (135 M weights and their
+AdamW state fit in memory many times over; no adapter to merge between the SFT and RL stages).
+Rollouts and evaluations run the same weights through ``BatchedTransformersLLM``, the answer
+held to the page's schema (the bids on the page) as llama.cpp's grammar does for the zero-shot
+agent. Each arm is evaluated greedily at ``--checkpoints`` points of its budget on the
+validation seeds; ``--test`` also evaluates those checkpoints on the test seeds (use it once,
+for the final runs: no choice may read them). Every step's wall seconds and FLOPs go to
+``OUT/ledger.jsonl``, the evaluations to ``OUT/results.json``; the tapes (teacher, rollouts,
+evaluations) to ``OUT/tapes.db`` (open them with ``tapekit studio``).
+
+FLOPs are counted as the paper does: 6·N per trained token, 2·N per prefilled or generated
+token of a rollout (failed episodes included), N the student's parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tapekit import evaluate, open_store
+from tapekit.evaluate import EvalReport, Task
+from tapekit.llm import BatchedTransformersLLM, TransformersLLM
+from tapekit.training import RLRunConfig, RLSetup, SFTConfig, StopAfter, make_samples, train_rl, train_sft
+from tapekit.web import WebEnvironment, WebThought, web_agent
+from tapekit.web.miniwob import SPLIT, eval_tasks, reward_scorer, start_tape
+from tapekit.web.teacher import teacher_agent
+
+ARMS = ("sft", "sft_rl", "rl")
+QUICK_TASK = "click-button"
+
+
+@dataclass
+class Settings:
+    """What a run does (the command line fills it in; ``--quick`` sets small values)."""
+
+    arm: str = "sft_rl"
+    seed: int = 0
+    budget_seconds: float = 1800.0
+    tasks: list[str] = field(default_factory=lambda: list(SPLIT.train_tasks))
+    teacher_seeds: int = 8  # teacher episodes per task (the SFT data)
+    rl_seeds: int = 50  # training seeds per task in the RL pool
+    val_seeds: int = 5
+    test_seeds: int = 12
+    test: bool = False
+    checkpoints: int = 3
+    sft_fraction: float = 1 / 3
+    sft_lr: float = 5e-5
+    sft_batch: int = 8
+    rl_lr: float = 1e-5
+    temperature: float = 1.0
+    tasks_per_step: int = 4
+    group_size: int = 4
+    curriculum: str = "sec"
+    scale_rewards: bool = False
+    max_tokens: int = 32
+    threads: int = 2
+    out: str = "web-study"
+
+
+class Ledger:
+    """The arm's spending: wall seconds of counted work, FLOPs, tokens, episodes (one JSON line
+    per stage to ``ledger.jsonl``)."""
+
+    def __init__(self, path: Path, n_params: int) -> None:
+        self.path, self.n = path, n_params
+        self.seconds = 0.0
+        self.flops = 0.0
+        self.trained_tokens = 0
+        self.rollout_tokens = 0
+        self.episodes = 0
+
+    def add(
+        self, stage: str, seconds: float, *, trained: int = 0, rolled: int = 0, episodes: int = 0
+    ) -> None:
+        self.seconds += seconds
+        self.flops += 6.0 * self.n * trained + 2.0 * self.n * rolled
+        self.trained_tokens += trained
+        self.rollout_tokens += rolled
+        self.episodes += episodes
+        with self.path.open("a") as f:
+            f.write(json.dumps({"stage": stage, "step_seconds": seconds, **self.totals()}) + "\n")
+
+    def totals(self) -> dict[str, Any]:
+        return {
+            "seconds": round(self.seconds, 2),
+            "flops": self.flops,
+            "trained_tokens": self.trained_tokens,
+            "rollout_tokens": self.rollout_tokens,
+            "episodes": self.episodes,
+        }
+
+
+def student_agent(llm: Any) -> Any:
+    """The web agent the student is (the prompt the SFT data is rendered with, too): the answer
+    is the action alone, held to the page's bids. No rationale: it triples the sampled tokens,
+    and on 2 cores every token counts against the budget (zero-shot, the rationale scored 0.19
+    against 0.13 on validation, docs/experiments/web-agent.md; all arms share this choice)."""
+    return web_agent(llm, name="student", constrain="page", rationale=False)
+
+
+def load_student() -> tuple[Any, Any]:
+    """The embedded SmolLM2-135M-Instruct as a trainable fp32 model and its tokenizer."""
+    return TransformersLLM(device="cpu", dtype="float32").load()
+
+
+def teacher_tapes(settings: Settings, env: WebEnvironment, store: Any, ledger: Ledger) -> list[Any]:
+    """The teacher's solved episodes on training seeds (their browser time is counted)."""
+    first = 1000 * settings.seed  # each training seed of the study its own teacher episodes
+    tasks = [
+        Task(id=f"{t}/{s}", start=start_tape(t, s), category=t)
+        for t in settings.tasks
+        for s in SPLIT.train_seeds[first : first + settings.teacher_seeds]
+    ]
+    started = time.perf_counter()
+    report = evaluate(
+        teacher_agent(), env, tasks, reward_scorer, name=f"teacher-seed{settings.seed}", store=store
+    )
+    ledger.add("teacher", time.perf_counter() - started, episodes=len(tasks))
+    solved = {s.tape_id for s in report.samples if _reward(s) > 0}
+    # the student writes no rationale: the teacher's thoughts are not part of what it learns
+    return [
+        type(tape)(
+            context=tape.context,
+            steps=[s for s in tape.steps if not isinstance(s, WebThought)],
+            metadata=tape.metadata.model_copy(update={"id": f"{tape.metadata.id}-nothought"}),
+        )
+        for tape_id, tape in report.tapes.items()
+        if tape_id in solved
+    ]
+
+
+def sft_stage(
+    settings: Settings, model: Any, tokenizer: Any, tapes: list[Any], seconds: float, ledger: Ledger, tag: str
+) -> None:
+    """Supervised fine-tuning on the teacher's tapes for ``seconds`` (epochs repeat the data)."""
+    llm = TransformersLLM.from_model(model, tokenizer)
+    samples = make_samples(tapes, reuse_with=student_agent(llm), tokenizer=tokenizer)
+    dataset = samples.dataset
+    config = SFTConfig(
+        output_dir=str(Path(settings.out) / f"sft-{tag}"),
+        lora=None,
+        learning_rate=settings.sft_lr,
+        lr_scheduler="constant",
+        epochs=1000.0,  # StopAfter ends it
+        batch_size=settings.sft_batch,
+        max_length=1024,
+        device="cpu",
+        dtype="bfloat16",  # autocast: 1.4x fp32's tokens/s here, loss within 0.2 % (bench/train_smollm2.py)
+        seed=settings.seed,
+        logging_steps=1,
+    )
+    stop = StopAfter(seconds=seconds)
+    started = time.perf_counter()
+    train_sft(dataset, model, tokenizer=tokenizer, config=config, callbacks=[stop])
+    tokens = _sft_tokens(Path(config.output_dir))
+    ledger.add(f"sft-{tag}", time.perf_counter() - started, trained=tokens)
+
+
+def _sft_tokens(output_dir: Path) -> int:
+    """Tokens the SFT run trained on (from its step log)."""
+    log = output_dir / "final" / "tapekit_train.json"
+    if log.exists():
+        data = json.loads(log.read_text())
+        return int(data.get("tokens_seen") or data.get("extra", {}).get("tokens_seen") or 0)
+    return 0
+
+
+def _reward(sample: Any) -> float:
+    """A sample's reward (the one scorer's value)."""
+    return float(next(iter(sample.scores.values())).value)
+
+
+def rl_tasks(settings: Settings) -> list[Task]:
+    """The RL pool: training seeds of each task, after the teacher's (never validation or test)."""
+    first = 1000 * settings.seed + 500
+    return [
+        Task(id=f"{t}/{s}", start=start_tape(t, s), category=t)
+        for t in settings.tasks
+        for s in SPLIT.train_seeds[first : first + settings.rl_seeds]
+    ]
+
+
+def rl_stage(
+    settings: Settings,
+    model: Any,
+    tokenizer: Any,
+    env: WebEnvironment,
+    seconds: float,
+    ledger: Ledger,
+    tag: str,
+) -> None:
+    """GRPO in the browser for ``seconds`` (train_rl with a web setup; model trained in place)."""
+    setup = RLSetup(
+        agent_for=student_agent,
+        environment=env,
+        tasks=rl_tasks(settings),
+        scorers={"reward": reward_scorer},
+        reward="reward",
+    )
+    config = RLRunConfig(
+        output_dir=str(Path(settings.out) / f"rl-{tag}"),
+        run_name=f"rl-{tag}",
+        steps=10_000,  # StopAfter ends it
+        tasks_per_step=settings.tasks_per_step,
+        group_size=settings.group_size,
+        temperature=settings.temperature,
+        max_tokens=settings.max_tokens,
+        max_loops=None,
+        learning_rate=settings.rl_lr,
+        scale_rewards=settings.scale_rewards,
+        curriculum=settings.curriculum,  # type: ignore[arg-type]
+        lora=None,
+        seed=settings.seed,
+        checkpoint=False,
+    )
+
+    def count(record: dict[str, Any]) -> None:
+        rolled = int(record["rollout_prompt_tokens"]) + int(record["rollout_output_tokens"])
+        ledger.add(
+            f"rl-{tag}-step{record['step']}",
+            float(record["step_seconds"]),
+            trained=int(record["train_tokens"]),
+            rolled=rolled,
+            episodes=int(record["rollouts"]),
+        )
+        print(
+            f"  rl step {record['step']}: reward {record.get('reward_mean', 0):.2f} "
+            f"({record['step_seconds']:.0f} s, budget used {ledger.seconds:.0f} s)",
+            flush=True,
+        )
+
+    store = open_store(str(Path(settings.out) / "tapes.db"))
+    try:
+        train_rl(
+            setup,
+            model,
+            tokenizer,
+            config,
+            store=store,
+            on_step=count,
+            callbacks=[StopAfter(seconds=seconds)],
+        )
+    finally:
+        store.close()
+
+
+def evaluate_student(
+    model: Any, tokenizer: Any, env: WebEnvironment, tasks: list[Task], name: str, store: Any
+) -> EvalReport:
+    """Greedy episodes of the current weights (all at once, decoded in batches)."""
+    llm = BatchedTransformersLLM.from_model(model, tokenizer, temperature=0.0, max_tokens=32)
+    llm.batcher.max_wait_s = 0.5  # the episodes' next requests arrive within a browser step
+    return evaluate(
+        student_agent(llm), env, tasks, reward_scorer, name=name, store=store, max_concurrency=len(tasks)
+    )
+
+
+def run_arm(settings: Settings) -> dict[str, Any]:
+    """One arm, one seed: train to the budget, evaluating at each checkpoint."""
+    import torch
+
+    if settings.arm not in ARMS:
+        raise ValueError(f"--arm must be one of {', '.join(ARMS)}, got {settings.arm!r}")
+    torch.manual_seed(settings.seed)
+    torch.set_num_threads(settings.threads)
+    out = Path(settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = load_student()
+    ledger = Ledger(out / "ledger.jsonl", sum(p.numel() for p in model.parameters()))
+    store = open_store(str(out / "tapes.db"))
+    val = eval_tasks("validation", settings.val_seeds, settings.tasks)
+    test = eval_tasks("test", settings.test_seeds, settings.tasks) if settings.test else []
+    results: dict[str, Any] = {"settings": asdict(settings), "checkpoints": []}
+
+    def checkpoint(label: str) -> None:
+        point: dict[str, Any] = {"label": label, **ledger.totals()}
+        for split, tasks in (("validation", val), ("test", test)):
+            if tasks:
+                report = evaluate_student(
+                    model, tokenizer, env, tasks, f"{settings.arm}-s{settings.seed}-{label}-{split}", store
+                )
+                point[split] = {
+                    "success": report.mean_score().value,
+                    "low": report.mean_score().low,
+                    "high": report.mean_score().high,
+                    "per_task": {s.task_id: _reward(s) for s in report.samples},
+                }
+        results["checkpoints"].append(point)
+        shown = {
+            k: round(v["success"], 3) for k, v in point.items() if isinstance(v, dict) and "success" in v
+        }
+        print(f"{settings.arm} seed {settings.seed} at {label} ({ledger.seconds:.0f} s): {shown}", flush=True)
+        (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+
+    budget, n = settings.budget_seconds, settings.checkpoints
+    with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
+        checkpoint("start")
+        if settings.arm in ("sft", "sft_rl"):
+            tapes = teacher_tapes(settings, env, store, ledger)
+            sft_budget = budget if settings.arm == "sft" else budget * settings.sft_fraction
+            parts = n if settings.arm == "sft" else 1
+            for i in range(parts):
+                sft_stage(
+                    settings,
+                    model,
+                    tokenizer,
+                    tapes,
+                    sft_budget / parts - (ledger.seconds if i == 0 else 0),
+                    ledger,
+                    f"{i}",
+                )
+                checkpoint(f"sft{i}")
+        if settings.arm in ("sft_rl", "rl"):
+            parts = n if settings.arm == "rl" else max(n - 1, 1)
+            left = budget - ledger.seconds
+            for i in range(parts):
+                rl_stage(settings, model, tokenizer, env, left / parts, ledger, f"{i}")
+                checkpoint(f"rl{i}")
+    store.close()
+    return results
+
+
+def parse_args(argv: list[str] | None = None) -> Settings:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arm", choices=ARMS, default="sft_rl")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget-seconds", type=float, default=1800.0)
+    p.add_argument("--tasks", nargs="*", default=None, help="training tasks (default: all 14)")
+    p.add_argument("--test", action="store_true", help="also evaluate on the test seeds (final runs only)")
+    p.add_argument("--curriculum", choices=["sec", "uniform"], default="sec")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="rollout sampling temperature (at the paper's 0.25 every group of 4 agreed: no signal)",
+    )
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--rl-lr", type=float, default=1e-5)
+    p.add_argument("--sft-lr", type=float, default=5e-5)
+    p.add_argument("--val-seeds", type=int, default=5)
+    p.add_argument("--test-seeds", type=int, default=12)
+    p.add_argument("--out", default=None)
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--quick", action="store_true", help=f"one task ({QUICK_TASK}), a small budget (CI)")
+    a = p.parse_args(argv)
+    s = Settings(
+        arm=a.arm,
+        seed=a.seed,
+        budget_seconds=a.budget_seconds,
+        test=a.test,
+        curriculum=a.curriculum,
+        temperature=a.temperature,
+        group_size=a.group_size,
+        rl_lr=a.rl_lr,
+        sft_lr=a.sft_lr,
+        val_seeds=a.val_seeds,
+        test_seeds=a.test_seeds,
+        threads=a.threads,
+    )
+    if a.tasks:
+        s.tasks = [t.removeprefix("miniwob.") for t in a.tasks]
+    if a.quick:
+        s.tasks, s.budget_seconds, s.teacher_seeds, s.rl_seeds = [QUICK_TASK], 150.0, 4, 40
+        s.val_seeds, s.checkpoints, s.tasks_per_step, s.rl_lr = 8, 2, 2, 2e-5
+    s.out = a.out or f"web-study/{s.arm}-seed{s.seed}"
+    return s
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return run_arm(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
