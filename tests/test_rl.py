@@ -257,6 +257,15 @@ def test_step_stats_lag_rewards_categories_and_kl() -> None:
     k1, k0 = 2 / 3 - math.log(2 / 3) - 1, 1 - LN2
     assert stats.kl == pytest.approx((2 * k1 + 2 * k0) / 4)
     assert stats.tokens == 4 and stats.tokens_per_s > 0
+    assert stats.input_tokens == 8  # 4 rows of 2 tokens: the prompt token goes through the passes too
+    from dataclasses import replace
+
+    from tapekit.training.rl import merge_stats
+
+    fast, slow = replace(stats, tokens_per_s=8.0), replace(stats, tokens_per_s=4.0)  # 1 s and 2 s
+    merged = merge_stats([fast, slow])
+    assert merged.input_tokens == 16 and merged.tokens == 8
+    assert merged.tokens_per_s == pytest.approx(16 / 3)  # every token over the time of both steps
     logged = set(stats.to_dict())
     assert logged >= {"clip_fraction", "kl", "tokens_per_s", "policy_lag_mean", "zero_adv_share"}
 

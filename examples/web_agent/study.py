@@ -240,7 +240,7 @@ def rl_stage(
         ledger.add(
             f"rl-{tag}-step{record['step']}",
             float(record["step_seconds"]),
-            trained=int(record["train_tokens"]),
+            trained=int(record["train_input_tokens"]),  # every token through forward and backward
             rolled=rolled,
             episodes=int(record["rollouts"]),
         )

@@ -221,7 +221,9 @@ def make_rl_batch(rows: Iterable[Mapping[str, Any]], config: RLConfig) -> RLBatc
 
 @dataclass
 class RLStepStats:
-    """What one :func:`grpo_step` did. ``policy_lag_*`` are None when no sample has a version;
+    """What one :func:`grpo_step` did. ``tokens`` are the tokens with a loss (the sampled ones),
+    ``input_tokens`` every token of the forward and backward passes (prompts too), and
+    ``tokens_per_s`` counts the latter. ``policy_lag_*`` are None when no sample has a version;
     ``category_mean_abs_adv`` (SEC's arm rewards) is empty when the rows carry no category."""
 
     loss: float
@@ -241,6 +243,7 @@ class RLStepStats:
     policy_lag_mean: float | None
     policy_lag_max: int | None
     category_mean_abs_adv: dict[str, float] = field(default_factory=dict)
+    input_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The stats as a flat JSON-serialisable dict."""
@@ -390,6 +393,7 @@ def grpo_step(
         kl=sums["kl"] / tokens,
         tokens=int(sums["tokens"]),
         tokens_per_s=float(batch.attention_mask.sum().item()) / elapsed,
+        input_tokens=int(batch.attention_mask.sum().item()),
         grad_norm=grad_norm,
         samples_without_logprobs=int((~batch.has_logprobs).sum().item()),
         policy_lag_mean=lag_mean,
@@ -422,7 +426,8 @@ def merge_stats(all_stats: list[RLStepStats]) -> RLStepStats:
     def mean(name: str) -> float:
         return sum(getattr(s, name) * s.tokens for s in all_stats) / tokens
 
-    seconds = sum(s.tokens / s.tokens_per_s for s in all_stats if s.tokens_per_s > 0)
+    inputs = sum(s.input_tokens for s in all_stats)
+    seconds = sum(s.input_tokens / s.tokens_per_s for s in all_stats if s.tokens_per_s > 0)
     return replace(
         all_stats[0],
         loss=sum(s.loss for s in all_stats) / len(all_stats),
@@ -432,6 +437,7 @@ def merge_stats(all_stats: list[RLStepStats]) -> RLStepStats:
         ratio_mean=mean("ratio_mean"),
         kl=mean("kl"),
         tokens=sum(s.tokens for s in all_stats),
-        tokens_per_s=sum(s.tokens for s in all_stats) / seconds if seconds else 0.0,
+        tokens_per_s=inputs / seconds if seconds else 0.0,
+        input_tokens=inputs,
         grad_norm=max(s.grad_norm for s in all_stats),
     )

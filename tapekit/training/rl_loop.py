@@ -218,13 +218,31 @@ def _record(
         "categories": _task_counts(rollouts.tasks),
     }
     if stats is not None:
-        keep = ("loss", "clip_fraction", "ratio_mean", "kl", "tokens", "tokens_per_s", "grad_norm")
+        keep = (
+            "loss",
+            "clip_fraction",
+            "ratio_mean",
+            "kl",
+            "tokens",
+            "tokens_per_s",
+            "grad_norm",
+            "input_tokens",
+        )
         record.update(
-            {f"train_{k}" if k in ("tokens", "tokens_per_s") else k: getattr(stats, k) for k in keep}
+            {
+                f"train_{k}" if k in ("tokens", "tokens_per_s", "input_tokens") else k: getattr(stats, k)
+                for k in keep
+            }
         )
     else:
         record.update(
-            loss=0.0, clip_fraction=0.0, ratio_mean=1.0, kl=0.0, train_tokens=0, train_tokens_per_s=0.0
+            loss=0.0,
+            clip_fraction=0.0,
+            ratio_mean=1.0,
+            kl=0.0,
+            train_tokens=0,
+            train_tokens_per_s=0.0,
+            train_input_tokens=0,
         )
     return record
 
