@@ -230,6 +230,7 @@ def rl_stage(
         max_loops=None,
         learning_rate=settings.rl_lr,
         scale_rewards=settings.scale_rewards,
+        micro_batch_size=4,  # samples per forward/backward: the whole batch at once held ~8 GB
         curriculum=settings.curriculum,  # type: ignore[arg-type]
         lora=None,
         seed=settings.seed,
