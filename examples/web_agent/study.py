@@ -75,6 +75,8 @@ class Settings:
     scale_rewards: bool = False
     max_tokens: int = 32
     threads: int = 2
+    start_eval: bool = True  # evaluate the untrained student first (the same for every arm and seed)
+    branch_from: str | None = None  # sft_rl: the sft arm's run whose first checkpoint to continue
     out: str = "web-study"
 
 
@@ -100,6 +102,17 @@ class Ledger:
         self.episodes += episodes
         with self.path.open("a") as f:
             f.write(json.dumps({"stage": stage, "step_seconds": seconds, **self.totals()}) + "\n")
+
+    def resume(self, lines: list[str]) -> None:
+        """Start from another run's ledger (its JSON lines): copied here, totals taken over."""
+        if not lines:
+            return
+        last = json.loads(lines[-1])
+        self.seconds, self.flops = float(last["seconds"]), float(last["flops"])
+        self.trained_tokens, self.rollout_tokens = int(last["trained_tokens"]), int(last["rollout_tokens"])
+        self.episodes = int(last["episodes"])
+        with self.path.open("a") as f:
+            f.write("".join(line + "\n" for line in lines))
 
     def totals(self) -> dict[str, Any]:
         return {
@@ -260,16 +273,82 @@ def evaluate_student(
     )
 
 
+BRANCH = "branch"  # in an sft run's folder: its weights and ledger after the first SFT stage
+# what an sft run and the sft_rl run that branches from it must share
+_BRANCH_KEYS = (
+    "seed", "tasks", "budget_seconds", "sft_fraction", "sft_lr", "sft_batch", "teacher_seeds",
+    "val_seeds", "test_seeds", "test", "threads",
+)  # fmt: skip
+
+
+def save_branch(out: Path, model: Any, ledger: Ledger, point: dict[str, Any], settings: Settings) -> None:
+    """Keep the sft arm's weights, ledger and evaluation at the end of its first stage (the
+    ``sft_fraction`` of the budget), the point an ``sft_rl`` run of the same seed branches from."""
+    import torch
+
+    folder = out / BRANCH
+    folder.mkdir(exist_ok=True)
+    torch.save(model.state_dict(), folder / "model.pt")
+    lines = ledger.path.read_text().splitlines()
+    info = {"settings": asdict(settings), "ledger": lines, "checkpoint": point}
+    (folder / "branch.json").write_text(json.dumps(info, indent=1) + "\n")
+
+
+def load_branch(settings: Settings, model: Any, ledger: Ledger) -> dict[str, Any]:
+    """Continue an sft run's first stage: its weights into ``model``, its spending into
+    ``ledger``; returns its checkpoint. Raises ``ValueError`` when the run does not match."""
+    import torch
+
+    folder = Path(str(settings.branch_from)) / BRANCH
+    if not (folder / "branch.json").is_file():
+        raise ValueError(
+            f"--branch-from {settings.branch_from}: no {BRANCH}/branch.json there; run "
+            "`study.py --arm sft` with the same seed, tasks and budget into that folder first"
+        )
+    info = json.loads((folder / "branch.json").read_text())
+    mine = asdict(settings)
+    for key in _BRANCH_KEYS:
+        if info["settings"][key] != mine[key]:
+            raise ValueError(
+                f"--branch-from {settings.branch_from}: its {key} is {info['settings'][key]!r}, "
+                f"this run's is {mine[key]!r}"
+            )
+    model.load_state_dict(torch.load(folder / "model.pt", weights_only=True))
+    ledger.resume(info["ledger"])
+    return {**info["checkpoint"], "shared_with": str(settings.branch_from)}
+
+
+def _stage_ends(start: float, stop: float, parts: int) -> list[float]:
+    """``parts`` equal shares of the budget from ``start`` to ``stop`` seconds, as end points."""
+    return [start + (stop - start) * (i + 1) / parts for i in range(parts)]
+
+
+def _left(end: float, ledger: Ledger) -> float:
+    """Seconds a stage may run to reach ``end`` (at least one step's worth when earlier stages
+    overran: a stage is never skipped)."""
+    return max(end - ledger.seconds, 1.0)
+
+
 def run_arm(settings: Settings) -> dict[str, Any]:
-    """One arm, one seed: train to the budget, evaluating at each checkpoint."""
+    """One arm, one seed: train to the budget, evaluating at each checkpoint.
+
+    Checkpoints (``settings.checkpoints`` = n): ``sft`` at the ``sft_fraction`` of the budget and
+    then n − 1 equal shares of the rest; ``sft_rl`` at the same first point (its branch), then
+    n − 1 shares of GRPO; ``rl`` at n equal shares. Each stage runs until its end point on the
+    ledger, so a stage that overran shortens the next.
+    """
     import torch
 
     if settings.arm not in ARMS:
         raise ValueError(f"--arm must be one of {', '.join(ARMS)}, got {settings.arm!r}")
+    if settings.branch_from and settings.arm != "sft_rl":
+        raise ValueError("--branch-from continues an sft run: it is for --arm sft_rl only")
     torch.manual_seed(settings.seed)
     torch.set_num_threads(settings.threads)
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
+    if (out / "ledger.jsonl").exists():
+        raise ValueError(f"{out} already holds a run (ledger.jsonl): give each run its own --out")
     model, tokenizer = load_student()
     ledger = Ledger(out / "ledger.jsonl", sum(p.numel() for p in model.parameters()))
     store = open_store(str(out / "tapes.db"))
@@ -277,49 +356,58 @@ def run_arm(settings: Settings) -> dict[str, Any]:
     test = eval_tasks("test", settings.test_seeds, settings.tasks) if settings.test else []
     results: dict[str, Any] = {"settings": asdict(settings), "checkpoints": []}
 
-    def checkpoint(label: str) -> None:
+    def save() -> None:
+        (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+
+    def checkpoint(label: str) -> dict[str, Any]:
         point: dict[str, Any] = {"label": label, **ledger.totals()}
+        # both splits in one evaluation: 200 episodes decode in bigger batches than 40 + 160
+        started = time.perf_counter()
+        report = evaluate_student(
+            model, tokenizer, env, val + test, f"{settings.arm}-s{settings.seed}-{label}", store
+        )
+        point["eval_seconds"] = round(time.perf_counter() - started, 1)
         for split, tasks in (("validation", val), ("test", test)):
             if tasks:
-                report = evaluate_student(
-                    model, tokenizer, env, tasks, f"{settings.arm}-s{settings.seed}-{label}-{split}", store
-                )
+                ids = {t.id for t in tasks}
+                part = report.model_copy(update={"samples": [s for s in report.samples if s.task_id in ids]})
+                score = part.mean_score()
                 point[split] = {
-                    "success": report.mean_score().value,
-                    "low": report.mean_score().low,
-                    "high": report.mean_score().high,
-                    "per_task": {s.task_id: _reward(s) for s in report.samples},
+                    "success": score.value,
+                    "low": score.low,
+                    "high": score.high,
+                    "per_task": {s.task_id: _reward(s) for s in part.samples},
                 }
         results["checkpoints"].append(point)
         shown = {
             k: round(v["success"], 3) for k, v in point.items() if isinstance(v, dict) and "success" in v
         }
         print(f"{settings.arm} seed {settings.seed} at {label} ({ledger.seconds:.0f} s): {shown}", flush=True)
-        (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+        save()
+        return point
 
     budget, n = settings.budget_seconds, settings.checkpoints
+    branch_at = budget * settings.sft_fraction
     with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
-        checkpoint("start")
-        if settings.arm in ("sft", "sft_rl"):
+        if settings.start_eval:
+            checkpoint("start")
+        if settings.branch_from:
+            results["checkpoints"].append(load_branch(settings, model, ledger))
+            save()
+        elif settings.arm in ("sft", "sft_rl"):
             tapes = teacher_tapes(settings, env, store, ledger)
-            sft_budget = budget if settings.arm == "sft" else budget * settings.sft_fraction
-            parts = n if settings.arm == "sft" else 1
-            for i in range(parts):
-                sft_stage(
-                    settings,
-                    model,
-                    tokenizer,
-                    tapes,
-                    sft_budget / parts - (ledger.seconds if i == 0 else 0),
-                    ledger,
-                    f"{i}",
-                )
-                checkpoint(f"sft{i}")
+            ends = [branch_at]
+            if settings.arm == "sft" and n > 1:
+                ends += _stage_ends(branch_at, budget, n - 1)
+            for i, end in enumerate(ends):
+                sft_stage(settings, model, tokenizer, tapes, _left(end, ledger), ledger, f"{i}")
+                point = checkpoint(f"sft{i}")
+                if i == 0 and settings.arm == "sft":
+                    save_branch(out, model, ledger, point, settings)
         if settings.arm in ("sft_rl", "rl"):
             parts = n if settings.arm == "rl" else max(n - 1, 1)
-            left = budget - ledger.seconds
-            for i in range(parts):
-                rl_stage(settings, model, tokenizer, env, store, left / parts, ledger, f"{i}")
+            for i, end in enumerate(_stage_ends(ledger.seconds, budget, parts)):
+                rl_stage(settings, model, tokenizer, env, store, _left(end, ledger), ledger, f"{i}")
                 checkpoint(f"rl{i}")
     store.close()
     return results
@@ -339,11 +427,23 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         default=1.0,
         help="rollout sampling temperature (at the paper's 0.25 every group of 4 agreed: no signal)",
     )
-    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=4, help="rollouts per task in a GRPO step")
+    p.add_argument("--tasks-per-step", type=int, default=4, help="tasks (groups) in a GRPO step")
     p.add_argument("--rl-lr", type=float, default=1e-5)
     p.add_argument("--sft-lr", type=float, default=5e-5)
     p.add_argument("--val-seeds", type=int, default=5)
     p.add_argument("--test-seeds", type=int, default=12)
+    p.add_argument("--checkpoints", type=int, default=3, help="evaluations along the budget (see run_arm)")
+    p.add_argument(
+        "--no-start-eval",
+        action="store_true",
+        help="skip evaluating the untrained student (it is the same for every arm and seed)",
+    )
+    p.add_argument(
+        "--branch-from",
+        default=None,
+        help="sft_rl: continue from this sft run's first checkpoint instead of repeating its SFT",
+    )
     p.add_argument("--out", default=None)
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--quick", action="store_true", help=f"one task ({QUICK_TASK}), a small budget (CI)")
@@ -356,12 +456,18 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         curriculum=a.curriculum,
         temperature=a.temperature,
         group_size=a.group_size,
+        tasks_per_step=a.tasks_per_step,
         rl_lr=a.rl_lr,
         sft_lr=a.sft_lr,
         val_seeds=a.val_seeds,
         test_seeds=a.test_seeds,
         threads=a.threads,
+        checkpoints=a.checkpoints,
+        start_eval=not a.no_start_eval,
+        branch_from=a.branch_from,
     )
+    if s.checkpoints < 1:
+        p.error(f"--checkpoints must be at least 1, got {s.checkpoints}")
     if a.tasks:
         s.tasks = [t.removeprefix("miniwob.") for t in a.tasks]
     if a.quick:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,3 +82,123 @@ def test_quick_sft_then_rl_runs_to_its_budget_and_records_every_checkpoint(tmp_p
         assert len(per_task) == 8 and all(v in (0.0, 1.0) for v in per_task.values())
     rl_log = [json.loads(x) for x in (out / "rl-0" / "rl_log.jsonl").read_text().splitlines()]
     assert rl_log and all(r["rollouts"] == 8 for r in rl_log)  # 2 tasks x groups of 4
+
+
+def test_an_sft_run_hands_its_first_checkpoint_to_the_sft_rl_run_of_the_same_seed(tmp_path: Path) -> None:
+    import torch
+
+    from examples.web_agent import study
+
+    sft = study.Settings(arm="sft", seed=3, out=str(tmp_path / "sft"))
+    Path(sft.out).mkdir()
+    model = torch.nn.Linear(3, 2)
+    ledger = study.Ledger(Path(sft.out) / "ledger.jsonl", n_params=100)
+    ledger.add("teacher", 4.0, episodes=8)
+    ledger.add("sft-0", 20.0, trained=50)
+    point = {"label": "sft0", **ledger.totals(), "validation": {"success": 0.5}}
+    study.save_branch(Path(sft.out), model, ledger, point, sft)
+
+    branch = study.Settings(arm="sft_rl", seed=3, branch_from=sft.out, out=str(tmp_path / "sft_rl"))
+    Path(branch.out).mkdir()
+    other = torch.nn.Linear(3, 2)
+    theirs = study.Ledger(Path(branch.out) / "ledger.jsonl", n_params=100)
+    shared = study.load_branch(branch, other, theirs)
+    assert torch.equal(other.weight, model.weight) and torch.equal(other.bias, model.bias)
+    assert theirs.totals() == ledger.totals() and theirs.episodes == 8
+    assert (Path(branch.out) / "ledger.jsonl").read_text() == (Path(sft.out) / "ledger.jsonl").read_text()
+    assert shared["label"] == "sft0" and shared["validation"] == {"success": 0.5}
+    assert shared["shared_with"] == sft.out
+    theirs.add("rl-0-step1", 10.0, trained=5, rolled=7, episodes=16)  # spending goes on from there
+    assert theirs.seconds == 34.0 and theirs.episodes == 24
+
+    other_seed = study.Settings(arm="sft_rl", seed=4, branch_from=sft.out)
+    with pytest.raises(ValueError, match="its seed is 3, this run's is 4"):
+        study.load_branch(other_seed, other, theirs)
+    nowhere = study.Settings(arm="sft_rl", branch_from=str(tmp_path / "nothing"))
+    with pytest.raises(ValueError, match=r"no branch/branch\.json"):
+        study.load_branch(nowhere, other, theirs)
+    with pytest.raises(ValueError, match="for --arm sft_rl only"):
+        study.run_arm(study.Settings(arm="rl", branch_from=sft.out))
+
+
+def test_stages_end_on_equal_shares_of_the_budget_and_never_vanish(tmp_path: Path) -> None:
+    from examples.web_agent import study
+
+    assert study._stage_ends(120.0, 360.0, 2) == [240.0, 360.0]
+    assert study._stage_ends(0.0, 300.0, 3) == [100.0, 200.0, 300.0]
+    ledger = study.Ledger(tmp_path / "ledger.jsonl", n_params=1)
+    ledger.add("sft-0", 130.0)  # overran its end at 120 s: the next stage gets the rest
+    assert study._left(240.0, ledger) == 110.0
+    ledger.add("sft-1", 200.0)
+    assert study._left(240.0, ledger) == 1.0  # overrun past the next end: still one step, not zero
+    parsed = study.parse_args(
+        ["--arm", "sft_rl", "--branch-from", "x", "--no-start-eval", "--checkpoints", "2"]
+    )
+    assert parsed.branch_from == "x" and not parsed.start_eval and parsed.checkpoints == 2
+    with pytest.raises(SystemExit):
+        study.parse_args(["--checkpoints", "0"])
+
+
+def _report_script() -> Any:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "plot_web_study.py"
+    spec = importlib.util.spec_from_file_location("plot_web_study", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_run(folder: Path, arm: str, seed: int, test: dict[str, float], start: bool = False) -> None:
+    folder.mkdir(parents=True)
+    points = []
+    if start:
+        points.append({"label": "start", "seconds": 0, "flops": 0, "test": _scores(dict.fromkeys(test, 0.0))})
+    points.append(
+        {
+            "label": "last",
+            "seconds": 360.0,
+            "flops": 1e13,
+            "episodes": 10,
+            "trained_tokens": 100,
+            "rollout_tokens": 0,
+            "test": _scores(test),
+        }
+    )
+    settings = {"arm": arm, "seed": seed, "budget_seconds": 360.0}
+    (folder / "results.json").write_text(json.dumps({"settings": settings, "checkpoints": points}))
+
+
+def _scores(per_task: dict[str, float]) -> dict[str, object]:
+    mean = sum(per_task.values()) / len(per_task)
+    return {"success": mean, "low": mean, "high": mean, "per_task": per_task}
+
+
+def test_the_study_report_pairs_arms_on_the_same_seed_and_test_pairs(tmp_path: Path) -> None:
+    report = _report_script()
+    items = [f"{t}/{s}" for t in ("click-a", "click-b") for s in range(10)]
+    # seed 0: sft solves the first 12 items, rl the first 4 (and nothing sft misses)
+    _write_run(tmp_path / "sft0", "sft", 0, {x: float(i < 12) for i, x in enumerate(items)}, start=True)
+    _write_run(tmp_path / "rl0", "rl", 0, {x: float(i < 4) for i, x in enumerate(items)})
+    _write_run(tmp_path / "sft1", "sft", 1, {x: 1.0 for x in items})  # no rl run of seed 1: not paired
+    runs, start = report.load_runs([tmp_path / "rl0", tmp_path / "sft0", tmp_path / "sft1"])
+    assert [(r["settings"]["arm"], r["settings"]["seed"]) for r in runs] == [
+        ("sft", 0),
+        ("sft", 1),
+        ("rl", 0),
+    ]
+    assert start is not None and start["label"] == "start"
+    diffs = {(d["a"], d["b"]): d for d in report.differences(runs, start)}
+    rl_sft = diffs[("rl", "sft")]
+    assert rl_sft["seeds"] == [0] and rl_sft["items"] == 20
+    assert rl_sft["difference"] == pytest.approx(-8 / 20)
+    assert (rl_sft["a_wins"], rl_sft["b_wins"]) == (0, 8)
+    assert rl_sft["high"] < 0 and rl_sft["mcnemar_p"] < 0.01
+    sft_base = diffs[("sft", "base")]  # both sft seeds against the one untrained evaluation
+    assert sft_base["seeds"] == [0, 1] and sft_base["items"] == 40
+    assert sft_base["difference"] == pytest.approx(32 / 40)
+    table = report.markdown([report.row(r) for r in runs], list(diffs.values()), start)
+    assert "| rl − sft | 0 | 20 | -0.400" in table and "| untrained |" in table
+    with pytest.raises(SystemExit, match=r"no results\.json"):
+        report.load_runs([tmp_path / "missing"])
