@@ -1,6 +1,8 @@
 """SFT, RL and SFT→RL for the web agent at one compute budget: SmolLM2-135M in headless Chromium.
 
-    python examples/web_agent/study.py --arm sft_rl --seed 0 --budget-seconds 1800
+    python examples/web_agent/study.py --arm sft --seed 0 --budget-seconds 1800 --out runs/sft-seed0
+    python examples/web_agent/study.py --arm sft_rl --seed 0 --budget-seconds 1800 --out runs/sft_rl-seed0 \
+        --branch-from runs/sft-seed0 --no-start-eval
     python examples/web_agent/study.py --quick        # the mechanics in a few minutes (CI)
 
 ``--threads`` sets torch's threads (1 is faster while other jobs share the 2 cores).
@@ -10,8 +12,10 @@ teacher browser time included where the arm uses teacher tapes; evaluations are 
 
 - ``sft``: the programmatic teacher's tapes on training seeds, then supervised fine-tuning for
   the rest of the budget (several epochs);
-- ``sft_rl``: the same SFT for ``--sft-fraction`` of the budget, then on-policy GRPO in the
+- ``sft_rl``: the same SFT for a third of the budget (``Settings.sft_fraction``), then on-policy GRPO in the
   browser (``train_rl`` with a web :class:`~tapekit.training.RLSetup`) for the rest;
+  ``--branch-from`` takes that SFT from the ``sft`` run of the same seed (its weights, ledger
+  and evaluation at that point) instead of repeating it;
 - ``rl``: GRPO from the base model, tasks drawn by the self-evolving curriculum (``--curriculum
   uniform`` is its control).
 
