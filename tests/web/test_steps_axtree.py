@@ -215,7 +215,11 @@ def test_split_is_disjoint_and_sized_for_the_study() -> None:
     train, valid, test = (set(r) for r in (SPLIT.train_seeds, SPLIT.validation_seeds, SPLIT.test_seeds))
     assert not (train & valid) and not (train & test) and not (valid & test)
     assert not set(TRAIN_TASKS) & set(HELD_OUT_TASKS)
-    assert len(episodes("test")) >= 160  # the learning study's test pairs
+    assert len(episodes("test", tasks=TRAIN_TASKS[:4])) >= 160  # the learning study's test pairs, 4 tasks
+    with pytest.raises(ValueError, match="has 20 seeds per task, 21 were asked for"):
+        episodes("validation", n_seeds=21)  # never silently fewer episodes than asked for
+    n_test = len(SPLIT.test_seeds)
+    assert len(episodes("test", n_seeds=n_test, tasks=["click-button"])) == n_test
     assert set(STEP_LIMITS) >= set(TRAIN_TASKS) | set(HELD_OUT_TASKS)
     assert {t for t, _ in episodes("held_out")} == set(HELD_OUT_TASKS)
 
