@@ -12,6 +12,8 @@ Reads the folders that ``examples/web_agent/study.py --out DIR`` writes (``resul
 - ``frontier.png``: success on the test seeds against budget seconds and against FLOPs, one
   line per run through its checkpoints, starting from the untrained student (the ``start``
   evaluation, the same for every arm and seed);
+- ``curriculum.png``: for each run with GRPO, the curriculum's task probabilities and the
+  share of zero-advantage groups at each step (from the runs' ``rl_log.jsonl``);
 - the table in Markdown, on standard output.
 
 Needs matplotlib (``pip install 'tapekit[plots]'``).
@@ -199,6 +201,47 @@ def plot(runs: list[dict[str, Any]], start: dict[str, Any] | None, picture: Path
     fig.savefig(picture, dpi=110)
 
 
+def rl_logs(folder: Path) -> list[dict[str, Any]]:
+    """A run's GRPO step records, in order (one ``rl_log.jsonl`` per GRPO run of the arm)."""
+    records: list[dict[str, Any]] = []
+    for log in sorted(folder.glob("rl*/rl_log.jsonl")):
+        records += [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return records
+
+
+def plot_curriculum(runs: list[dict[str, Any]], picture: Path) -> bool:
+    """Task probabilities and zero-advantage share per GRPO step, one panel per run; ``False``
+    when no run has GRPO steps."""
+    logged = [(r, rl_logs(Path(r["folder"]))) for r in runs]
+    logged = [(r, recs) for r, recs in logged if recs]
+    if not logged:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(logged), figsize=(3.6 * len(logged), 3.4), sharey=True, squeeze=False)
+    for ax, (run, records) in zip(axes[0], logged, strict=True):
+        tasks = sorted({t for rec in records for t in rec.get("sampler_probs", {})})
+        steps = list(range(len(records)))
+        for task in tasks:
+            ax.plot(
+                steps, [rec.get("sampler_probs", {}).get(task, float("nan")) for rec in records], label=task
+            )
+        ax.plot(steps, [rec["zero_adv_share"] for rec in records], "k:", label="zero-advantage share")
+        s = run["settings"]
+        ax.set_title(f"{s['arm']} seed {s['seed']} ({s.get('curriculum', '?')})", fontsize=9)
+        ax.set_xlabel("GRPO step")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("probability / share")
+    axes[0][-1].legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(picture, dpi=110)
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", type=Path, nargs="+", help="study.py --out folders")
@@ -213,6 +256,7 @@ def main() -> None:
     summary = {"start": start, "rows": rows, "differences": diffs, "runs": runs}
     (args.out / "study.json").write_text(json.dumps(summary, indent=1) + "\n")
     plot(runs, start, args.out / "frontier.png")
+    plot_curriculum(runs, args.out / "curriculum.png")
     print(markdown(rows, diffs, start))
 
 

@@ -356,7 +356,7 @@ def run_arm(settings: Settings) -> dict[str, Any]:
     model, tokenizer = load_student()
     ledger = Ledger(out / "ledger.jsonl", sum(p.numel() for p in model.parameters()))
     store = open_store(str(out / "tapes.db"))
-    val = eval_tasks("validation", settings.val_seeds, settings.tasks)
+    val = eval_tasks("validation", settings.val_seeds, settings.tasks) if settings.val_seeds else []
     test = eval_tasks("test", settings.test_seeds, settings.tasks) if settings.test else []
     results: dict[str, Any] = {"settings": asdict(settings), "checkpoints": []}
 
@@ -435,7 +435,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--tasks-per-step", type=int, default=4, help="tasks (groups) in a GRPO step")
     p.add_argument("--rl-lr", type=float, default=1e-5)
     p.add_argument("--sft-lr", type=float, default=5e-5)
-    p.add_argument("--val-seeds", type=int, default=5)
+    p.add_argument("--val-seeds", type=int, default=5, help="validation seeds per task (0: none)")
     p.add_argument("--test-seeds", type=int, default=12)
     p.add_argument("--checkpoints", type=int, default=3, help="evaluations along the budget (see run_arm)")
     p.add_argument(
