@@ -96,14 +96,20 @@ def differences(runs: list[dict[str, Any]], start: dict[str, Any] | None) -> lis
         pairs += [(arm, "base") for arm in ARMS if arm in finals]
     for a, b in pairs:
         xs, ys, strata = [], [], []
+        per_seed: dict[int, float] = {}
         seeds = sorted(finals[a]) if b == "base" else sorted(set(finals[a]) & set(finals[b]))
         for seed in seeds:
             theirs = start["test"]["per_task"] if b == "base" and start else finals[b][seed]
+            mine = [
+                (score, theirs[item]) for item, score in sorted(finals[a][seed].items()) if item in theirs
+            ]
             for item, score in sorted(finals[a][seed].items()):
                 if item in theirs:
                     xs.append(score)
                     ys.append(theirs[item])
                     strata.append(_task(item))
+            if mine:
+                per_seed[seed] = sum(x - y for x, y in mine) / len(mine)
         if not xs:
             continue
         est = paired_difference(xs, ys, strata=strata, seed=0)
@@ -119,6 +125,7 @@ def differences(runs: list[dict[str, Any]], start: dict[str, Any] | None) -> lis
                 "a_wins": sum(1 for x, y in zip(xs, ys, strict=True) if x > 0 >= y),
                 "b_wins": sum(1 for x, y in zip(xs, ys, strict=True) if y > 0 >= x),
                 "mcnemar_p": mcnemar_exact([x > 0 for x in xs], [y > 0 for y in ys]),
+                "per_seed": per_seed,
             }
         )
     return out
@@ -149,15 +156,15 @@ def markdown(rows: list[dict[str, Any]], diffs: list[dict[str, Any]], start: dic
     lines += [
         "",
         "| difference (test success) | seeds | pairs | mean [95 % paired, task-stratified] | "
-        "wins / losses | McNemar p |",
-        "|---|---|---|---|---|---|",
+        "wins / losses | McNemar p | per seed |",
+        "|---|---|---|---|---|---|---|",
     ]
     for d in diffs:
         name = "untrained" if d["b"] == "base" else d["b"]
         lines.append(
             f"| {d['a']} − {name} | {','.join(map(str, d['seeds']))} | {d['items']} | "
             f"{d['difference']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | {d['a_wins']} / {d['b_wins']} | "
-            f"{d['mcnemar_p']:.3g} |"
+            f"{d['mcnemar_p']:.3g} | {', '.join(f'{v:+.3f}' for v in d['per_seed'].values())} |"
         )
     return "\n".join(lines)
 

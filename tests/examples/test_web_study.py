@@ -200,5 +200,6 @@ def test_the_study_report_pairs_arms_on_the_same_seed_and_test_pairs(tmp_path: P
     assert sft_base["difference"] == pytest.approx(32 / 40)
     table = report.markdown([report.row(r) for r in runs], list(diffs.values()), start)
     assert "| rl − sft | 0 | 20 | -0.400" in table and "| untrained |" in table
+    assert rl_sft["per_seed"] == {0: pytest.approx(-0.4)} and sft_base["per_seed"][1] == pytest.approx(1.0)
     with pytest.raises(SystemExit, match=r"no results\.json"):
         report.load_runs([tmp_path / "missing"])
