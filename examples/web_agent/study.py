@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,16 @@ from typing import Any
 from tapekit import evaluate, open_store
 from tapekit.evaluate import EvalReport, Task
 from tapekit.llm import BatchedTransformersLLM, TransformersLLM
-from tapekit.training import RLRunConfig, RLSetup, SFTConfig, StopAfter, make_samples, train_rl, train_sft
+from tapekit.training import (
+    RLRunConfig,
+    RLSetup,
+    SFTConfig,
+    StepCallback,
+    StepRecord,
+    make_samples,
+    train_rl,
+    train_sft,
+)
 from tapekit.web import WebEnvironment, WebThought, web_agent
 from tapekit.web.miniwob import SPLIT, eval_tasks, reward_scorer, start_tape
 from tapekit.web.teacher import teacher_agent
@@ -167,19 +177,90 @@ def teacher_tapes(settings: Settings, env: WebEnvironment, store: Any, ledger: L
     ]
 
 
-def sft_stage(
-    settings: Settings, model: Any, tokenizer: Any, tapes: list[Any], seconds: float, ledger: Ledger, tag: str
-) -> None:
-    """Supervised fine-tuning on the teacher's tapes for ``seconds`` (epochs repeat the data)."""
+class Budget(StepCallback):
+    """Charges a training run's steps to the ledger and runs the checkpoints on the way.
+
+    After each step (an SFT optimiser step, a GRPO step) the wall time since the last one goes
+    to the ledger (the run's setup is charged to its first step; the evaluations run here are
+    not charged), with its tokens: for SFT the growth of the input tokens seen, for RL the
+    step's trained and rollout tokens and episodes. When the ledger passes the next of ``ends``
+    (budget seconds), ``at_point(i)`` runs; after the last one the run stops. One run per arm
+    and stage keeps the optimiser's moments, the data order and the curriculum going across
+    checkpoints (a run per checkpoint restarted all three).
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        stage: str,
+        ends: list[float],
+        at_point: Callable[[int], object],
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if not ends or sorted(ends) != list(ends):
+            raise ValueError(f"Budget needs end points in increasing order, got {ends}")
+        self.ledger, self.stage, self.ends, self.at_point, self.clock = ledger, stage, ends, at_point, clock
+        self.done = 0  # end points passed
+        self.started = clock()
+        self.charged = self.evaluating = 0.0
+        self.tokens_seen = 0
+        self._reason = ""
+
+    def start(self) -> None:
+        """The stage begins now (call just before the trainer: its setup counts)."""
+        self.started = self.clock()
+        self.charged = self.evaluating = 0.0
+
+    def on_step(self, record: StepRecord) -> bool | None:
+        """Charge the step; evaluate at each end point passed; ``True`` after the last."""
+        spent = self.clock() - self.started - self.evaluating
+        seconds, self.charged = spent - self.charged, spent
+        if record.trainer == "rl":
+            m = record.metrics
+            self.ledger.add(
+                f"{self.stage}-step{record.step}",
+                seconds,
+                trained=int(m["train_input_tokens"]),  # every token through forward and backward
+                rolled=int(m["rollout_prompt_tokens"]) + int(m["rollout_output_tokens"]),
+                episodes=int(m["rollouts"]),
+            )
+            print(
+                f"  rl step {record.step}: reward {m.get('reward_mean', 0):.2f} "
+                f"({seconds:.0f} s, budget used {self.ledger.seconds:.0f} s)",
+                flush=True,
+            )
+        else:
+            seen = int(record.tokens or self.tokens_seen)
+            self.ledger.add(f"{self.stage}-step{record.step}", seconds, trained=seen - self.tokens_seen)
+            self.tokens_seen = seen
+        while self.done < len(self.ends) and self.ledger.seconds >= self.ends[self.done]:
+            began = self.clock()
+            self.at_point(self.done)
+            self.evaluating += self.clock() - began
+            self.done += 1
+        if self.done == len(self.ends):
+            self._reason = f"{self.stage}: budget point {self.ends[-1]:.0f} s reached"
+            return True
+        return None
+
+    @property
+    def reason(self) -> str:
+        """Why the run stopped."""
+        return self._reason
+
+
+def sft_run(settings: Settings, model: Any, tokenizer: Any, tapes: list[Any], budget: Budget) -> None:
+    """Supervised fine-tuning on the teacher's tapes until ``budget`` passes its last point
+    (epochs repeat the data)."""
     llm = TransformersLLM.from_model(model, tokenizer)
+    budget.start()
     samples = make_samples(tapes, reuse_with=student_agent(llm), tokenizer=tokenizer)
-    dataset = samples.dataset
     config = SFTConfig(
-        output_dir=str(Path(settings.out) / f"sft-{tag}"),
+        output_dir=str(Path(settings.out) / "sft"),
         lora=None,
         learning_rate=settings.sft_lr,
         lr_scheduler="constant",
-        epochs=1000.0,  # StopAfter ends it
+        epochs=1000.0,  # the budget ends it
         batch_size=2,  # packed rows of up to 1,024 tokens: 8 at once held ~10 GB of activations
         grad_accum=max(settings.sft_batch // 2, 1),
         max_length=1024,
@@ -188,11 +269,7 @@ def sft_stage(
         seed=settings.seed,
         logging_steps=1,
     )
-    stop = StopAfter(seconds=seconds)
-    started = time.perf_counter()
-    final = train_sft(dataset, model, tokenizer=tokenizer, config=config, callbacks=[stop])
-    tokens = int(json.loads((final / "tapekit_train.json").read_text())["tokens_seen"])
-    ledger.add(f"sft-{tag}", time.perf_counter() - started, trained=tokens)
+    train_sft(samples.dataset, model, tokenizer=tokenizer, config=config, callbacks=[budget])
 
 
 def _reward(sample: Any) -> float:
@@ -210,17 +287,12 @@ def rl_tasks(settings: Settings) -> list[Task]:
     ]
 
 
-def rl_stage(
-    settings: Settings,
-    model: Any,
-    tokenizer: Any,
-    env: WebEnvironment,
-    store: Any,
-    seconds: float,
-    ledger: Ledger,
-    tag: str,
+def rl_run(
+    settings: Settings, model: Any, tokenizer: Any, env: WebEnvironment, store: Any, budget: Budget
 ) -> None:
-    """GRPO in the browser for ``seconds`` (train_rl with a web setup; model trained in place)."""
+    """GRPO in the browser until ``budget`` passes its last point (train_rl with a web setup;
+    the model is trained in place)."""
+    budget.start()
     setup = RLSetup(
         agent_for=student_agent,
         environment=env,
@@ -229,9 +301,9 @@ def rl_stage(
         reward="reward",
     )
     config = RLRunConfig(
-        output_dir=str(Path(settings.out) / f"rl-{tag}"),
-        run_name=f"rl-{tag}",
-        steps=10_000,  # StopAfter ends it
+        output_dir=str(Path(settings.out) / "rl"),
+        run_name="rl",
+        steps=100_000,  # the budget ends it
         tasks_per_step=settings.tasks_per_step,
         group_size=settings.group_size,
         temperature=settings.temperature,
@@ -246,24 +318,7 @@ def rl_stage(
         checkpoint=False,
     )
 
-    def count(record: dict[str, Any]) -> None:
-        rolled = int(record["rollout_prompt_tokens"]) + int(record["rollout_output_tokens"])
-        ledger.add(
-            f"rl-{tag}-step{record['step']}",
-            float(record["step_seconds"]),
-            trained=int(record["train_input_tokens"]),  # every token through forward and backward
-            rolled=rolled,
-            episodes=int(record["rollouts"]),
-        )
-        print(
-            f"  rl step {record['step']}: reward {record.get('reward_mean', 0):.2f} "
-            f"({record['step_seconds']:.0f} s, budget used {ledger.seconds:.0f} s)",
-            flush=True,
-        )
-
-    train_rl(
-        setup, model, tokenizer, config, store=store, on_step=count, callbacks=[StopAfter(seconds=seconds)]
-    )
+    train_rl(setup, model, tokenizer, config, store=store, callbacks=[budget])
 
 
 def evaluate_student(
@@ -327,19 +382,14 @@ def _stage_ends(start: float, stop: float, parts: int) -> list[float]:
     return [start + (stop - start) * (i + 1) / parts for i in range(parts)]
 
 
-def _left(end: float, ledger: Ledger) -> float:
-    """Seconds a stage may run to reach ``end`` (at least one step's worth when earlier stages
-    overran: a stage is never skipped)."""
-    return max(end - ledger.seconds, 1.0)
-
-
 def run_arm(settings: Settings) -> dict[str, Any]:
     """One arm, one seed: train to the budget, evaluating at each checkpoint.
 
     Checkpoints (``settings.checkpoints`` = n): ``sft`` at the ``sft_fraction`` of the budget and
     then n − 1 equal shares of the rest; ``sft_rl`` at the same first point (its branch), then
-    n − 1 shares of GRPO; ``rl`` at n equal shares. Each stage runs until its end point on the
-    ledger, so a stage that overran shortens the next.
+    n − 1 shares of GRPO; ``rl`` at n equal shares. SFT is one training run and GRPO is one
+    (:class:`Budget` evaluates at the points between steps, uncharged), so neither the
+    optimiser's state nor the data order nor the curriculum restarts at a checkpoint.
     """
     import torch
 
@@ -403,16 +453,24 @@ def run_arm(settings: Settings) -> dict[str, Any]:
             ends = [branch_at]
             if settings.arm == "sft" and n > 1:
                 ends += _stage_ends(branch_at, budget, n - 1)
-            for i, end in enumerate(ends):
-                sft_stage(settings, model, tokenizer, tapes, _left(end, ledger), ledger, f"{i}")
+
+            def sft_point(i: int) -> None:
                 point = checkpoint(f"sft{i}")
                 if i == 0 and settings.arm == "sft":
                     save_branch(out, model, ledger, point, settings)
+
+            sft_run(settings, model, tokenizer, tapes, Budget(ledger, "sft", ends, sft_point))
         if settings.arm in ("sft_rl", "rl"):
             parts = n if settings.arm == "rl" else max(n - 1, 1)
-            for i, end in enumerate(_stage_ends(ledger.seconds, budget, parts)):
-                rl_stage(settings, model, tokenizer, env, store, _left(end, ledger), ledger, f"{i}")
-                checkpoint(f"rl{i}")
+            ends = _stage_ends(ledger.seconds, budget, parts)
+            rl_run(
+                settings,
+                model,
+                tokenizer,
+                env,
+                store,
+                Budget(ledger, "rl", ends, lambda i: checkpoint(f"rl{i}")),
+            )
     store.close()
     return results
 

@@ -71,16 +71,21 @@ def test_quick_sft_then_rl_runs_to_its_budget_and_records_every_checkpoint(tmp_p
     assert labels == ["start", "sft0", "rl0"]
     ledger = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
     stages = [x["stage"] for x in ledger]
-    assert stages[0] == "teacher" and stages[1] == "sft-0" and stages[2].startswith("rl-0-step")
+    kinds = [s.split("-step")[0] for s in stages]
+    assert kinds[0] == "teacher" and kinds[1] == "sft" and "rl" in kinds  # a line per step, in order
+    assert kinds == sorted(kinds, key=["teacher", "sft", "rl"].index)
     budget = results["settings"]["budget_seconds"]
+    sft_end = max(i for i, k in enumerate(kinds) if k == "sft")
+    # the branch point is evaluated at the first SFT step past a third of the budget
+    assert results["checkpoints"][1]["seconds"] == ledger[sft_end]["seconds"] >= budget / 3
     steps = [x for x in ledger if x["stage"].startswith("rl-")]
     assert ledger[-1]["seconds"] >= budget  # the budget is spent ...
     assert ledger[-1]["seconds"] - budget < max(x["step_seconds"] for x in steps)  # ... one step past at most
-    assert ledger[-1]["flops"] > ledger[1]["flops"] > 0 and ledger[-1]["rollout_tokens"] > 0
+    assert ledger[-1]["flops"] > ledger[sft_end]["flops"] > 0 and ledger[-1]["rollout_tokens"] > 0
     for point in results["checkpoints"]:
         per_task = point["validation"]["per_task"]
         assert len(per_task) == 8 and all(v in (0.0, 1.0) for v in per_task.values())
-    rl_log = [json.loads(x) for x in (out / "rl-0" / "rl_log.jsonl").read_text().splitlines()]
+    rl_log = [json.loads(x) for x in (out / "rl" / "rl_log.jsonl").read_text().splitlines()]
     assert rl_log and all(r["rollouts"] == 8 for r in rl_log)  # 2 tasks x groups of 4
 
 
@@ -121,16 +126,51 @@ def test_an_sft_run_hands_its_first_checkpoint_to_the_sft_rl_run_of_the_same_see
         study.run_arm(study.Settings(arm="rl", branch_from=sft.out))
 
 
-def test_stages_end_on_equal_shares_of_the_budget_and_never_vanish(tmp_path: Path) -> None:
+def test_one_run_per_stage_charges_each_step_and_evaluates_at_each_point_uncharged(tmp_path: Path) -> None:
     from examples.web_agent import study
+    from tapekit.training import StepRecord
 
-    assert study._stage_ends(120.0, 360.0, 2) == [240.0, 360.0]
-    assert study._stage_ends(0.0, 300.0, 3) == [100.0, 200.0, 300.0]
-    ledger = study.Ledger(tmp_path / "ledger.jsonl", n_params=1)
-    ledger.add("sft-0", 130.0)  # overran its end at 120 s: the next stage gets the rest
-    assert study._left(240.0, ledger) == 110.0
-    ledger.add("sft-1", 200.0)
-    assert study._left(240.0, ledger) == 1.0  # overrun past the next end: still one step, not zero
+    now = [0.0]
+    points: list[tuple[int, float]] = []
+    ledger = study.Ledger(tmp_path / "ledger.jsonl", n_params=10)
+    ledger.add("teacher", 20.0, episodes=8)
+
+    def evaluate_at(i: int) -> None:
+        points.append((i, ledger.seconds))
+        now[0] += 500.0  # a long evaluation: not charged
+
+    ends = study._stage_ends(20.0, 120.0, 2)
+    assert ends == [70.0, 120.0]
+    budget = study.Budget(ledger, "sft", ends, evaluate_at, clock=lambda: now[0])
+    budget.start()
+    now[0] += 15.0  # the trainer's setup: charged to the first step
+    stops = []
+    for step, tokens in enumerate((100, 250, 330, 400, 480), start=1):
+        now[0] += 20.0
+        stops.append(budget.on_step(StepRecord(trainer="sft", step=step, seconds=now[0], tokens=tokens)))
+        if stops[-1]:
+            break
+    # steps end at 55, 75 (past 70: evaluate), 95, 115, 135 (past 120: evaluate, stop)
+    assert points == [(0, 75.0), (1, 135.0)]
+    assert stops == [None, None, None, None, True] and "120" in budget.reason
+    assert ledger.seconds == 135.0 and ledger.trained_tokens == 480  # tokens seen grew to 480
+    lines = [json.loads(x) for x in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    assert [x["step_seconds"] for x in lines] == [20.0, 35.0, 20.0, 20.0, 20.0, 20.0]
+
+    rl = study.Budget(ledger, "rl", [150.0], lambda i: None, clock=lambda: now[0])
+    rl.start()
+    now[0] += 16.0
+    metrics = {
+        "train_input_tokens": 40,
+        "rollout_prompt_tokens": 300,
+        "rollout_output_tokens": 20,
+        "rollouts": 16,
+    }
+    assert rl.on_step(StepRecord(trainer="rl", step=0, seconds=16.0, metrics=metrics)) is True
+    assert ledger.episodes == 8 + 16 and ledger.rollout_tokens == 320 and ledger.trained_tokens == 520
+    assert ledger.flops == 6 * 10 * 520 + 2 * 10 * 320
+    with pytest.raises(ValueError, match="increasing order"):
+        study.Budget(ledger, "rl", [], lambda i: None)
     parsed = study.parse_args(
         ["--arm", "sft_rl", "--branch-from", "x", "--no-start-eval", "--checkpoints", "2"]
     )
