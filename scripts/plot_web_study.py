@@ -100,16 +100,12 @@ def differences(runs: list[dict[str, Any]], start: dict[str, Any] | None) -> lis
         seeds = sorted(finals[a]) if b == "base" else sorted(set(finals[a]) & set(finals[b]))
         for seed in seeds:
             theirs = start["test"]["per_task"] if b == "base" and start else finals[b][seed]
-            mine = [
-                (score, theirs[item]) for item, score in sorted(finals[a][seed].items()) if item in theirs
-            ]
-            for item, score in sorted(finals[a][seed].items()):
-                if item in theirs:
-                    xs.append(score)
-                    ys.append(theirs[item])
-                    strata.append(_task(item))
-            if mine:
-                per_seed[seed] = sum(x - y for x, y in mine) / len(mine)
+            shared = [item for item in sorted(finals[a][seed]) if item in theirs]
+            xs += [finals[a][seed][item] for item in shared]
+            ys += [theirs[item] for item in shared]
+            strata += [_task(item) for item in shared]
+            if shared:
+                per_seed[seed] = sum(finals[a][seed][i] - theirs[i] for i in shared) / len(shared)
         if not xs:
             continue
         est = paired_difference(xs, ys, strata=strata, seed=0)

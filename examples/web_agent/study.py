@@ -201,13 +201,13 @@ class Budget(StepCallback):
             raise ValueError(f"Budget needs end points in increasing order, got {ends}")
         self.ledger, self.stage, self.ends, self.at_point, self.clock = ledger, stage, ends, at_point, clock
         self.done = 0  # end points passed
-        self.started = clock()
-        self.charged = self.evaluating = 0.0
         self.tokens_seen = 0
+        self.start()
         self._reason = ""
 
     def start(self) -> None:
-        """The stage begins now (call just before the trainer: its setup counts)."""
+        """The stage begins now (call just before the trainer: its setup counts; the
+        constructor calls it too)."""
         self.started = self.clock()
         self.charged = self.evaluating = 0.0
 
