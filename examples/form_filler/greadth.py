@@ -29,15 +29,26 @@ API (stable; ``run.py`` calls it):
   (Table 4: tokens per turn, cost per million turns), ``.agreement_table()`` (judge vs rules),
   ``.score(agent, metric, behavior)``, ``.costs(agent)``, ``.agreement(agent)``,
   ``.sources(agent)``, ``.to_text()``, ``.print()``, ``.to_json()``, ``.save(path)``,
-  ``GreadthReport.load(path)``; ``.turns[agent]`` holds each turn's :class:`TurnLabels`.
-- ``label_turns(tapes, judge=None, last_only=False) -> list[TurnLabels]`` for one agent.
+  ``GreadthReport.load(path)``; ``.turns[agent]`` holds each turn's :class:`TurnLabels`;
+  ``.split`` names the data split the turns come from (``run.py``: ``val`` or ``test``).
+- Paired comparisons of two agents on the same turns (the same partial dialogues continued, in
+  the same order): ``.paired(a, b, metric)`` -> :class:`Paired` (the mean of ``a - b`` with a
+  bootstrap interval over turn pairs, the discordant counts and the exact McNemar p-value,
+  from ``tapekit.evaluate.paired_difference`` and ``mcnemar_exact``), ``.gap_closed(student,
+  zero, teacher, metric)`` (``(student - zero) / (teacher - zero)`` with a bootstrap interval
+  over turn indices) and ``.paired_table(pairs)``.
+- ``label_turns(tapes, judge=None, last_only=False) -> list[TurnLabels]`` for one agent;
+  ``passes_rules(tape)``: whether every agent turn of ``tape`` passes every rule (for
+  filtering teacher tapes before distillation).
 
 Intervals are seeded percentile bootstraps over turns (``tapekit``'s evaluation bootstrap).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+import random
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field, PrivateAttr
@@ -48,10 +59,19 @@ from examples.form_filler.greadth_labels import TurnLabels, label_turns, labelle
 from examples.form_filler.greadth_rules import CRITERIA, SHORT_NAMES
 from examples.form_filler.judge import GreadthJudge, as_judge
 from tapekit.core import Tape
-from tapekit.evaluate import Estimate, JsonReport, bootstrap_mean
+from tapekit.evaluate import Estimate, JsonReport, bootstrap_mean, mcnemar_exact, paired_difference
 from tapekit.llm.base import LLMCall
 
-__all__ = ["METRICS", "Agreement", "GreadthReport", "TurnLabels", "greadth_report", "label_turns"]
+__all__ = [
+    "METRICS",
+    "Agreement",
+    "GreadthReport",
+    "Paired",
+    "TurnLabels",
+    "greadth_report",
+    "label_turns",
+    "passes_rules",
+]
 
 METRICS: tuple[str, ...] = (*CRITERIA, "greadth")
 """The six criteria and the GREADTH score (their AND)."""
@@ -73,6 +93,39 @@ class Agreement(BaseModel):
         return self.agree / self.n if self.n else None
 
 
+class Paired(BaseModel):
+    """Agent ``a`` against agent ``b`` on ``metric`` over ``n`` paired turns: ``difference``
+    (the mean of ``a - b``, pass = 1, with its paired bootstrap interval), ``a_only`` turns that
+    ``a`` passes and ``b`` fails, ``b_only`` the reverse, and ``p_value`` (two-sided exact
+    McNemar over the discordant turns)."""
+
+    a: str
+    b: str
+    metric: str
+    n: int
+    difference: Estimate
+    a_only: int
+    b_only: int
+    p_value: float
+
+
+def _interval(values: list[float], confidence: float, centre: float) -> Estimate:
+    """The percentile interval of bootstrap ``values`` around ``centre`` (NaN if none)."""
+    if not values:
+        return Estimate(value=centre, low=math.nan, high=math.nan)
+    values.sort()
+    m, tail = len(values), (1.0 - confidence) / 2.0
+    low = values[min(m - 1, math.floor(tail * m))]
+    high = values[min(m - 1, math.ceil((1.0 - tail) * m) - 1)]
+    return Estimate(value=centre, low=min(low, centre), high=max(high, centre))
+
+
+def _points(e: Estimate) -> str:
+    if e.value != e.value:  # NaN: no turns
+        return "-"
+    return f"{100 * e.value:+.1f} [{100 * e.low:+.1f}, {100 * e.high:+.1f}]"
+
+
 def _pct(e: Estimate) -> str:
     if e.value != e.value:  # NaN: no turns
         return "-"
@@ -84,6 +137,7 @@ class GreadthReport(JsonReport):
 
     turns: dict[str, list[TurnLabels]] = Field(default_factory=dict)
     judge_model: str | None = None
+    split: str | None = None
     prices: dict[str, Price] | None = None
     priced_as: dict[str, str] = Field(default_factory=dict)
     tokens_measured: bool = False
@@ -168,6 +222,90 @@ class GreadthReport(JsonReport):
             "models": sorted({m for t in turns for m in t.models}),
             "priced_as": self.priced_as.get(agent),
         }
+
+    # ------------------------------------------------------------------ paired
+
+    def outcomes(self, agent: str, metric: str = "greadth") -> list[bool]:
+        """Whether each of ``agent``'s turns passes ``metric``, in the report's turn order."""
+        if metric not in METRICS:
+            raise ValueError(f"no metric {metric!r}; metrics: {list(METRICS)}")
+        return [t.greadth if metric == "greadth" else t.labels[metric] for t in self._turns(agent)]
+
+    def _check_paired(self, *agents: str) -> None:
+        """The agents' turns must answer the same user messages in the same order."""
+        first = self._turns(agents[0])
+        for other in agents[1:]:
+            turns = self._turns(other)
+            if len(turns) != len(first):
+                raise ValueError(
+                    f"{agents[0]!r} has {len(first)} turns and {other!r} {len(turns)}: not paired"
+                )
+            for i, (x, y) in enumerate(zip(first, turns, strict=True)):
+                if (x.behavior, x.user_message) != (y.behavior, y.user_message):
+                    raise ValueError(f"turn {i} of {agents[0]!r} and of {other!r} answer different messages")
+
+    def paired(self, a: str, b: str, metric: str = "greadth") -> Paired:
+        """``a`` against ``b`` on the same turns (see :class:`Paired`); ``ValueError`` if the
+        two agents' turns do not answer the same user messages in the same order."""
+        self._check_paired(a, b)
+        x, y = self.outcomes(a, metric), self.outcomes(b, metric)
+        diff = paired_difference(
+            [float(v) for v in x], [float(v) for v in y], None, self.n_bootstrap, self.confidence, self.seed
+        )
+        return Paired(
+            a=a,
+            b=b,
+            metric=metric,
+            n=len(x),
+            difference=diff,
+            a_only=sum(p and not q for p, q in zip(x, y, strict=True)),
+            b_only=sum(q and not p for p, q in zip(x, y, strict=True)),
+            p_value=mcnemar_exact(x, y),
+        )
+
+    def gap_closed(self, student: str, zero: str, teacher: str, metric: str = "greadth") -> Estimate:
+        """The share of the gap between ``zero`` and ``teacher`` that ``student`` closes,
+        ``(student - zero) / (teacher - zero)`` of the pass rates, with a bootstrap interval
+        that resamples turn indices (all three agents' turns together); resamples where the
+        teacher and ``zero`` tie are left out. NaN when they tie on the turns themselves."""
+        self._check_paired(student, zero, teacher)
+        s, z, t = (self.outcomes(a, metric) for a in (student, zero, teacher))
+        n = len(s)
+
+        def ratio(index: Sequence[int]) -> float | None:
+            gap = sum(t[i] for i in index) - sum(z[i] for i in index)
+            return None if gap == 0 else (sum(s[i] for i in index) - sum(z[i] for i in index)) / gap
+
+        centre = ratio(range(n))
+        if centre is None:
+            return Estimate(value=math.nan, low=math.nan, high=math.nan)
+        rng = random.Random(self.seed)
+        draws = [ratio([rng.randrange(n) for _ in range(n)]) for _ in range(self.n_bootstrap)]
+        return _interval([d for d in draws if d is not None], self.confidence, centre)
+
+    def paired_table(self, pairs: Sequence[tuple[str, str]], title: str | None = None) -> Any:
+        """Per pair ``(a, b)``: ``a - b`` in points on each criterion and on GREADTH (with its
+        paired interval; :meth:`paired` has every criterion's), GREADTH's discordant turns and
+        McNemar p-value (``rich`` table)."""
+        from rich.table import Table
+
+        split = f" on the {self.split} split" if self.split else ""
+        level = f"{self.confidence:.0%}"
+        table = Table(title=title or f"Paired differences{split} (points, {level} interval over turns)")
+        table.add_column("a - b")
+        table.add_column("turns", justify="right")
+        for metric in METRICS:
+            table.add_column("GREADTH" if metric == "greadth" else SHORT_NAMES[metric], justify="right")
+        table.add_column("a only / b only", justify="right")
+        table.add_column("McNemar p", justify="right")
+        for a, b in pairs:
+            cells = []
+            for metric in METRICS:
+                d = self.paired(a, b, metric).difference
+                cells.append(_points(d) if metric == "greadth" else _points(d).split(" [")[0])
+            g = self.paired(a, b)
+            table.add_row(f"{a} - {b}", str(g.n), *cells, f"{g.a_only} / {g.b_only}", f"{g.p_value:.3g}")
+        return table
 
     # ------------------------------------------------------------------ tables
 
@@ -322,6 +460,12 @@ class GreadthReport(JsonReport):
     def summary_data(self) -> dict[str, Any]:
         """The tables' figures (:meth:`summary`), written under ``"summary"`` by :meth:`save`."""
         return self.summary()
+
+
+def passes_rules(tape: Tape[Any, Any]) -> bool:
+    """Whether every agent turn of ``tape`` is valid and fails no GREADTH rule (the rules
+    only, no judge; a tape without agent turns passes)."""
+    return all(t.valid and not t.failed_rules() for t in label_turns([tape]))
 
 
 def _price_turn(

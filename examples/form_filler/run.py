@@ -1,19 +1,38 @@
 """The form-filling case study end to end (section 5 of the paper), in one command.
 
-1. Forms: the bundled companies (3 training, 3 test, 10 forms each), checked; with
-   ``--synthetic N`` (``--quick``: 40) also N made-up training companies
-   (:func:`~examples.form_filler.synthetic.synthetic_companies`, random form and slot names, so
-   the student learns to copy names from its prompt rather than remember the training forms).
+1. Forms and splits, fixed in code (:func:`make_splits`, names checked disjoint):
+   **train** = the 3 bundled training companies plus, with ``--synthetic N`` (``--quick``: 40),
+   N made-up ones (:func:`~examples.form_filler.synthetic.synthetic_companies`, seed 0, random
+   form and slot names, so the student learns to copy names from its prompt rather than
+   remember the training forms); **val** = 3 further made-up companies
+   (``synthetic_companies(3, seed=VALIDATION_SEED)``, drawn first, so no training company uses
+   their names or their forms' names), grown with their own tree seed; **test** = the 3 bundled
+   test companies. ``--split val`` (the default) scores on the validation companies;
+   ``--split test`` is the only way the test companies are touched at all (their trees are not
+   even grown otherwise). Choose settings with ``val``; run ``test`` once, at the end.
 2. Dialogue trees: the multi-node teacher talks with the 19 simulated user behaviours at every
-   company (beam search over behaviours and forms, at most 18 messages), through the batch
-   runner into a SQLite store (rerunning with the same ``--out`` resumes).
+   training company and every company of the scored split (beam search over behaviours and
+   forms, at most 18 messages), through the batch runner into a SQLite store (rerunning with the
+   same ``--out`` resumes).
 3. Distillation: the training trees' teacher tapes -> ``student.reuse`` -> training samples
-   (the student's tokenizer and chat template) -> SFT of the student's model.
-4. GREADTH on the test companies: one agent turn continuing each of a set of partial dialogues
-   taken from the test trees (the same for every agent, every behaviour represented), for the
-   teacher, the zero-shot student and the tuned student; the GREADTH table, the per-behaviour
+   (the student's tokenizer and chat template) -> SFT of the student's model. The tiny
+   student's tokenizer is fitted on the training companies' forms only.
+   ``--filter-tapes``: ``off`` (default) trains on every teacher tape; ``on`` trains on only the
+   tapes whose every agent turn passes every GREADTH rule
+   (:func:`~examples.form_filler.greadth.passes_rules`; with ``--error-rate`` > 0 the oracle
+   slips and the rules drop those tapes); ``both`` trains two students from the same trees and
+   the same base model, one on all tapes and one on the kept ones, and scores both on the same
+   turns. Kept and dropped tape ids (with the failed rules) go to ``filter.json``.
+4. GREADTH on the scored split: one agent turn continuing each of a set of partial dialogues
+   taken from the split's trees (the same for every agent, every behaviour represented), for the
+   teacher, the zero-shot student and the tuned student(s); the GREADTH table, the per-behaviour
    table and the cost table (Table 4's prices: the teacher priced as Llama-3.1-405B, the
-   student as Llama-3.1-8B) are printed and saved as JSON.
+   student as Llama-3.1-8B) are printed and saved as ``greadth.json`` (with the split's name).
+5. Paired statistics on the same turns (:func:`paired_statistics`): tuned - zero-shot,
+   tuned - teacher and, with both students, filtered - unfiltered, on GREADTH and each
+   criterion (mean difference with a paired bootstrap interval, exact McNemar p-value on
+   GREADTH), and the share of the zero-shot-to-teacher gap each tuned student closes (bootstrap
+   interval); printed and saved as ``paired.json``.
 
 Offline (default) the teacher's LLM is the programmatic :class:`~examples.form_filler.oracle.Oracle`
 and the student a tiny model trained here (``--student tiny``, full fine-tuning) or the
@@ -23,7 +42,9 @@ Hugging Face model to tune with LoRA); ``--user-url URL --user-model NAME`` has 
 simulated users' turns (:class:`~examples.form_filler.llm_user.LLMUser`; the behaviours'
 programs still decide what each turn says).
 
-Run: ``python examples/form_filler/run.py --quick`` (< 10 minutes on 2 CPU cores).
+Run: ``python examples/form_filler/run.py --quick`` (validation split, < 10 minutes on 2 CPU
+cores); ``--split test`` for the final, reported run; ``--error-rate 0.2 --filter-tapes both``
+for the filtered-tapes comparison.
 """
 
 from __future__ import annotations
@@ -33,7 +54,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +73,23 @@ from examples.form_filler.distill import (
     tokenizer_texts,
     train_student,
 )
-from examples.form_filler.greadth import GreadthReport, greadth_report
+from examples.form_filler.greadth import METRICS, GreadthReport, greadth_report, passes_rules
+from examples.form_filler.greadth_labels import label_turns
 from examples.form_filler.llm_user import LLMUser
 from examples.form_filler.oracle import OracleLLM
-from examples.form_filler.schema import FormSet, check_form_set, load_form_set
+from examples.form_filler.schema import Company, FormSet, check_form_set, load_form_set
 from examples.form_filler.synthetic import synthetic_companies
 from examples.form_filler.tree import Branch, TreeSettings, grow_tree
 from tapekit import FunctionLLM
 
 TEACHER, ZERO_SHOT, TUNED = "teacher", "student (zero-shot)", "student (tuned)"
+FILTERED = "student (tuned, filtered tapes)"
+SHORT = {TUNED: "tuned", FILTERED: "filtered"}
+SPLITS = ("val", "test")
+FILTER_MODES = ("off", "on", "both")
+VALIDATION_COMPANIES = 3
+VALIDATION_SEED = 7
+"""The validation companies: ``synthetic_companies(VALIDATION_COMPANIES, seed=VALIDATION_SEED)``."""
 
 
 @dataclass
@@ -69,6 +98,9 @@ class Settings:
 
     train_tree: TreeSettings = field(default_factory=lambda: TreeSettings(intents=20, beam_width=60))
     test_tree: TreeSettings = field(default_factory=lambda: TreeSettings(intents=10, beam_width=30, seed=1))
+    val_tree: TreeSettings = field(default_factory=lambda: TreeSettings(intents=10, beam_width=30, seed=3))
+    split: str = "val"
+    filter_tapes: str = "off"
     n_eval: int = 190
     synthetic: int = 0
     synthetic_tree: TreeSettings = field(
@@ -86,6 +118,110 @@ class Settings:
 
 def _line(**items: Any) -> None:
     print(" ".join(f"{k}={v}" for k, v in items.items()), flush=True)
+
+
+@dataclass
+class Splits:
+    """The companies of each split: ``train`` (bundled, then ``made_up``), ``val``, ``test``."""
+
+    train: list[Company]
+    val: list[Company]
+    test: list[Company]
+    made_up: list[Company] = field(default_factory=list)
+
+    def companies(self, split: str) -> list[Company]:
+        """The companies of ``split`` (``train``, ``val`` or ``test``)."""
+        if split not in ("train", *SPLITS):
+            raise ValueError(f"no split {split!r}; splits: train, {', '.join(SPLITS)}")
+        return list(getattr(self, split))
+
+    def catalog(self) -> FormSet:
+        """Every company, for looking one up by name (``FormSet.company``)."""
+        return FormSet(train=[*self.train, *self.val], test=list(self.test))
+
+
+def check_disjoint(splits: Splits) -> None:
+    """``ValueError`` unless no company name and no form name is in two splits."""
+    names = {s: {c.name for c in splits.companies(s)} for s in ("train", *SPLITS)}
+    forms = {s: {f.name for c in splits.companies(s) for f in c.forms} for s in ("train", *SPLITS)}
+    for i, a in enumerate(names):
+        for b in list(names)[i + 1 :]:
+            shared = (names[a] & names[b]) | (forms[a] & forms[b])
+            if shared:
+                raise ValueError(f"splits {a} and {b} share names: {sorted(shared)[:5]}")
+
+
+def make_splits(forms: FormSet, synthetic: int, validation: int = VALIDATION_COMPANIES) -> Splits:
+    """The study's splits (see the module doc): the validation companies are drawn first,
+    avoiding the bundled forms' names; the made-up training companies then avoid theirs too."""
+    val = synthetic_companies(validation, seed=VALIDATION_SEED, avoid=forms)
+    made_up = synthetic_companies(synthetic, avoid=FormSet(train=[*forms.train, *val], test=forms.test))
+    splits = Splits(train=[*forms.train, *made_up], val=val, test=list(forms.test), made_up=made_up)
+    check_disjoint(splits)
+    return splits
+
+
+@dataclass
+class TapeFilter:
+    """Training tapes split by :func:`filter_tapes`: ``kept`` pass every rule on every turn;
+    ``dropped`` pairs each other tape with the names of the rules it failed."""
+
+    kept: list[Any]
+    dropped: list[tuple[Any, list[str]]]
+
+    def to_json(self) -> dict[str, Any]:
+        """Which tapes were kept and which dropped (with the failed rules), by tape id."""
+        return {
+            "kept": len(self.kept),
+            "dropped": len(self.dropped),
+            "kept_ids": [t.metadata.id for t in self.kept],
+            "dropped_ids": {t.metadata.id: rules for t, rules in self.dropped},
+        }
+
+
+def filter_tapes(tapes: list[Any]) -> TapeFilter:
+    """The tapes in which every agent turn passes every GREADTH rule (rules only, see
+    :func:`~examples.form_filler.greadth.passes_rules`), and the others with why."""
+    kept, dropped = [], []
+    for tape in tapes:
+        if passes_rules(tape):
+            kept.append(tape)
+            continue
+        failed = {f.rule for t in label_turns([tape]) for f in t.failed_rules()}
+        if not failed:  # an invalid turn that no named rule failed
+            failed = {"invalid"}
+        dropped.append((tape, sorted(failed)))
+    return TapeFilter(kept, dropped)
+
+
+def paired_statistics(report: GreadthReport) -> dict[str, Any]:
+    """Paired comparisons among the report's agents on the same turns: each tuned student
+    against the zero-shot student and the teacher, filtered against unfiltered when both are
+    there, on each metric; and the gap each tuned student closes between zero-shot and teacher.
+    ``pairs`` lists the compared ``(a, b)`` in table order."""
+    agents = set(report.agents)
+    tuned = [a for a in (TUNED, FILTERED) if a in agents]
+    pairs = [(s, b) for s in tuned for b in (ZERO_SHOT, TEACHER) if b in agents]
+    if {TUNED, FILTERED} <= agents:
+        pairs.append((FILTERED, TUNED))
+    comparisons = [
+        {"a": a, "b": b, "metrics": {m: report.paired(a, b, m).model_dump() for m in METRICS}}
+        for a, b in pairs
+    ]
+    gaps = {
+        s: {m: report.gap_closed(s, ZERO_SHOT, TEACHER, m).model_dump() for m in METRICS}
+        for s in tuned
+        if {ZERO_SHOT, TEACHER} <= agents
+    }
+    return {
+        "split": report.split,
+        "confidence": report.confidence,
+        "n_bootstrap": report.n_bootstrap,
+        "seed": report.seed,
+        "pairs": [list(p) for p in pairs],
+        "comparisons": comparisons,
+        "gap_closed": gaps,
+    }
 
 
 def teacher_agent(settings: Settings) -> Any:
@@ -148,86 +284,173 @@ def eval_branches(branches: list[Branch], n: int) -> list[Branch]:
     return chosen
 
 
-def students(settings: Settings, train_tapes: list[Any], forms: FormSet) -> tuple[Any, Any, Any, Any]:
-    """The student before training: its LLM, model, tokenizer, and the tapes it can reuse."""
+def students(
+    settings: Settings, train_tapes: list[Any], forms: FormSet
+) -> tuple[Any, Any, Any, list[Any], str | None]:
+    """The student before training: its LLM, model, tokenizer, the tapes it can reuse, and the
+    base model's path (to load a fresh copy for a second student). The tiny student's tokenizer
+    learns from ``forms`` (pass the training companies only)."""
     config = settings.student
     if config.kind == "tiny":
         probe = make_student(FunctionLLM(fn=lambda prompt: "[]"))
         tapes = reusable(train_tapes, probe)
         model, tokenizer, base = tiny_student(config, tokenizer_texts(tapes, forms))
-        return student_llm(config, str(base)), model, tokenizer, tapes
+        return student_llm(config, str(base)), model, tokenizer, tapes, str(base)
     before = student_llm(config, settings.student_model)
     model, tokenizer = before.load()
+    _dequantize(model)
+    return before, model, tokenizer, reusable(train_tapes, make_student(before)), settings.student_model
+
+
+def _dequantize(model: Any) -> None:
     if getattr(model, "hf_quantizer", None) is not None:  # dequantized GGUF: trainable after all
         model.hf_quantizer.remove_quantization_config(model)
-    return before, model, tokenizer, reusable(train_tapes, make_student(before))
+
+
+def tune(
+    settings: Settings,
+    config: StudentConfig,
+    tapes: list[Any],
+    student: tuple[Any, Any, Any],
+    label: str,
+) -> Any:
+    """SFT of the ``student`` (its LLM before training, model and tokenizer) on ``tapes``
+    (output under ``config.out``); the tuned student's LLM."""
+    before, model, tokenizer = student
+    rows = student_samples(tapes, make_student(before), tokenizer)
+    longest = max(len(ids) for ids in rows["input_ids"])
+    _line(
+        stage="samples",
+        student=SHORT[label],
+        rows=len(rows),
+        teacher_tapes=len(tapes),
+        longest_tokens=longest,
+    )
+    final, seconds = train_student(config, rows, model, tokenizer)
+    _line(stage="sft", student=SHORT[label], steps=config.steps, train_seconds=f"{seconds:.0f}")
+    if config.kind == "tiny":
+        return student_llm(config, str(final))
+    return student_llm(config, settings.student_model, str(final))
 
 
 def run(settings: Settings) -> GreadthReport:
-    """The whole study; prints a line per stage and returns the GREADTH report."""
+    """The whole study; prints a line per stage and returns the GREADTH report (its paired
+    statistics are printed and saved as ``paired.json``)."""
     import torch
     import transformers
 
     from tapekit import open_store
 
+    if settings.split not in SPLITS or settings.filter_tapes not in FILTER_MODES:
+        raise ValueError(f"split must be one of {SPLITS} and filter_tapes one of {FILTER_MODES}")
     torch.set_num_threads(settings.threads)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     out = settings.student.out
     out.mkdir(parents=True, exist_ok=True)
-    store = open_store(str(out / "tapes.db"))
     forms = load_form_set()
     problems = check_form_set(forms, forms_per_company=10, all_kinds=True)
     if problems:
         raise ValueError(f"the bundled forms are invalid: {problems[:3]}")
-    _line(stage="forms", train=len(forms.train), test=len(forms.test), forms_per_company=10)
+    splits = make_splits(forms, settings.synthetic)
+    split = settings.split
+    _line(
+        stage="forms",
+        split=split,
+        train=len(forms.train),
+        synthetic=len(splits.made_up),
+        val=len(splits.val),
+        test=len(splits.test),
+        forms_per_company=10,
+    )
+    store = open_store(str(out / "tapes.db"))
 
     teacher, users = teacher_agent(settings), user_llm(settings)
     started = time.perf_counter()
     train = grow_trees(teacher, forms.train, settings.train_tree, store, "train-tree", users)
-    test = grow_trees(teacher, forms.test, settings.test_tree, store, "test-tree", users)
-    if settings.synthetic:
-        made_up = synthetic_companies(settings.synthetic, avoid=forms)
-        train += grow_trees(teacher, made_up, settings.synthetic_tree, store, "synthetic-tree", users)
-    behaviors = {b.behavior for b in train} & {b.behavior for b in test}
+    if split == "test":
+        scored = grow_trees(teacher, splits.test, settings.test_tree, store, "test-tree", users)
+    else:
+        scored = grow_trees(teacher, splits.val, settings.val_tree, store, "val-tree", users)
+    if splits.made_up:
+        train += grow_trees(teacher, splits.made_up, settings.synthetic_tree, store, "synthetic-tree", users)
+    behaviors = {b.behavior for b in train} & {b.behavior for b in scored}
     _line(
         stage="trees",
+        split=split,
         train_branches=len(train),
-        test_branches=len(test),
+        eval_branches=len(scored),
         behaviours_in_both=len(behaviors),
-        synthetic_companies=settings.synthetic,
+        synthetic_companies=len(splits.made_up),
         seconds=f"{time.perf_counter() - started:.0f}",
     )
-    chosen = eval_branches(test, settings.n_eval)
+    chosen = eval_branches(scored, settings.n_eval)
     teacher_tapes = [b.tape for b in chosen]
+    train_tapes = [b.tape for b in train if b.error is None]
 
-    before, model, tokenizer, tapes = students(settings, [b.tape for b in train if b.error is None], forms)
-    started = time.perf_counter()
-    zero = continue_branches(make_student(before), chosen, forms, store, "eval-zero-shot")
-    _line(stage="zero_shot", continuations=len(zero), seconds=f"{time.perf_counter() - started:.0f}")
+    tokenizer_forms = FormSet(train=splits.train, test=[])
+    before, model, tokenizer, tapes, base = students(settings, train_tapes, tokenizer_forms)
+    # the students to tune: (label, training tapes, where their SFT output goes)
+    variants: list[tuple[str, list[Any], StudentConfig]] = []
+    if settings.filter_tapes != "on":
+        variants.append((TUNED, tapes, settings.student))
+    if settings.filter_tapes != "off":
+        kept = filter_tapes(train_tapes)
+        _line(
+            stage="filter",
+            error_rate=settings.error_rate,
+            tapes=len(train_tapes),
+            kept=len(kept.kept),
+            dropped=len(kept.dropped),
+        )
+        (out / "filter.json").write_text(
+            json.dumps({"split": split, "error_rate": settings.error_rate, **kept.to_json()}, indent=2)
+        )
+        ids = {t.metadata.id for t in kept.kept}
+        filtered = [t for t in tapes if t.metadata.id in ids]
+        if not filtered:
+            raise ValueError("--filter-tapes kept no training tape the student can reuse")
+        variants.append((FILTERED, filtered, replace(settings.student, out=out / "filtered")))
 
-    rows = student_samples(tapes, make_student(before), tokenizer)
-    longest = max(len(ids) for ids in rows["input_ids"])
-    _line(stage="samples", rows=len(rows), teacher_tapes=len(tapes), longest_tokens=longest)
-    final, seconds = train_student(settings.student, rows, model, tokenizer)
-    if settings.student.kind == "tiny":
-        after = student_llm(settings.student, str(final))
-    else:
-        after = student_llm(settings.student, settings.student_model, str(final))
-    _line(stage="sft", steps=settings.student.steps, train_seconds=f"{seconds:.0f}")
     started = time.perf_counter()
-    tuned = continue_branches(make_student(after), chosen, forms, store, "eval-tuned")
-    _line(stage="tuned", continuations=len(tuned), seconds=f"{time.perf_counter() - started:.0f}")
+    zero = continue_branches(make_student(before), chosen, splits.catalog(), store, "eval-zero-shot")
+    _line(
+        stage="zero_shot",
+        split=split,
+        continuations=len(zero),
+        seconds=f"{time.perf_counter() - started:.0f}",
+    )
+
+    continued: dict[str, list[Any]] = {}
+    for i, (label, variant_tapes, config) in enumerate(variants):
+        if i:  # a second student starts from the same base model, freshly loaded
+            model, _ = student_llm(config, base).load()
+            _dequantize(model)
+        after = tune(settings, config, variant_tapes, (before, model, tokenizer), label)
+        started = time.perf_counter()
+        name = f"eval-{SHORT[label]}"
+        continued[label] = continue_branches(make_student(after), chosen, splits.catalog(), store, name)
+        _line(
+            stage="tuned",
+            student=SHORT[label],
+            split=split,
+            continuations=len(continued[label]),
+            seconds=f"{time.perf_counter() - started:.0f}",
+        )
 
     big, small = "Llama-3.1-405B-Instruct", "Llama-3.1-8B-Instruct"
+    agents = {TEACHER: teacher_tapes, ZERO_SHOT: zero, **continued}
     report = greadth_report(
-        {TEACHER: teacher_tapes, ZERO_SHOT: zero, TUNED: tuned},
+        agents,
         prices=PAPER_PRICES,
-        priced_as={TEACHER: big, ZERO_SHOT: small, TUNED: small},
+        priced_as={a: big if a == TEACHER else small for a in agents},
         llm_calls=store,
         last_only=True,
     )
+    report.split = split
     report.save(out / "greadth.json")
+    paired = paired_statistics(report)
+    (out / "paired.json").write_text(json.dumps(paired, indent=2))
     store.close()
     return report
 
@@ -244,7 +467,19 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--batch-size", type=int, help="samples per SFT step")
     parser.add_argument("--synthetic", type=int, help="made-up training companies added to the bundled 3")
     parser.add_argument("--vocab", type=int, help="tiny student: tokenizer vocabulary size")
-    parser.add_argument("--eval", type=int, help="partial test dialogues to continue")
+    parser.add_argument("--eval", type=int, help="partial dialogues of the scored split to continue")
+    parser.add_argument(
+        "--split",
+        choices=SPLITS,
+        default="val",
+        help="the split scored: val (made-up validation companies) or test (the bundled test companies)",
+    )
+    parser.add_argument(
+        "--filter-tapes",
+        choices=FILTER_MODES,
+        default="off",
+        help="train on all teacher tapes (off), only those passing every GREADTH rule (on), or both students",
+    )
     parser.add_argument("--beam", type=int, help="beam width of the training trees")
     parser.add_argument("--error-rate", type=float, default=0.0, help="the oracle teacher's deliberate slips")
     parser.add_argument("--out", type=Path, default=Path("form-filler-out"), help="output directory")
@@ -256,6 +491,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--user-model", help="the users' model name at --user-url")
     args = parser.parse_args(argv)
     settings = Settings(error_rate=args.error_rate, threads=args.threads)
+    settings.split, settings.filter_tapes = args.split, args.filter_tapes
     settings.teacher_url, settings.teacher_model = args.teacher_url, args.teacher_model
     settings.student_model = args.student_model
     settings.user_url, settings.user_model = args.user_url, args.user_model
@@ -269,6 +505,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     if args.quick:
         settings.train_tree = TreeSettings(intents=10, beam_width=20)
         settings.test_tree = TreeSettings(intents=10, beam_width=10, seed=1)
+        settings.val_tree = TreeSettings(intents=10, beam_width=10, seed=3)
         settings.n_eval = 38
         settings.student.steps = 500 if kind == "tiny" else 40
         settings.synthetic = 40
@@ -294,13 +531,21 @@ def parse_args(argv: list[str] | None = None) -> Settings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the study and print the GREADTH and cost tables."""
+    """Run the study and print the GREADTH, cost and paired-difference tables."""
+    from rich.console import Console
+
     settings = parse_args(argv)
     started = time.perf_counter()
     report = run(settings)
     report.print()
+    pairs = [tuple(p) for p in paired_statistics(report)["pairs"]]
+    if pairs:
+        Console().print(report.paired_table(pairs))
+    for student in (TUNED, FILTERED):
+        if student in report.agents:
+            print(f"gap_closed[{student}]={report.gap_closed(student, ZERO_SHOT, TEACHER)}")
     summary = {agent: round(report.score(agent).value, 3) for agent in report.agents}
-    print("greadth=" + json.dumps(summary))
+    print(f"split={report.split} greadth=" + json.dumps(summary))
     print(f"total_seconds={time.perf_counter() - started:.0f} out={settings.student.out}")
     return 0
 

@@ -4,6 +4,7 @@ zero-shot student on GREADTH."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,11 @@ def test_small_study_tunes_the_student_above_zero_shot(tmp_path: Path, capsys: A
     assert mean[run.TUNED] >= mean[run.ZERO_SHOT] + 0.1, mean  # measured: 0.149 vs 0
     out = capsys.readouterr().out
     assert re.search(
-        r"stage=trees train_branches=\d+ test_branches=\d+ behaviours_in_both=19 synthetic_companies=15", out
+        r"stage=trees split=val train_branches=\d+ eval_branches=\d+ behaviours_in_both=19 "
+        r"synthetic_companies=15",
+        out,
     )
-    assert (tmp_path / "greadth.json").exists()
+    assert report.split == "val" and (tmp_path / "greadth.json").exists()
+    paired = json.loads((tmp_path / "paired.json").read_text())
+    assert paired["split"] == "val"
+    assert [tuple(p) for p in paired["pairs"]] == [(run.TUNED, run.ZERO_SHOT), (run.TUNED, run.TEACHER)]
