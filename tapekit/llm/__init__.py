@@ -25,6 +25,7 @@ _BACKENDS = {
     "LlamaCppLLM": "tapekit.llm.llamacpp",
     "OpenAICompatibleLLM": "tapekit.llm.openai_compat",
     "TransformersLLM": "tapekit.llm.transformers",
+    "export_lora_gguf": "tapekit.llm.gguf_lora",
 }
 
 
@@ -65,4 +66,5 @@ __all__ = [
     "TrainingText",
     "TransformersLLM",
     "WrapperLLM",
+    "export_lora_gguf",
 ]

@@ -80,6 +80,11 @@ class LlamaCppLLM(LLM):
     Most small models' chat templates know nothing of tool calls, so by default assistant tool
     calls and tool results are shown to the model as plain text (:func:`plain_messages`);
     ``native_tools=True`` passes them through for models whose template handles them.
+
+    ``lora_path`` applies a GGUF LoRA adapter (``lora_scale`` times its own scale) on top of the
+    base file at run time: :func:`~tapekit.llm.gguf_lora.export_lora_gguf` writes one from a PEFT
+    adapter, so a student tuned with LoRA through transformers decodes here. Give each new
+    adapter a new path (and ``policy_version``): cached outputs are keyed by the settings.
     """
 
     model_name: str = "smollm2-135m-instruct"
@@ -92,6 +97,8 @@ class LlamaCppLLM(LLM):
     reuse_prefix: bool = True
     native_tools: bool = False
     policy_version: str | None = None
+    lora_path: str | None = None
+    lora_scale: float = 1.0
     _llama: Any = PrivateAttr(None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _formatter: Any = PrivateAttr(None)  # the compiled chat template; False if the file has none
@@ -110,14 +117,28 @@ class LlamaCppLLM(LLM):
                         "(it builds llama-cpp-python, about 5.5 minutes on 2 cores, cached afterwards)"
                     ) from e
                 path = self.model_path or str(smollm2_path())
-                self._llama = llama_cpp.Llama(
-                    model_path=path,
-                    n_ctx=self.n_ctx,
-                    n_threads=self.n_threads,
-                    n_threads_batch=self.n_threads_batch or self.n_threads,
-                    seed=self.seed,
-                    verbose=False,
-                )
+                if self.lora_path is not None and not Path(self.lora_path).is_file():
+                    raise LLMError(f"no LoRA adapter file at {self.lora_path}")
+                try:
+                    self._llama = llama_cpp.Llama(
+                        model_path=path,
+                        n_ctx=self.n_ctx,
+                        n_threads=self.n_threads,
+                        n_threads_batch=self.n_threads_batch or self.n_threads,
+                        seed=self.seed,
+                        lora_path=self.lora_path,
+                        lora_scale=self.lora_scale,
+                        verbose=False,
+                    )
+                except (RuntimeError, ValueError) as e:
+                    what = f" with the adapter {self.lora_path}" if self.lora_path else ""
+                    raise LLMError(f"llama.cpp could not load {path}{what}: {e}") from e
+                if self.lora_path is not None and not getattr(self._llama, "_lora_adapter", None):
+                    # llama-cpp-python tests the adapter pointer against None, so a file that
+                    # llama.cpp refuses (a NULL pointer) would otherwise be ignored in silence
+                    self._llama.close()
+                    self._llama = None
+                    raise LLMError(f"llama.cpp could not load the LoRA adapter {self.lora_path} for {path}")
             return self._llama
 
     def piece(self, token: int, special: bool = True) -> bytes:
