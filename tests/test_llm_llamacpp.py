@@ -117,6 +117,32 @@ def test_sampled_calls_repeat_with_a_seed_and_carry_sampler_logprobs() -> None:
 
 
 @needs_local_model
+def test_schema_sampled_logprobs_are_the_unmasked_ones_a_trainer_computes() -> None:
+    """Under a grammar the token comes from the masked distribution, but the recorded log-prob
+    is the unmasked model's at the temperature (what BatchedTransformersLLM records and what the
+    RL trainer recomputes), not None."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from tapekit.llm.transformers import TransformersLLM
+
+    plain = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}
+    sampler = LlamaCppLLM(parameters={"temperature": 0.8, "max_tokens": 24, "seed": 3, **plain})
+    schema = {"type": "object", "properties": {"colour": {"type": "string"}}, "required": ["colour"]}
+    prompt = Prompt(messages=[{"role": "user", "content": "Name a colour, as JSON."}], response_schema=schema)
+    trace = list(sampler.stream(prompt))[-1].tokens
+    assert trace is not None and trace.output_logprobs is not None and len(trace.output_ids) > 3
+    model, _ = TransformersLLM(device="cpu").load()
+    ids = torch.tensor([trace.prompt_ids + trace.output_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(trace.prompt_ids) - 1 : -1].float() / 0.8
+    mine = torch.log_softmax(logits, -1)[torch.arange(len(trace.output_ids)), torch.tensor(trace.output_ids)]
+    gaps = [abs(a - float(b)) for a, b in zip(trace.output_logprobs, mine, strict=True)]
+    assert sum(gaps) / len(gaps) < 0.15, gaps  # Q4_1 arithmetic against fp32
+    assert any(x < -0.5 for x in trace.output_logprobs)  # unmasked: the grammar's forced tokens are not 0
+
+
+@needs_local_model
 def test_long_tokens_decode_whole(llm: LlamaCppLLM) -> None:
     ids = llm.load().tokenize(b"x = 1" + b" " * 40 + b"# comment", add_bos=False)
     assert llm.detokenize(ids) == "x = 1" + " " * 40 + "# comment"  # llama-cpp's own cuts at 32 bytes

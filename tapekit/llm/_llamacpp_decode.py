@@ -126,7 +126,7 @@ def _decode(llama: Any, llm: Any, prompt_text: str, prompt: Prompt) -> Iterator[
         llm._kv_exact = exact_after(len(prompt_ids), keep, n_batch)  # the prompt is evaluated
         token = int(token)
         logits = np.ctypeslib.as_array(llama._ctx.get_logits_ith(-1), shape=(n_vocab,))
-        logprob = _logprob(logits, token, history, settings, sampled_with_grammar=grammar is not None)
+        logprob = _logprob(logits, token, history, settings)
         history.append(token)
         if llama_cpp.llama_vocab_is_eog(vocab, token):
             yield _Sampled(token, decoder.decode(b"", final=True), logprob)
@@ -156,19 +156,20 @@ def _grammar(prompt: Prompt) -> Any:
     return _grammar_for_response_format({"type": "json_object", "schema": prompt.response_schema})
 
 
-def _logprob(
-    logits: Any, token: int, history: list[int], settings: dict[str, Any], sampled_with_grammar: bool
-) -> float | None:
+def _logprob(logits: Any, token: int, history: list[int], settings: dict[str, Any]) -> float | None:
     """The log-probability of ``token``: under the model for greedy decoding; under the sampler's
     distribution (penalties, top-k, top-p, min-p, temperature, as llama.cpp chains them) when
-    sampling. None when sampling under a grammar or typical-p (their masks are not visible)."""
+    sampling. Under a grammar the token is drawn from the masked distribution but its log-prob
+    is read from the unmasked one, as ``BatchedTransformersLLM`` records it and as a trainer
+    recomputes it (it sees no grammar). None under typical-p (its mask is not visible) or when
+    the token is outside the unmasked top-k/top-p/min-p set."""
     import numpy as np
 
     x = logits.astype(np.float64)
     temperature = float(settings["temperature"])
     if temperature <= 0:
         return float(x[token] - _logsumexp(x))
-    if sampled_with_grammar or settings["typical_p"] < 1.0:
+    if settings["typical_p"] < 1.0:
         return None
     x = _penalised(x.copy(), history, settings)
     order = np.argsort(-x, kind="stable")
