@@ -125,6 +125,7 @@ class StudentConfig:
     max_tokens: int = 200
     packing: bool = False
     seed: int = 0
+    dtype: str = "float32"  # "bfloat16": autocast (SmolLM2 on a CPU with AVX-512 BF16)
 
 
 def tiny_student(config: StudentConfig, texts: list[str]) -> tuple[Any, Any, Path]:
@@ -163,7 +164,7 @@ def train_student(config: StudentConfig, rows: Any, model: Any, tokenizer: Any) 
         lr_scheduler="linear",
         logging_steps=max(1, config.steps // 10),
         device="cpu",
-        dtype="float32",
+        dtype=config.dtype,  # type: ignore[arg-type]
         seed=config.seed,
     )
     started = time.perf_counter()
@@ -172,7 +173,22 @@ def train_student(config: StudentConfig, rows: Any, model: Any, tokenizer: Any) 
 
 
 def student_llm(config: StudentConfig, model_path: str | None, adapter_path: str | None = None) -> Any:
-    """The student's greedy ``TransformersLLM`` (``model_path`` None: the embedded SmolLM2)."""
+    """The student's greedy LLM: the embedded SmolLM2 (``model_path`` None) decodes in llama.cpp,
+    its LoRA adapter converted to GGUF (:func:`tapekit.llm.export_lora_gguf`), several times
+    faster than transformers on a CPU; any other model through ``TransformersLLM``."""
+    if model_path is None:
+        from tapekit.llm import LlamaCppLLM, export_lora_gguf
+        from tapekit.llm.llamacpp import smollm2_path
+
+        lora = None
+        if adapter_path is not None:
+            lora = str(export_lora_gguf(adapter_path, smollm2_path(), Path(adapter_path) / "adapter.gguf"))
+        return LlamaCppLLM(
+            model_name=f"{config.kind}-student",
+            lora_path=lora,
+            n_threads=2,
+            parameters={"temperature": 0.0, "max_tokens": config.max_tokens},
+        )
     from tapekit.llm.transformers import TransformersLLM
 
     return TransformersLLM(
@@ -182,6 +198,17 @@ def student_llm(config: StudentConfig, model_path: str | None, adapter_path: str
         device="cpu",
         max_tokens=config.max_tokens,
     )
+
+
+def trainable(config: StudentConfig, model_path: str | None) -> tuple[Any, Any]:
+    """The student's model and tokenizer for training, through transformers (the embedded
+    SmolLM2 de-quantised from its GGUF: the weights llama.cpp decodes with)."""
+    from tapekit.llm.transformers import TransformersLLM
+
+    model, tokenizer = TransformersLLM(model_name=f"{config.kind}-student", model_path=model_path).load()
+    if getattr(model, "hf_quantizer", None) is not None:  # de-quantised GGUF: trainable after all
+        model.hf_quantizer.remove_quantization_config(model)
+    return model, tokenizer
 
 
 def continue_branches(

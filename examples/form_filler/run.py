@@ -72,6 +72,7 @@ from examples.form_filler.distill import (
     tiny_student,
     tokenizer_texts,
     train_student,
+    trainable,
 )
 from examples.form_filler.greadth import METRICS, GreadthReport, greadth_report, passes_rules
 from examples.form_filler.greadth_labels import label_turns
@@ -297,14 +298,8 @@ def students(
         model, tokenizer, base = tiny_student(config, tokenizer_texts(tapes, forms))
         return student_llm(config, str(base)), model, tokenizer, tapes, str(base)
     before = student_llm(config, settings.student_model)
-    model, tokenizer = before.load()
-    _dequantize(model)
+    model, tokenizer = trainable(config, settings.student_model)
     return before, model, tokenizer, reusable(train_tapes, make_student(before)), settings.student_model
-
-
-def _dequantize(model: Any) -> None:
-    if getattr(model, "hf_quantizer", None) is not None:  # dequantized GGUF: trainable after all
-        model.hf_quantizer.remove_quantization_config(model)
 
 
 def tune(
@@ -424,8 +419,7 @@ def run(settings: Settings) -> GreadthReport:
     continued: dict[str, list[Any]] = {}
     for i, (label, variant_tapes, config) in enumerate(variants):
         if i:  # a second student starts from the same base model, freshly loaded
-            model, _ = student_llm(config, base).load()
-            _dequantize(model)
+            model, _ = trainable(config, base)
         after = tune(settings, config, variant_tapes, (before, model, tokenizer), label)
         started = time.perf_counter()
         name = f"eval-{SHORT[label]}"
@@ -502,12 +496,13 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     if kind != "tiny":
         settings.student.learning_rate, settings.student.batch_size = 2e-4, 4
         settings.student.max_length, settings.student.max_tokens = 2048, 256
+        settings.student.dtype = "bfloat16"  # autocast: 1.4x fp32 on this CPU (bench/train_smollm2.py)
     if args.quick:
         settings.train_tree = TreeSettings(intents=10, beam_width=20)
         settings.test_tree = TreeSettings(intents=10, beam_width=10, seed=1)
         settings.val_tree = TreeSettings(intents=10, beam_width=10, seed=3)
         settings.n_eval = 38
-        settings.student.steps = 500 if kind == "tiny" else 40
+        settings.student.steps = 500 if kind == "tiny" else 120
         settings.synthetic = 40
         if kind == "tiny":  # smaller pieces of names (copied, not remembered), longer rows
             settings.student.vocab, settings.student.max_length = 1024, 640
