@@ -141,6 +141,13 @@ class LlamaCppLLM(LLM):
                     raise LLMError(f"llama.cpp could not load the LoRA adapter {self.lora_path} for {path}")
             return self._llama
 
+    def close(self) -> None:
+        """Free the llama.cpp model and context (the next call loads them again)."""
+        with self._lock:
+            if self._llama is not None:
+                self._llama.close()
+                self._llama, self._formatter, self._kv_exact = None, None, 0
+
     def piece(self, token: int, special: bool = True) -> bytes:
         """The bytes of one token id (special tokens written out when ``special``).
 

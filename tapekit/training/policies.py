@@ -16,8 +16,15 @@ each rollout tape and LLM call records the version that really sampled it.
   neither the rollouts use nor are the newest are unloaded (``/v1/unload_lora_adapter``) and
   their directories removed.
 
+- :class:`LlamaCppPolicy`: in-process llama.cpp on the quantised base GGUF (default: the
+  embedded SmolLM2) with each version's LoRA adapter converted to a GGUF adapter
+  (:func:`~tapekit.llm.gguf_lora.export_lora_gguf`, ``adapter_dir/v<version>.gguf``); llama.cpp
+  records each sampled token's log-prob, so the importance ratio corrects for the engine
+  difference (Q4_1 arithmetic against the fp32 trainer). The previous version's adapter file
+  is removed once the next one is active.
+
 vLLM reloads LoRA adapters at run time, not full weights (its weight-transfer API needs NCCL or
-CUDA IPC between trainer and server), so a remote policy needs a LoRA run.
+CUDA IPC between trainer and server), so a remote policy needs a LoRA run; so does llama.cpp.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from tapekit.llm.openai_compat import OpenAICompatibleLLM
 from tapekit.llm.server_pool import ServerPoolLLM
 from tapekit.training._common import TrainingError
 
-__all__ = ["LocalPolicy", "RemotePolicy", "RolloutPolicy", "make_policy"]
+__all__ = ["LlamaCppPolicy", "LocalPolicy", "RemotePolicy", "RolloutPolicy", "make_policy"]
 
 
 class RolloutPolicy(ABC):
@@ -100,6 +107,100 @@ class LocalPolicy(RolloutPolicy):
         self.actor.eval()
         self.llm.policy_version = str(self._version)
         return self._version
+
+
+class LlamaCppPolicy(RolloutPolicy):
+    """Rollouts in this process through llama.cpp with the newest version's LoRA adapter.
+
+    ``base_gguf``: the GGUF file the trained model's base weights came from (None: the embedded
+    SmolLM2). Sampling is plain: ``temperature``, no top-k/top-p/min-p, no repeat penalty, so
+    the sampler draws from the distribution the trainer's ratio assumes. One llama.cpp context
+    decodes one sequence at a time (the episodes' calls queue); ``n_threads`` decode it.
+    """
+
+    def __init__(
+        self,
+        base_gguf: str | None,
+        adapter_dir: str | Path,
+        *,
+        temperature: float,
+        max_tokens: int,
+        n_threads: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        from tapekit.llm.gguf_lora import read_gguf_base
+        from tapekit.llm.llamacpp import smollm2_path
+
+        self.base_gguf = str(base_gguf or smollm2_path())
+        self.base = read_gguf_base(self.base_gguf)
+        self.adapter_dir = Path(adapter_dir)
+        self.adapter_dir.mkdir(parents=True, exist_ok=True)
+        self.parameters = {
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+            "top_k": 0,
+            "top_p": 1.0,
+            "min_p": 0.0,
+            "repeat_penalty": 1.0,
+        }
+        self.n_threads, self.seed = n_threads, seed
+        self.llm: Any = None
+        self._lock = threading.Lock()
+        self._pending: tuple[int, Path] | None = None
+        self._version = 0
+        self._path: Path | None = None
+
+    def publish(self, model: Any, version: int) -> None:
+        """Convert ``model``'s LoRA weights to ``adapter_dir/v<version>.gguf``."""
+        from tapekit.llm.gguf_lora import export_lora_gguf
+
+        if not hasattr(model, "peft_config"):
+            raise TrainingError("LlamaCppPolicy needs a LoRA run (set lora): llama.cpp applies adapters")
+        try:
+            path = export_lora_gguf(model, self.base, self.adapter_dir / f"v{version}.gguf")
+        except ValueError as e:
+            raise TrainingError(f"the policy's adapter cannot run in llama.cpp: {e}") from e
+        with self._lock:
+            stale, self._pending = self._pending, (version, path)
+        if stale is not None and stale[1] != path:  # published, never activated
+            stale[1].unlink(missing_ok=True)
+
+    def activate(self) -> int:
+        """Load the newest adapter (a new llama.cpp model on the same base) and return its version."""
+        from tapekit.llm.llamacpp import LlamaCppLLM
+
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            version, path = pending
+            llm = LlamaCppLLM(
+                model_name="rl-policy",
+                model_path=self.base_gguf,
+                lora_path=str(path),
+                policy_version=str(version),
+                n_threads=self.n_threads,
+                seed=self.seed * 1_000_003 + version,
+                parameters=dict(self.parameters),
+            )
+            llm.load()
+            old, old_path = self.llm, self._path
+            self.llm, self._path, self._version = llm, path, version
+            if old is not None:
+                old.close()
+            if old_path is not None and old_path != path:
+                old_path.unlink(missing_ok=True)
+        if self.llm is None:
+            raise TrainingError("LlamaCppPolicy.activate before any version was published")
+        return self._version
+
+    def close(self) -> None:
+        """Free the llama.cpp model; only the newest published adapter file stays."""
+        if self.llm is not None:
+            self.llm.close()
+        with self._lock:
+            pending = self._pending
+        if pending is not None and self._path is not None and self._path != pending[1]:
+            self._path.unlink(missing_ok=True)
 
 
 def _post(url: str, body: dict[str, Any] | None, api_key: str | None, timeout_s: float) -> tuple[int, str]:
@@ -288,6 +389,22 @@ class RemotePolicy(RolloutPolicy):
 def make_policy(model: Any, tokenizer: Any, config: Any, *, copy_model: bool = False) -> RolloutPolicy:
     """The rollout policy that an :class:`~tapekit.training.rl_loop.RLRunConfig` asks for:
     remote when ``rollout_servers`` is set, else in-process (``copy_model`` for async runs)."""
+    if config.rollout_engine == "llamacpp":
+        if config.lora is None:
+            raise TrainingError(
+                "rollout_engine llamacpp needs a LoRA run (set lora): llama.cpp applies the policy "
+                "as a LoRA adapter on the quantised base file"
+            )
+        if config.rollout_servers:
+            raise TrainingError("rollout_engine llamacpp samples in this process: drop rollout_servers")
+        return LlamaCppPolicy(
+            config.rollout_gguf,
+            config.adapter_dir or str(Path(config.output_dir) / "adapters"),
+            temperature=config.temperature,
+            max_tokens=config.max_tokens,
+            n_threads=config.rollout_threads,
+            seed=config.seed,
+        )
     if not config.rollout_servers:
         return LocalPolicy(
             model,

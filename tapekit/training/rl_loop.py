@@ -68,6 +68,9 @@ class RLRunConfig(BaseModel):
     after the first step the ratio to the sampling log-probs leaves 1 and the clipping acts).
     ``lora`` None trains every weight. ``rollout_servers`` etc.: rollouts on vLLM servers that load
     each version's LoRA adapter (:func:`~tapekit.training.policies.make_policy`).
+    ``rollout_engine="llamacpp"``: rollouts in this process through llama.cpp on the base GGUF
+    ``rollout_gguf`` (None: the embedded SmolLM2) with each version's LoRA adapter converted to
+    GGUF (:class:`~tapekit.training.policies.LlamaCppPolicy`; ``rollout_threads`` decode).
     ``report_to``: trackers that get each step's numbers (``"tensorboard"``, ``"trackio"``,
     ``"wandb"``, ``"mlflow"``: :class:`~tapekit.training.callbacks.ReportTo`), as for SFT/DPO.
     """
@@ -113,6 +116,9 @@ class RLRunConfig(BaseModel):
     adapter_dir: str | None = None
     lora_name_prefix: str | None = None
     rollout_logprobs: Literal["raw", "processed"] = "raw"
+    rollout_engine: Literal["transformers", "llamacpp"] = "transformers"
+    rollout_gguf: str | None = None
+    rollout_threads: int | None = None
     report_to: list[str] = Field(default_factory=list)
 
     def grpo(self, pad_id: int) -> RLConfig:
