@@ -1,0 +1,45 @@
+"""scripts/plot_form_filler.py: the table and the picture of form-filler runs, from greadth.json."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def _script() -> Any:
+    path = Path(__file__).resolve().parents[2] / "scripts" / "plot_form_filler.py"
+    spec = importlib.util.spec_from_file_location("plot_form_filler", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _summary(value: float, invalid: int) -> dict[str, Any]:
+    metrics = ["grounded", "responsive", "accurate", "disciplined", "transparent", "helpful", "greadth"]
+    score = {"value": value, "low": value / 2, "high": min(1.0, value * 1.5)}
+    return {"turns": 38, "invalid": invalid, "scores": dict.fromkeys(metrics, score)}
+
+
+def test_table_and_picture_from_runs(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    script = _script()
+    run = tmp_path / "test-run"
+    run.mkdir()
+    summary = {"teacher": _summary(1.0, 0), "student (tuned)": _summary(0.25, 12)}
+    (run / "greadth.json").write_text(json.dumps({"split": "test", "summary": summary}))
+    reports = [script.load(run)]
+    text = script.table(reports)
+    rows = [line for line in text.splitlines() if line.startswith("| test-run")]
+    assert rows == [
+        "| test-run | test | teacher | 38 | 0 | " + " | ".join(["100.0 [50.0, 100.0]"] * 7) + " |",
+        "| test-run | test | student (tuned) | 38 | 12 | " + " | ".join(["25.0 [12.5, 37.5]"] * 7) + " |",
+    ]
+    script.plot(reports, tmp_path)
+    assert (tmp_path / "criteria.png").stat().st_size > 10_000
+    with pytest.raises(SystemExit, match=r"no greadth\.json"):
+        script.load(tmp_path / "missing")
