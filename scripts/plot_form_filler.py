@@ -69,11 +69,12 @@ def plot(reports: list[dict[str, Any]], out: Path) -> None:
             xs = [j + (i - (len(agents) - 1) / 2) * width for j in range(len(METRICS))]
             ax.bar(xs, values, width, yerr=errors, capsize=2, label=agent)
         ax.set_xticks(range(len(METRICS)), LETTERS)
-        ax.set_ylim(0, 105)
+        ax.set_ylim(0, 122)
+        ax.set_yticks(range(0, 101, 20))
         ax.set_ylabel("% of turns passing")
         n = next(iter(report["summary"].values()))["turns"]
         ax.set_title(f"{report['name']} ({report.get('split', '?')} split, {n} turns)")
-        ax.legend(fontsize=8, loc="upper right")
+        ax.legend(fontsize=8, loc="upper center", ncol=len(agents), frameon=False)
     fig.tight_layout()
     fig.savefig(out / "criteria.png", dpi=110)
 

@@ -502,7 +502,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         settings.test_tree = TreeSettings(intents=10, beam_width=10, seed=1)
         settings.val_tree = TreeSettings(intents=10, beam_width=10, seed=3)
         settings.n_eval = 38
-        settings.student.steps = 500 if kind == "tiny" else 120
+        settings.student.steps = 500 if kind == "tiny" else 360  # smollm2, on val: 120 7.9 %, 360 71.1 %
         settings.synthetic = 40
         if kind == "tiny":  # smaller pieces of names (copied, not remembered), longer rows
             settings.student.vocab, settings.student.max_length = 1024, 640
