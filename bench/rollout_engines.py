@@ -47,9 +47,7 @@ def policy(args: argparse.Namespace) -> tuple[Any, Any]:
 
     from tapekit.llm import TransformersLLM
 
-    model, tokenizer = TransformersLLM(device="cpu", dtype="float32").load()
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer.remove_quantization_config(model)
+    model, tokenizer = TransformersLLM(device="cpu", dtype="float32").load()  # de-quantised, plain
     if args.adapter:
         return PeftModel.from_pretrained(model, args.adapter).eval(), tokenizer
     torch.manual_seed(0)

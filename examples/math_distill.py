@@ -363,11 +363,7 @@ def run(settings: Settings) -> list[StageResult]:
     else:
         base_path = None  # the embedded SmolLM2
         before = student_llm(settings, None)
-        model, tokenizer = before.load()
-        # loaded from GGUF, transformers marks the model quantized although its weights are
-        # dequantized float32 tensors, and the Trainer refuses to train it: unmark it
-        if getattr(model, "hf_quantizer", None) is not None:
-            model.hf_quantizer.remove_quantization_config(model)
+        model, tokenizer = before.load()  # TransformersLLM unmarks the de-quantised GGUF: trainable
         good, _ = adapt(student_agent(settings, before), good)
     zero_shot = run_eval(student_agent(settings, before), tasks, store, "zero_shot")
     report(StageResult("zero_shot", settings.student, zero_shot, model_path=base_path))

@@ -105,9 +105,7 @@ def test_llamacpp_with_the_exported_adapter_matches_transformers(tmp_path: Path)
     from tapekit.llm.transformers import TransformersLLM
 
     torch.manual_seed(0)
-    model, _ = TransformersLLM(device="cpu").load()
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer.remove_quantization_config(model)
+    model, _ = TransformersLLM(device="cpu").load()  # de-quantised, plain (trainable)
     lora = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False)
     peft = get_peft_model(model, lora).eval()
     peft.save_pretrained(tmp_path / "adapter")

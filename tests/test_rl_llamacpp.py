@@ -57,9 +57,7 @@ def test_rl_samples_each_version_through_llamacpp_with_its_adapter(tmp_path: Pat
     from tapekit.training.rl_loop import RLRunConfig, train_rl
     from tests.rl_toy import make_setup
 
-    model, tokenizer = TransformersLLM(device="cpu", dtype="float32").load()
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer.remove_quantization_config(model)
+    model, tokenizer = TransformersLLM(device="cpu", dtype="float32").load()  # de-quantised, plain
     config = RLRunConfig(
         output_dir=str(tmp_path / "out"),
         steps=2,

@@ -205,10 +205,7 @@ def trainable(config: StudentConfig, model_path: str | None) -> tuple[Any, Any]:
     SmolLM2 de-quantised from its GGUF: the weights llama.cpp decodes with)."""
     from tapekit.llm.transformers import TransformersLLM
 
-    model, tokenizer = TransformersLLM(model_name=f"{config.kind}-student", model_path=model_path).load()
-    if getattr(model, "hf_quantizer", None) is not None:  # de-quantised GGUF: trainable after all
-        model.hf_quantizer.remove_quantization_config(model)
-    return model, tokenizer
+    return TransformersLLM(model_name=f"{config.kind}-student", model_path=model_path).load()
 
 
 def continue_branches(
