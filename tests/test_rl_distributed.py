@@ -301,3 +301,26 @@ def test_settings_a_data_parallel_run_cannot_honour_are_refused() -> None:
             two.device("cuda")
     else:
         assert two.device("cuda") == "cuda:0"
+
+
+@needs_train
+def test_close_leaves_only_a_process_group_the_run_joined() -> None:
+    """A rank that exits with its gloo group up can abort as the interpreter finalises (seen in
+    CI: rank 1 SIGABRT after a finished run), so the run leaves the group it joined, and only
+    that one."""
+    import torch.distributed as dist
+
+    from tapekit.training._rl_dist import RLDist
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        RLDist(rank=0, world=2, owns_group=False).close()  # the caller's group: kept
+        assert dist.is_initialized()
+        joined = RLDist(rank=0, world=2, owns_group=True)
+        joined.close()
+        assert not dist.is_initialized() and not joined.owns_group
+        joined.close()  # twice: nothing left to leave
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

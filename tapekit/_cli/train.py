@@ -66,6 +66,7 @@ def _run(kind: str, config_file: Path | None, overrides: dict[str, Any]) -> None
             from tapekit.training.dpo import train_dpo
 
             result = train_dpo(config.dataset, config.model, config=config)  # type: ignore[arg-type]
+        _leave_process_group()
     except ImportError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -151,6 +152,17 @@ def _rl(config_file: Path | None, overrides: dict[str, Any]) -> None:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"saved {final} ({len(result.history)} steps, policy version {result.policy_version})")
+
+
+def _leave_process_group() -> None:
+    """Leave the process group the trainer's ``accelerate`` state joined under ``accelerate
+    launch``/``torchrun``: this process ends next, and one that exits with a gloo group up can
+    abort (SIGABRT) while the interpreter finalises. Nothing happens in a plain run."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _main_process() -> bool:

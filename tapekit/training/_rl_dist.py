@@ -122,6 +122,7 @@ class RLDist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    owns_group: bool = False  # this run joined the process group, so it leaves it (close)
 
     @classmethod
     def from_env(cls, device: str = "cpu") -> RLDist:
@@ -137,9 +138,23 @@ class RLDist:
         cuda = device in ("cuda", "auto") and torch.cuda.is_available()  # no CUDA: RLDist.device says
         if cuda:
             torch.cuda.set_device(local_rank)
-        if not dist.is_initialized():
+        owns = not dist.is_initialized()
+        if owns:
             dist.init_process_group(backend="nccl" if cuda else "gloo")
-        return cls(dist.get_rank(), dist.get_world_size(), local_rank)
+        return cls(dist.get_rank(), dist.get_world_size(), local_rank, owns_group=owns)
+
+    def close(self) -> None:
+        """Leave the process group this run joined (none joined by the caller is touched).
+
+        A process that exits with a gloo group still up can abort (SIGABRT) while the
+        interpreter finalises: gloo's worker threads still hold tensors whose release needs the
+        GIL. Leaving it explicitly, before the process ends, avoids that."""
+        if self.world > 1 and self.owns_group:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self.owns_group = False
 
     @property
     def is_main(self) -> bool:

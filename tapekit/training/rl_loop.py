@@ -538,35 +538,38 @@ def train_rl(
     from tapekit.store import open_store
 
     dist = RLDist.from_env(config.device)
-    dist.check(config)
-    hooks = list(callbacks or ())
-    if config.report_to and dist.is_main:  # a missing tracker package fails here, before any work
-        hooks.append(ReportTo(config.report_to, config.output_dir, config.run_name))
-    if config.lora is not None:
-        model = _with_lora(model, config.lora)
-    model = model.to(dist.device(config.device))
-    dist.sync_start(model)
-    owned = store is None
-    if store is None:
-        Path(config.output_dir).mkdir(parents=True, exist_ok=True)
-        store = open_store(str(Path(config.output_dir) / dist.store_name()))
-    run = _Run(setup, model, tokenizer, config, store, on_step, dist, hooks)
-    if config.resume:
-        run.resume()
-    started = run.began = time.perf_counter()
-    for callback in run.callbacks:
-        callback.on_begin("rl")
     try:
-        if config.mode == "async":
-            run.run_async()
-        else:
-            run.run_sync()
-    finally:
+        dist.check(config)
+        hooks = list(callbacks or ())
+        if config.report_to and dist.is_main:  # a missing tracker package fails here, before any work
+            hooks.append(ReportTo(config.report_to, config.output_dir, config.run_name))
+        if config.lora is not None:
+            model = _with_lora(model, config.lora)
+        model = model.to(dist.device(config.device))
+        dist.sync_start(model)
+        owned = store is None
+        if store is None:
+            Path(config.output_dir).mkdir(parents=True, exist_ok=True)
+            store = open_store(str(Path(config.output_dir) / dist.store_name()))
+        run = _Run(setup, model, tokenizer, config, store, on_step, dist, hooks)
+        if config.resume:
+            run.resume()
+        started = run.began = time.perf_counter()
         for callback in run.callbacks:
-            callback.on_end()
-        if owned:
-            store.close()
-    run.dist.finish(run.model, run.sampler, run.out)
-    run.result.seconds = time.perf_counter() - started
-    run.result.policy_version = run.step
-    return run.result
+            callback.on_begin("rl")
+        try:
+            if config.mode == "async":
+                run.run_async()
+            else:
+                run.run_sync()
+        finally:
+            for callback in run.callbacks:
+                callback.on_end()
+            if owned:
+                store.close()
+        run.dist.finish(run.model, run.sampler, run.out)
+        run.result.seconds = time.perf_counter() - started
+        run.result.policy_version = run.step
+        return run.result
+    finally:
+        dist.close()  # a gloo group left up can abort the process as it exits
