@@ -25,9 +25,11 @@ Rollouts and evaluations run the same weights through ``BatchedTransformersLLM``
 held to the page's schema (the bids on the page) as llama.cpp's grammar does for the zero-shot
 agent. Each arm is evaluated greedily at ``--checkpoints`` points of its budget on the
 validation seeds; ``--test`` also evaluates those checkpoints on the test seeds (use it once,
-for the final runs: no choice may read them). Every step's wall seconds and FLOPs go to
-``OUT/ledger.jsonl``, the evaluations to ``OUT/results.json``; the tapes (teacher, rollouts,
-evaluations) to ``OUT/tapes.db`` (open them with ``tapekit studio``).
+for the final runs: no choice may read them); ``--pool-eval`` evaluates them on the RL pool's
+training seeds too (what GRPO trains on: a check of learning, not a held-out figure). Every
+step's wall seconds and FLOPs go to ``OUT/ledger.jsonl``, the evaluations to
+``OUT/results.json``; the tapes (teacher, rollouts, evaluations) to ``OUT/tapes.db`` (open them
+with ``tapekit studio``).
 
 FLOPs are counted as the paper does: 6·N per trained token, 2·N per prefilled or generated
 token of a rollout (failed episodes included), N the student's parameters.
@@ -77,6 +79,7 @@ class Settings:
     val_seeds: int = 5
     test_seeds: int = 12
     test: bool = False
+    pool_eval: bool = False  # also evaluate each checkpoint on the RL pool (what GRPO trains on)
     checkpoints: int = 3
     sft_fraction: float = 1 / 3
     sft_lr: float = 5e-5
@@ -408,6 +411,8 @@ def run_arm(settings: Settings) -> dict[str, Any]:
     store = open_store(str(out / "tapes.db"))
     val = eval_tasks("validation", settings.val_seeds, settings.tasks) if settings.val_seeds else []
     test = eval_tasks("test", settings.test_seeds, settings.tasks) if settings.test else []
+    # the training seeds GRPO samples: whether RL learns what it trains on, not a held-out figure
+    pool = rl_tasks(settings) if settings.pool_eval else []
     results: dict[str, Any] = {"settings": asdict(settings), "checkpoints": []}
 
     def save() -> None:
@@ -418,10 +423,10 @@ def run_arm(settings: Settings) -> dict[str, Any]:
         # both splits in one evaluation: 200 episodes decode in bigger batches than 40 + 160
         started = time.perf_counter()
         report = evaluate_student(
-            model, tokenizer, env, val + test, f"{settings.arm}-s{settings.seed}-{label}", store
+            model, tokenizer, env, val + test + pool, f"{settings.arm}-s{settings.seed}-{label}", store
         )
         point["eval_seconds"] = round(time.perf_counter() - started, 1)
-        for split, tasks in (("validation", val), ("test", test)):
+        for split, tasks in (("validation", val), ("test", test), ("pool", pool)):
             if tasks:
                 ids = {t.id for t in tasks}
                 part = report.model_copy(update={"samples": [s for s in report.samples if s.task_id in ids]})
@@ -482,6 +487,11 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--budget-seconds", type=float, default=1800.0)
     p.add_argument("--tasks", nargs="*", default=None, help="training tasks (default: all 14)")
     p.add_argument("--test", action="store_true", help="also evaluate on the test seeds (final runs only)")
+    p.add_argument(
+        "--pool-eval",
+        action="store_true",
+        help="also score each checkpoint on the RL pool's training seeds (what GRPO trains on)",
+    )
     p.add_argument("--curriculum", choices=["sec", "uniform"], default="sec")
     p.add_argument(
         "--temperature",
@@ -515,6 +525,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         seed=a.seed,
         budget_seconds=a.budget_seconds,
         test=a.test,
+        pool_eval=a.pool_eval,
         curriculum=a.curriculum,
         temperature=a.temperature,
         group_size=a.group_size,
@@ -533,8 +544,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     if a.tasks:
         s.tasks = [t.removeprefix("miniwob.") for t in a.tasks]
     if a.quick:
-        s.tasks, s.budget_seconds, s.teacher_seeds, s.rl_seeds = [QUICK_TASK], 150.0, 4, 40
+        s.tasks, s.budget_seconds, s.teacher_seeds, s.rl_seeds = [QUICK_TASK], 150.0, 4, 8
         s.val_seeds, s.checkpoints, s.tasks_per_step, s.rl_lr = 8, 2, 2, 2e-5
+        s.pool_eval = True  # the 8 pool seeds GRPO trains on, scored at each checkpoint
     s.out = a.out or f"web-study/{s.arm}-seed{s.seed}"
     return s
 
