@@ -28,7 +28,9 @@ and, with more than one process, runs as follows (one process changes nothing):
   ``<run_name>-r<rank>`` (tags ``rl:<run_name>-r<rank>:...``): concurrent writers of one SQLite
   file would wait on its lock every step, and the distinct run names keep tape ids apart when
   one store (PostgreSQL) is shared. At the end the ranks compare weight hashes and sampler
-  states (an error if they differ) and rank 0 writes them to ``ranks.json``.
+  states (an error if they differ) and rank 0 writes them to ``ranks.json``. Each rank then
+  leaves the process group it joined (``RLDist.close``), even after an error: a process that
+  exits with a gloo group up can abort while the interpreter finalises.
 
 ``mode="async"`` is refused with several processes (its producer thread's staleness refusals
 depend on timing, so the ranks would disagree on the number of steps).
