@@ -63,6 +63,7 @@ __all__ = [
     "make_model",
     "make_problems",
     "make_setup",
+    "rollout_results",
 ]
 
 SYSTEM = "Solve with the calculator: 'calculator: a+b', one step a turn, then 'Answer: n'."
@@ -347,3 +348,21 @@ def make_model(path: Path | None = None) -> tuple[Any, Any]:
         vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0
     )
     return make_tiny(texts, config, path)  # type: ignore[no-any-return]
+
+
+def rollout_results(db: Path, run: str, steps: int) -> list[list[tuple[str, float]]]:
+    """(task id, reward) of every rollout tape an RL run named ``run`` stored in the store
+    ``db`` at each of its first ``steps`` steps (tags ``rl:<run>:step:<n>``). The steps of the
+    tapes' kind must be imported (for web tapes, ``tapekit.web``) before the call."""
+    from tapekit.store import TapeFilter, open_store
+
+    store = open_store(str(db))
+    try:
+        out = []
+        for step in range(steps):
+            ids = store.list_tapes(where=TapeFilter(tag=f"rl:{run}:step:{step}"))
+            tapes = [store.get_tape(i) for i in ids]
+            out.append([(t.metadata.result["task_id"], t.metadata.result["reward"]) for t in tapes])
+        return out
+    finally:
+        store.close()

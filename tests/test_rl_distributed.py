@@ -37,28 +37,11 @@ def _failed(done: subprocess.CompletedProcess[str]) -> str:
     return "\n".join(errors[-40:]) + "\n" + done.stdout[-2000:] + done.stderr[-2000:]
 
 
-def _tasks_by_step(db: Path, run: str, steps: int) -> list[list[tuple[str, float]]]:
-    """(task id, reward) of every rollout tape of each step in one rank's store."""
-    from tapekit.store import open_store
-
-    store = open_store(str(db))
-    try:
-        out = []
-        for step in range(steps):
-            tapes = [
-                store.get_tape(i) for i in store.list_tapes(where=TapeFilter(tag=f"rl:{run}:step:{step}"))
-            ]
-            out.append([(t.metadata.result["task_id"], t.metadata.result["reward"]) for t in tapes])
-        return out
-    finally:
-        store.close()
-
-
 @needs_train
 def test_two_processes_roll_out_disjoint_tasks_and_end_with_equal_weights(tmp_path: Path) -> None:
     from tapekit.training._common import weights_hash
     from tapekit.training.tiny import load_tiny
-    from tests.rl_toy import make_model
+    from tests.rl_toy import make_model, rollout_results
 
     make_model(tmp_path / "base")
     steps, tasks_per_step, group = 3, 4, 4
@@ -90,7 +73,7 @@ def test_two_processes_roll_out_disjoint_tasks_and_end_with_equal_weights(tmp_pa
     assert done.stdout.count("step=") == steps  # rank 0 alone prints
     log = [json.loads(line) for line in (out / "rl_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == list(range(steps)) and all(r["processes"] == 2 for r in log)
-    shares = [_tasks_by_step(out / f"rollouts-r{rank}.db", f"rl-r{rank}", steps) for rank in (0, 1)]
+    shares = [rollout_results(out / f"rollouts-r{rank}.db", f"rl-r{rank}", steps) for rank in (0, 1)]
     for step in range(steps):
         ids = [{task for task, _ in shares[rank][step]} for rank in (0, 1)]
         assert [len(shares[rank][step]) for rank in (0, 1)] == [tasks_per_step // 2 * group] * 2

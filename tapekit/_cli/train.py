@@ -66,13 +66,14 @@ def _run(kind: str, config_file: Path | None, overrides: dict[str, Any]) -> None
             from tapekit.training.dpo import train_dpo
 
             result = train_dpo(config.dataset, config.model, config=config)  # type: ignore[arg-type]
-        _leave_process_group()
     except ImportError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     except (TrainingError, ValueError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    finally:  # a failed run exits next as well, so it leaves the group too
+        _leave_process_group()
     import os
 
     if os.environ.get("RANK", "0") == "0":  # one line under accelerate/torchrun, not one per process

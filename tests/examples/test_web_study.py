@@ -87,29 +87,15 @@ def test_quick_sft_then_rl_runs_to_its_budget_and_records_every_checkpoint(tmp_p
     from examples.web_agent import study
 
     pool = {t.id for t in study.rl_tasks(study.parse_args(["--quick"]))}
-    trained = _rollout_task_ids(out, steps=len(rl_log))
+    import tapekit.web  # noqa: F401  (the web steps, to read the tapes back)
+    from tests.rl_toy import rollout_results
+
+    trained = {task for step in rollout_results(out / "tapes.db", "rl", len(rl_log)) for task, _ in step}
     assert len(pool) == 8 and trained and trained <= pool  # GRPO sampled the pool that is scored
     for point in results["checkpoints"]:
         per_task = point["validation"]["per_task"]
         assert len(per_task) == 8 and all(v in (0.0, 1.0) for v in per_task.values())
         assert set(point["pool"]["per_task"]) == pool  # the pool's seeds, scored at every checkpoint
-
-
-def _rollout_task_ids(out: Path, steps: int) -> set[str]:
-    """The task ids of the GRPO rollout tapes a study run stored (tags ``rl:rl:step:N``)."""
-    import tapekit.web  # noqa: F401  (the web steps, to read the tapes back)
-    from tapekit import open_store
-    from tapekit.store import TapeFilter
-
-    store = open_store(str(out / "tapes.db"))
-    try:
-        return {
-            store.get_tape(i).metadata.result["task_id"]
-            for step in range(steps)
-            for i in store.list_tapes(where=TapeFilter(tag=f"rl:rl:step:{step}"))
-        }
-    finally:
-        store.close()
 
 
 def test_an_sft_run_hands_its_first_checkpoint_to_the_sft_rl_run_of_the_same_seed(tmp_path: Path) -> None:
