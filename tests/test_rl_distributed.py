@@ -277,6 +277,8 @@ def test_settings_a_data_parallel_run_cannot_honour_are_refused() -> None:
         two.check(RLRunConfig(tasks_per_step=2, mode="async"))
     with pytest.raises(TrainingError, match="tasks_per_step=1 is fewer than the 2 processes"):
         two.check(RLRunConfig(tasks_per_step=1))
+    with pytest.raises(TrainingError, match="resample_rounds runs in one process"):
+        two.check(RLRunConfig(tasks_per_step=2, resample_rounds=1))
     assert two.share(list("abcde")) == ["b", "d"] and two.run_name("rl") == "rl-r1"
     assert RLDist().run_name("rl") == "rl" and RLDist().seed(5) == 5 != two.seed(5)
     if not torch.cuda.is_available():

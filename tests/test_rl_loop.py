@@ -341,6 +341,52 @@ def test_sync_runs_repeat_exactly_and_async_bounds_the_lag(tmp_path: Path) -> No
     assert any(r["policy_lag"] == 1 for r in result.history)  # the producer ran ahead
 
 
+def test_resample_rounds_draw_as_many_tasks_as_the_step_lacks_groups_with_a_signal(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from tapekit.store import open_store
+    from tapekit.training.rl_loop import train_rl
+    from tests.rl_toy import digit_share, make_model, make_setup
+
+    def one_op_only(tape: Any, task: Any) -> float:  # a signal on one category of three only
+        return digit_share(tape, task) if task.category == "one-op" else 0.0
+
+    base = make_setup()
+    setup = replace(base, scorers={**base.scorers, "one_op": one_op_only}, reward="one_op")
+    model, tokenizer = make_model()
+    plain = train_rl(setup, model, tokenizer, _config(tmp_path / "plain", steps=2))
+    assert [r["rollouts"] for r in plain.history] == [12, 12]  # 3 tasks x 4, zero groups kept
+    model, tokenizer = make_model()
+    config = _config(tmp_path / "dyn", steps=3, resample_rounds=2)
+    result = train_rl(setup, model, tokenizer, config)
+    store = open_store(str(tmp_path / "dyn" / "out" / "rollouts.db"))
+    try:
+        for record in result.history:
+            ids = store.list_tapes(where=TapeFilter(tag=f"rl:rl:step:{record['step']}"))
+            tapes = [store.get_tape(i) for i in ids]
+            assert len(ids) == len(set(ids)) == record["rollouts"]  # no tape of a round overwrote another's
+            # replay the rounds: position k of the step's draws is in each start tape's id (the parent)
+            by_position: dict[int, list[Any]] = {}
+            for tape in tapes:
+                k = int(str(tape.metadata.parent_id).split(".")[2].removeprefix("t"))
+                by_position.setdefault(k, []).append(tape.metadata.result)
+            assert sorted(by_position) == list(range(len(by_position)))
+            assert all(len(group) == 4 for group in by_position.values())
+            start, end, rewards = 0, 3, {}  # the first round: tasks_per_step positions
+            for extra in range(3):  # the first round and the 2 resample rounds
+                for k in range(start, end):
+                    for r in by_position[k]:
+                        rewards.setdefault(r["task_id"], []).append(r["reward"])
+                missing = 3 - sum(1 for v in rewards.values() if max(v) - min(v) > 1e-12)
+                if extra == 2 or missing <= 0:
+                    break
+                start, end = end, end + missing
+            assert end == len(by_position)  # each round drew exactly the groups the step lacked
+    finally:
+        store.close()
+    assert any(r["rollouts"] > 12 for r in result.history)  # some step did resample
+
+
 def _cli(config: Path, *extra: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "2"}
     code = "import torch; torch.set_num_threads(2); from tapekit.cli import app; app()"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
@@ -276,6 +276,7 @@ def split_problems(
     seed: int = 0,
     train_weights: dict[str, int] | None = None,
     categories: list[str] | None = None,
+    test_avoids: Iterable[Problem] = (),
 ) -> Splits:
     """Training, validation and test problems, fixed by the arguments, disjoint by question and
     by :func:`arithmetic`.
@@ -293,7 +294,8 @@ def split_problems(
     - ``test`` (ids ``test-...``): ``n_test`` problems of a stream of their own
       (``seed + TEST_STREAM``), spread evenly over ``categories``, skipping any whose
       arithmetic is a training, validation or earlier test problem's. Measured once, on the
-      final settings.
+      final settings. ``test_avoids``: more problems whose arithmetic no test problem may
+      repeat (e.g. another stage's training set, drawn with other arguments).
 
     With few possible arithmetics (``level1``: 1,276) a large training set leaves few for the
     other splits; a ValueError says so when a split cannot be filled.
@@ -315,7 +317,7 @@ def split_problems(
     # the validation window: the categories of stream positions n_train .. n_train + n_val - 1
     window = Counter(categories[(n_train + j) % len(categories)] for j in range(n_val))
     val, val_dropped = _draw(main, window, used, "val", limit=200 * n_val + 20_000)
-    used |= {arithmetic(p) for p in val}
+    used |= {arithmetic(p) for p in val} | {arithmetic(p) for p in test_avoids}
     even = Counter({c: n_test // len(categories) for c in categories})
     even.update(categories[: n_test % len(categories)])
     test_stream = _stream(seed + TEST_STREAM, categories)

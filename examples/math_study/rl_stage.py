@@ -57,6 +57,7 @@ class RLStageSettings:
     reward: str = "strict"  # or "steps": partial credit per correct calculator call
     max_tokens: int = 48
     curriculum: str = "sec"
+    resample_rounds: int = 0  # > 0: groups without a signal are replaced by new draws (RLRunConfig)
     # the curriculum's arms: "levels" (3) or "sizes" (5: each level above 1 split by whether a
     # number of 100 or more comes up, which separates what the students solve from what they never do)
     arms: str = "levels"
@@ -84,6 +85,7 @@ _SAME_AS_RL_RUN_CONFIG = (
     "max_tokens",
     "learning_rate",
     "curriculum",
+    "resample_rounds",
     "sec_temperature",
     "sec_alpha",
     "scale_rewards",

@@ -183,6 +183,11 @@ class RLDist:
             raise TrainingError(
                 f"mode='async' runs in one process only ({self.world} were started): use mode: sync"
             )
+        if config.resample_rounds:
+            raise TrainingError(
+                f"resample_rounds runs in one process only ({self.world} were started): the ranks "
+                "would draw different numbers of tasks; use resample_rounds: 0"
+            )
         if config.tasks_per_step < self.world:
             raise TrainingError(
                 f"tasks_per_step={config.tasks_per_step} is fewer than the {self.world} processes: "

@@ -49,7 +49,7 @@ from tapekit.training.rl import (
     make_rl_batch,
     merge_stats,
 )
-from tapekit.training.rollouts import RolloutBatch, collect_rollouts, rollout_rows
+from tapekit.training.rollouts import RolloutBatch, collect_rollouts, live_groups, merge_batches, rollout_rows
 
 __all__ = ["RLRunConfig", "RLRunResult", "RLSetup", "make_sampler", "train_rl"]
 
@@ -71,6 +71,11 @@ class RLRunConfig(BaseModel):
     ``rollout_engine="llamacpp"``: rollouts in this process through llama.cpp on the base GGUF
     ``rollout_gguf`` (None: the embedded SmolLM2) with each version's LoRA adapter converted to
     GGUF (:class:`~tapekit.training.policies.LlamaCppPolicy`; ``rollout_threads`` decode).
+    ``resample_rounds`` > 0: dynamic sampling (as in DAPO); after a step's rollouts, up to that
+    many more rounds each draw as many new tasks as the step lacks groups with a signal (rewards
+    that differ) and roll them out, so the step trains on up to ``tasks_per_step`` such groups;
+    the extra rollouts cost time, which a ``StopAfter`` budget counts. 0 (the default) keeps the
+    step's draws; zero-advantage groups give no gradient either way. One process only.
     ``report_to``: trackers that get each step's numbers (``"tensorboard"``, ``"trackio"``,
     ``"wandb"``, ``"mlflow"``: :class:`~tapekit.training.callbacks.ReportTo`), as for SFT/DPO.
     """
@@ -100,6 +105,7 @@ class RLRunConfig(BaseModel):
     ppo_epochs: int = Field(1, gt=0)
     minibatches: int = Field(1, gt=0)
     curriculum: Literal["sec", "uniform", "fixed"] = "sec"
+    resample_rounds: int = Field(0, ge=0)
     sec_alpha: float = Field(0.5, gt=0, le=1)
     sec_temperature: float = Field(0.2, gt=0)
     fixed_order: list[str] | None = None
@@ -353,10 +359,25 @@ class _Run:
         tmp.replace(path)
 
     def rollouts(self, policy: Any, step: int) -> RolloutBatch:
+        """The step's rollouts, with ``resample_rounds`` more rounds for groups without a signal."""
         with self.lock:
             tasks = self.dist.share(self.sampler.sample(self.config.tasks_per_step))
         version = policy.activate()  # the newest published version samples (and is recorded)
-        batch = collect_rollouts(
+        batch = self._collect(policy, step, version, tasks, 0)
+        for extra in range(1, self.config.resample_rounds + 1):
+            missing = self.config.tasks_per_step - live_groups(batch)
+            if missing <= 0:
+                break
+            with self.lock:
+                more = self.sampler.sample(missing)
+            batch = merge_batches(batch, self._collect(policy, step, version, more, extra, len(batch.tapes)))
+        batch.rows = rollout_rows(batch, self.store, self.tokenizer, exact=True)
+        return batch
+
+    def _collect(
+        self, policy: Any, step: int, version: int, tasks: list[Task], round_: int, first: int = 0
+    ) -> RolloutBatch:
+        return collect_rollouts(
             self.setup.agent_for(policy.llm),
             self.setup.environment,
             tasks,
@@ -370,10 +391,9 @@ class _Run:
             attempt=self.attempt,
             max_loops=self.config.max_loops,
             batcher=policy.batcher,
-            seed=self.dist.seed(self.config.seed * 1_000_003 + step * 7919),
+            seed=self.dist.seed(self.config.seed * 1_000_003 + step * 7919 + round_ * 104_729),
+            first_index=first // self.config.group_size,
         )
-        batch.rows = rollout_rows(batch, self.store, self.tokenizer, exact=True)
-        return batch
 
     def train(self, batch: RolloutBatch, started: float) -> None:
         version = self.step  # one policy version per RL step: the version is the step count

@@ -30,7 +30,15 @@ from tapekit.evaluate import Score, Task
 from tapekit.llm.base import LLMCall
 from tapekit.store.base import TapeStore
 
-__all__ = ["RolloutBatch", "collect_rollouts", "rollout_rows", "rollout_tags", "score_value"]
+__all__ = [
+    "RolloutBatch",
+    "collect_rollouts",
+    "live_groups",
+    "merge_batches",
+    "rollout_rows",
+    "rollout_tags",
+    "score_value",
+]
 
 
 @dataclass
@@ -115,6 +123,7 @@ async def acollect_rollouts(
     seed: int | None = None,
     backend: Literal["local", "ray"] = "local",
     ray_workers: int | None = None,
+    first_index: int = 0,
 ) -> RolloutBatch:
     """The async form of :func:`collect_rollouts`."""
     from tapekit.batch import abatch
@@ -134,12 +143,14 @@ async def acollect_rollouts(
             "workers would sample from stale copies); serve the policy (vLLM or another "
             "OpenAI-compatible server) and give the agent an OpenAI-compatible LLM, or use backend='local'"
         )
+    if first_index < 0:
+        raise ValueError(f"collect_rollouts: first_index must be >= 0, got {first_index}")
     starts, owners = [], []
-    for k, task in enumerate(tasks):
+    for k, task in enumerate(tasks, start=first_index):
         for g in range(group_size):
             starts.append(_start(task, k, g, step, run))
             owners.append(task)
-    name = f"rl-{run}-step{step}-a{attempt}"
+    name = f"rl-{run}-step{step}-a{attempt}" + (f"-t{first_index}" if first_index else "")
     started = time.perf_counter()
     if batcher is not None:
         batcher.expect(len(starts), seed)
@@ -221,18 +232,51 @@ def collect_rollouts(
     """Run ``group_size`` attempts of every task, score and store them (see the module doc).
 
     Options: ``reward`` (the scorer whose value is the reward), ``group_size``, ``step``,
-    ``policy_version``, ``store`` (required: the tapes and their LLM calls go there), ``run``
-    (the run's name, in ids and tags), ``attempt`` (a restarted step's rollouts get new ids),
-    ``max_loops``, ``batcher`` (a lockstep :class:`RequestBatcher`) and ``seed`` (its sampling
-    seed for this step). ``backend="ray"`` (with ``ray_workers``) spreads the tapes over Ray
-    workers (:func:`tapekit.batch.abatch`): the agent is pickled to them, so its LLM must reach
-    the policy from another process (an OpenAI-compatible server such as vLLM), and the store
-    must be one they can open (an SQLite file on one machine, PostgreSQL across machines). An
+    ``policy_version``, ``store`` (required: the tapes and their LLM calls go there), ``run`` (the
+    run's name, in ids and tags), ``attempt`` (a restarted step's rollouts get new ids),
+    ``max_loops``, ``batcher`` (a lockstep :class:`RequestBatcher`), ``seed`` (its sampling seed for
+    this step) and ``first_index`` (the step position of the first task, for a further round of the
+    same step: its tapes get ids of their own). ``backend="ray"`` (with ``ray_workers``) spreads the
+    tapes over Ray workers (:func:`tapekit.batch.abatch`): the agent is pickled to them, so its LLM
+    must reach the policy from another process (an OpenAI-compatible server such as vLLM), and the
+    store must be one they can open (an SQLite file on one machine, PostgreSQL across machines). An
     in-process policy with a ``batcher`` is refused.
     """
     from tapekit._sync import run_sync
 
     return run_sync(acollect_rollouts(agent, environment, tasks, scorers, **options))
+
+
+def live_groups(rollouts: RolloutBatch, tol: float = 1e-12) -> int:
+    """How many of the batch's groups (its tapes grouped by task) have rewards that differ by
+    more than ``tol``: the groups that give GRPO a gradient."""
+    rewards: dict[str, list[float]] = {}
+    for tape in rollouts.tapes:
+        rewards.setdefault(tape.metadata.result["task_id"], []).append(float(tape.metadata.result["reward"]))
+    return sum(1 for values in rewards.values() if max(values) - min(values) > tol)
+
+
+def merge_batches(first: RolloutBatch, more: RolloutBatch) -> RolloutBatch:
+    """One batch of two rounds of the same step and policy version (``first``'s tapes, then
+    ``more``'s; times and token counts added). A ValueError if the step or version differ."""
+    a = (first.step, first.policy_version, first.reward_name)
+    b = (more.step, more.policy_version, more.reward_name)
+    if a != b:
+        raise ValueError(
+            f"merge_batches: the batches are of different steps, policy versions or rewards: {a} and {b}"
+        )
+    return RolloutBatch(
+        first.step,
+        first.policy_version,
+        [*first.tapes, *more.tapes],
+        [*first.tasks, *more.tasks],
+        first.reward_name,
+        seconds=first.seconds + more.seconds,
+        prompt_tokens=first.prompt_tokens + more.prompt_tokens,
+        output_tokens=first.output_tokens + more.output_tokens,
+        llm_calls=first.llm_calls + more.llm_calls,
+        failed=first.failed + more.failed,
+    )
 
 
 def rollout_rows(

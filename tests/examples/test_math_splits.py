@@ -102,6 +102,22 @@ def test_each_split_is_its_stream_less_what_shares_a_used_arithmetic(
     assert sum(splits.dropped["val"].values()) >= repeats > 0
 
 
+def test_the_test_split_also_avoids_the_arithmetic_it_is_told_to() -> None:
+    # the SEC study: its RL pool is a five-level split, its SFT student's problems another stream
+    sft_train = split_problems(1500, 45, 0, 0, WEIGHTS).train
+    plain = split_problems(1500, 150, 500, 0, categories=list(ALL_LEVELS))
+    avoiding = split_problems(1500, 150, 500, 0, categories=list(ALL_LEVELS), test_avoids=sft_train)
+    assert keys(plain.test) & keys(sft_train)  # without it the test split repeats SFT arithmetic
+    assert not keys(avoiding.test) & keys(sft_train)
+    assert (avoiding.train, avoiding.val) == (plain.train, plain.val)  # only the test split moves
+    used = keys(plain.train) | keys(plain.val) | keys(sft_train)
+    levels = list(ALL_LEVELS)
+    want = expected_draw(
+        make_problems(4 * 500 + 600, TEST_STREAM, levels), Counter({c: 100 for c in levels}), used
+    )
+    assert [p.question for p in avoiding.test] == [p.question for p in want]
+
+
 def test_a_split_that_cannot_be_filled_says_so() -> None:
     with pytest.raises(ValueError, match=r"short of .*level1"):
         split_problems(2000, 200, 200, categories=["level1"])  # 1,276 level1 arithmetics in all
