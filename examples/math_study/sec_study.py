@@ -1,0 +1,276 @@
+"""SEC against uniform sampling and the simple tail controls, on an untouched test split.
+
+The question (issue "Results that hold up", finding 2): on a pool with a hard tail, does the
+self-evolving curriculum (SEC) give a better student than uniform sampling in uniform's best
+setting, or than the simple controls a practitioner would try first? Four arms, each from the
+same SFT student, with the same wall-clock training budget (the evaluations excluded):
+
+- ``sec``: SEC over the five levels, 8 tasks x 16 attempts per step, SEC temperature 0.4 (its
+  setting chosen on validation in the seventh tuning round, docs/experiments/math-distillation-history.md);
+- ``uniform``: uniform over the five levels, 16 tasks x 8 attempts (uniform's better setting);
+- ``reachable``: uniform over the levels the SFT student reaches: a level is dropped when the
+  student's sampled attempts on :data:`PROBE_PER_LEVEL` of its training problems
+  (:data:`PROBE_SAMPLES` each, at the RL temperature) are right less than :data:`REACHABLE`
+  of the time (fixed before any run);
+- ``resample``: uniform with dynamic sampling (``resample_rounds`` 2: groups whose rewards do
+  not differ are replaced by new draws, as in DAPO).
+
+Every arm drops zero-advantage groups from the gradient (the RL loop always does). The rest
+is the RL stage's defaults (``examples/math_study/rl_stage.py``: lr 2e-4, 2 optimiser steps per
+batch, clip 0.2, no KL, strict reward) at sampling temperature 1.0, as in the tuning rounds on
+this pool. Splits (:func:`examples.math_study.problems.split_problems`, five levels, seed 0):
+the RL pool is the training split, validation is where the settings were chosen, and the
+test split avoids the arithmetic of the RL pool, the validation split and the SFT student's
+training problems. Each run is evaluated once on test (greedy, strict and lenient).
+
+Commands (``python -m examples.math_study.sec_study CMD --out DIR``): ``sft`` trains the
+student (``examples/math_distill.py --quick``), ``probe`` measures the levels it reaches,
+``run --arm A --seed N`` makes one run, ``summary`` writes ``summary.json`` and
+``table.md`` (per run, per arm, and SEC minus each control paired by problem over the seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from examples.math_study.problems import Problem, split_problems
+from examples.math_study.rl_stage import RLStageSettings, heldout_eval, pool_levels, rl_stage
+from examples.math_study.scoring import tasks_for
+
+ARMS = ("sec", "uniform", "reachable", "resample")
+SEEDS = (0, 1, 2)
+LEVELS5 = pool_levels(5)
+N_TRAIN, N_VAL, N_TEST = 1500, 150, 500
+TEMPERATURE = 1.0
+SECONDS = 300.0
+PROBE_PER_LEVEL, PROBE_SAMPLES, REACHABLE = 40, 8, 0.05
+ARM_SETTINGS: dict[str, dict[str, Any]] = {
+    "sec": {"curriculum": "sec", "tasks_per_step": 8, "group_size": 16, "sec_temperature": 0.4},
+    "uniform": {"curriculum": "uniform", "tasks_per_step": 16, "group_size": 8},
+    "reachable": {"curriculum": "uniform", "tasks_per_step": 16, "group_size": 8},
+    "resample": {"curriculum": "uniform", "tasks_per_step": 16, "group_size": 8},
+}
+
+
+def sft_settings(out: Path) -> Any:
+    """The SFT student's settings: ``examples/math_distill.py --quick`` (no RL) into ``out/sft``."""
+    from examples import math_distill
+
+    return math_distill.parse_args(["--quick", "--no-rl", "--threads", "1", "--out", str(out / "sft")])
+
+
+def splits(out: Path) -> tuple[list[Problem], list[Problem], list[Problem]]:
+    """The RL pool, the validation and the test problems (five levels, seed 0)."""
+    from examples import math_distill
+
+    sft_train = math_distill.problem_splits(sft_settings(out)).train
+    return tuple(split_problems(N_TRAIN, N_VAL, N_TEST, seed=0, categories=LEVELS5, test_avoids=sft_train))  # type: ignore[return-value]
+
+
+def sft_model(out: Path) -> Path:
+    """Where the SFT student is saved."""
+    return out / "sft" / "sft-tiny" / "final"
+
+
+def cmd_sft(out: Path) -> None:
+    """Train the SFT student (``math_distill --quick``, its validation split only)."""
+    from examples import math_distill
+
+    math_distill.run(sft_settings(out))
+    print(f"sft student: {sft_model(out)}")
+
+
+def cmd_probe(out: Path) -> dict[str, Any]:
+    """The SFT student's sampled success per level on training problems; the reachable levels."""
+    import torch
+
+    from examples.math_study.agents import calculator_environment, make_student
+    from examples.math_study.scoring import MAX_LOOPS, SCORERS
+    from tapekit import open_store
+    from tapekit.evaluate import evaluate
+    from tapekit.llm.batched import BatchedTransformersLLM
+    from tapekit.training.tiny import load_tiny
+
+    torch.set_num_threads(1)
+    train, _, _ = splits(out)
+    probe = [p for level in LEVELS5 for p in [q for q in train if q.category == level][:PROBE_PER_LEVEL]]
+    model, tokenizer = load_tiny(sft_model(out))
+    model.eval()
+    llm = BatchedTransformersLLM.from_model(
+        model, tokenizer, model_name="sft-probe", temperature=TEMPERATURE, max_tokens=48
+    )
+    llm.batcher.max_wait_s = 0.02
+    store = open_store(str(out / "probe.db"))
+    report = evaluate(
+        make_student(llm),
+        calculator_environment(),
+        tasks_for(probe),
+        SCORERS,
+        k=PROBE_SAMPLES,
+        name="probe",
+        store=store,
+        max_loops=MAX_LOOPS,
+        max_concurrency=64,
+    )
+    store.close()
+    levels = report.by_category()
+    success = {c: levels[c].pass_at_1("strict").value for c in LEVELS5}
+    result = {
+        "per_level": PROBE_PER_LEVEL,
+        "samples": PROBE_SAMPLES,
+        "temperature": TEMPERATURE,
+        "threshold": REACHABLE,
+        "success": success,
+        "reachable": [c for c in LEVELS5 if success[c] >= REACHABLE],
+    }
+    (out / "probe.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result))
+    return result
+
+
+def run_dir(out: Path, arm: str, seed: int) -> Path:
+    """Where one run writes."""
+    return out / "runs" / f"{arm}-s{seed}"
+
+
+def cmd_run(out: Path, arm: str, seed: int) -> dict[str, Any]:
+    """One run: RL from the SFT student, then the test split once; ``result.json``."""
+    import torch
+
+    from tapekit import open_store
+    from tapekit.training.tiny import load_tiny
+
+    if arm not in ARMS:
+        raise SystemExit(f"--arm must be one of {ARMS}, got {arm!r}")
+    torch.set_num_threads(1)
+    train, val, test = splits(out)
+    if arm == "reachable":
+        probe = json.loads((out / "probe.json").read_text())  # run `probe` first
+        if not probe["reachable"]:
+            raise SystemExit(f"the probe found no level the SFT student reaches: {probe['success']}")
+        train = [p for p in train if p.category in probe["reachable"]]
+    where = run_dir(out, arm, seed)
+    if where.exists():
+        shutil.rmtree(where)
+    where.mkdir(parents=True)
+    model, tokenizer = load_tiny(sft_model(out))
+    settings = RLStageSettings(
+        seconds=SECONDS, temperature=TEMPERATURE, seed=seed, out=where / "rl", **ARM_SETTINGS[arm]
+    )
+    if arm == "resample":
+        settings.resample_rounds = 2
+    store = open_store(str(where / "tapes.db"))
+    started = time.perf_counter()
+    result = rl_stage(model, tokenizer, train, tasks_for(val), settings, store)
+    test_report = heldout_eval(model, tokenizer, tasks_for(test), f"test-{arm}-{seed}", store)
+    store.close()
+    strict = {
+        task: samples[0].scores["strict"].passed for task, samples in sorted(test_report.by_task().items())
+    }
+    record = {
+        "arm": arm,
+        "seed": seed,
+        "settings": {**ARM_SETTINGS[arm], "seconds": SECONDS, "temperature": TEMPERATURE},
+        "pool_levels": sorted({p.category for p in train}),
+        "steps": len(result.history),
+        "rollouts": sum(r["rollouts"] for r in result.history),
+        "train_seconds": sum(r["step_seconds"] for r in result.history),
+        "wall_seconds": time.perf_counter() - started,
+        "zero_adv_share": result.zero_adv_groups,
+        "val_before": result.before.pass_at_1("strict").model_dump(),
+        "val_after": result.after.pass_at_1("strict").model_dump(),
+        "test": test_report.pass_at_1("strict").model_dump(),
+        "test_lenient": test_report.pass_at_1("lenient").model_dump(),
+        "test_by_level": {
+            c: r.pass_at_1("strict").value for c, r in sorted(test_report.by_category().items())
+        },
+        "test_strict": strict,
+    }
+    (where / "result.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(
+        f"run arm={arm} seed={seed} steps={record['steps']} zero_adv={record['zero_adv_share']:.2f} "
+        f"val={record['val_after']['value']:.3f} test={record['test']['value']:.3f}",
+        flush=True,
+    )
+    return record
+
+
+def cmd_summary(out: Path) -> dict[str, Any]:
+    """Every run, each arm's mean over seeds, and SEC minus each control on the test problems:
+    each problem's success averaged over the seeds, paired by problem, bootstrap stratified by
+    level; per seed, the exact McNemar test."""
+    from tapekit.evaluate import bootstrap_mean, mcnemar_exact, paired_difference
+
+    runs = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/result.json"))]
+    by_arm: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        by_arm.setdefault(r["arm"], []).append(r)
+    level_of = {p.id: p.category for p in splits(out)[2]}
+    summary: dict[str, Any] = {"runs": [{k: v for k, v in r.items() if k != "test_strict"} for r in runs]}
+    means: dict[str, dict[str, float]] = {}
+    for arm, rs in sorted(by_arm.items()):
+        ids = sorted(rs[0]["test_strict"])
+        means[arm] = {i: sum(r["test_strict"][i] for r in rs) / len(rs) for i in ids}
+        summary.setdefault("arms", {})[arm] = {
+            "seeds": sorted(r["seed"] for r in rs),
+            "test": bootstrap_mean(list(means[arm].values())).model_dump(),
+            "zero_adv_share": sum(r["zero_adv_share"] for r in rs) / len(rs),
+            "steps": sum(r["steps"] for r in rs) / len(rs),
+        }
+    comparisons = {}
+    for control in ("uniform", "reachable", "resample"):
+        if "sec" not in means or control not in means:
+            continue
+        seeds = sorted({r["seed"] for r in by_arm["sec"]} & {r["seed"] for r in by_arm[control]})
+        ids = sorted(means["sec"])
+        sec = {s: next(r for r in by_arm["sec"] if r["seed"] == s)["test_strict"] for s in seeds}
+        ctl = {s: next(r for r in by_arm[control] if r["seed"] == s)["test_strict"] for s in seeds}
+        a = [sum(sec[s][i] for s in seeds) / len(seeds) for i in ids]
+        b = [sum(ctl[s][i] for s in seeds) / len(seeds) for i in ids]
+        comparisons[f"sec-{control}"] = {
+            "seeds": seeds,
+            "difference": paired_difference(a, b, strata=[level_of[i] for i in ids]).model_dump(),
+            "per_seed": {
+                str(s): {
+                    "difference": (sum(sec[s].values()) - sum(ctl[s].values())) / len(ids),
+                    "mcnemar_p": mcnemar_exact([sec[s][i] for i in ids], [ctl[s][i] for i in ids]),
+                }
+                for s in seeds
+            },
+        }
+    summary["comparisons"] = comparisons
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps({"arms": summary.get("arms"), "comparisons": comparisons}, indent=1))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``sft``, ``probe``, ``run --arm A --seed N`` or ``summary``, all with ``--out DIR``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["sft", "probe", "run", "summary"])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--arm", choices=ARMS)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.command == "sft":
+        cmd_sft(args.out)
+    elif args.command == "probe":
+        cmd_probe(args.out)
+    elif args.command == "run":
+        if args.arm is None:
+            parser.error("run needs --arm")
+        cmd_run(args.out, args.arm, args.seed)
+    else:
+        cmd_summary(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
