@@ -8,8 +8,9 @@ with ``result.json`` and ``rl/rl_log.jsonl``, and ``summary.json``).
   training steps (redraws included), averaged over the seeds and over the last 5 steps (for
   SEC, what its arm probabilities did);
 - ``zero_adv.png``: the share of zero-advantage groups per step, per arm (mean over seeds),
-  and each run's test success with its 95 % interval;
-- ``table.md``: every run, each arm's mean over seeds, and SEC minus each control.
+  and each run's test success with its 95 % interval (the SFT student's as a dashed line);
+- ``table.md``: every run (``sft``: the SFT student, no RL), each arm's mean over seeds, SEC
+  minus each control and each RL arm minus the SFT student.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-ARMS = ["sec", "uniform", "reachable", "resample"]
+ARMS = ["sft", "sec", "uniform", "reachable", "resample"]
 LEVELS = ["level1", "level2", "level3", "level4", "level5"]
 SMOOTH = 5  # the curves are means over the last 5 steps (each step draws 8 or 16 problems)
 
@@ -54,10 +55,11 @@ def table(data: dict[str, Any]) -> str:
     order = {a: i for i, a in enumerate(ARMS)}
     for r in sorted(data["runs"], key=lambda r: (order.get(r["arm"], 99), r["seed"])):
         levels = " / ".join(f"{100 * r['test_by_level'].get(c, float('nan')):.0f}" for c in LEVELS)
-        pool = ",".join(c.removeprefix("level") for c in r["pool_levels"])
+        pool = ",".join(c.removeprefix("level") for c in r["pool_levels"]) or "–"
+        zero = "–" if r["zero_adv_share"] is None else f"{r['zero_adv_share']:.2f}"
         lines.append(
             f"| {r['arm']} | {r['seed']} | {pool} | {r['steps']} | {r['rollouts']} | "
-            f"{r['zero_adv_share']:.2f} | {100 * r['val_before']['value']:.1f} → "
+            f"{zero} | {100 * r['val_before']['value']:.1f} → "
             f"{100 * r['val_after']['value']:.1f} | {_pct(r['test'])} | {levels} |"
         )
     arms = data["summary"].get("arms", {})
@@ -69,10 +71,8 @@ def table(data: dict[str, Any]) -> str:
         ]
         for arm in sorted(arms, key=lambda a: order.get(a, 99)):
             a = arms[arm]
-            lines.append(
-                f"| {arm} | {len(a['seeds'])} | {_pct(a['test'])} | {a['zero_adv_share']:.2f} | "
-                f"{a['steps']:.0f} |"
-            )
+            zero = "–" if a["zero_adv_share"] is None else f"{a['zero_adv_share']:.2f}"
+            lines.append(f"| {arm} | {len(a['seeds'])} | {_pct(a['test'])} | {zero} | {a['steps']:.0f} |")
     comparisons = data["summary"].get("comparisons", {})
     if comparisons:
         lines += [
@@ -154,6 +154,10 @@ def plot(data: dict[str, Any], out: Path) -> None:
                 color=f"C{i}",
                 capsize=2,
             )
+    for r in data["runs"]:
+        if r["arm"] == "sft":  # the SFT student every run started from
+            right.axhline(100 * r["test"]["value"], color="grey", linestyle="--", label="SFT student (no RL)")
+            right.legend(fontsize=8)
     right.set_xticks(range(len(arms)), arms)
     right.set_ylabel("test strict success, % (each seed)")
     right.set_title("test split, greedy, one evaluation per run")

@@ -25,8 +25,9 @@ training problems. Each run is evaluated once on test (greedy, strict and lenien
 
 Commands (``python -m examples.math_study.sec_study CMD --out DIR``): ``sft`` trains the
 student (``examples/math_distill.py --quick``), ``probe`` measures the levels it reaches,
-``run --arm A --seed N`` makes one run, ``summary`` writes ``summary.json`` and
-``table.md`` (per run, per arm, and SEC minus each control paired by problem over the seeds).
+``baseline`` scores the SFT student itself (arm ``sft``: no RL), ``run --arm A --seed N``
+makes one run, ``summary`` writes ``summary.json`` (per run, per arm, SEC minus each control
+and each RL arm minus ``sft``, paired by problem over the seeds).
 """
 
 from __future__ import annotations
@@ -201,6 +202,56 @@ def cmd_run(out: Path, arm: str, seed: int) -> dict[str, Any]:
     return record
 
 
+def cmd_baseline(out: Path) -> dict[str, Any]:
+    """The SFT student without RL (arm ``sft``), greedy on validation and, once, on test: the
+    point every RL arm starts from."""
+    import torch
+
+    from tapekit import open_store
+    from tapekit.training.tiny import load_tiny
+
+    torch.set_num_threads(1)
+    _, val, test = splits(out)
+    where = run_dir(out, "sft", 0)
+    if where.exists():
+        shutil.rmtree(where)
+    where.mkdir(parents=True)
+    model, tokenizer = load_tiny(sft_model(out))
+    store = open_store(str(where / "tapes.db"))
+    val_report = heldout_eval(model, tokenizer, tasks_for(val), "val-sft", store)
+    test_report = heldout_eval(model, tokenizer, tasks_for(test), "test-sft", store)
+    store.close()
+    record = {
+        "arm": "sft",
+        "seed": 0,
+        "settings": {},
+        "pool_levels": [],
+        "steps": 0,
+        "rollouts": 0,
+        "train_seconds": 0.0,
+        "zero_adv_share": None,
+        "val_before": val_report.pass_at_1("strict").model_dump(),
+        "val_after": val_report.pass_at_1("strict").model_dump(),
+        **_test_fields(test_report),
+    }
+    (where / "result.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(f"baseline arm=sft val={record['val_after']['value']:.3f} test={record['test']['value']:.3f}")
+    return record
+
+
+def _test_fields(report: Any) -> dict[str, Any]:
+    """What a run keeps of its one test evaluation: strict and lenient pass@1, by level, and
+    each problem's strict outcome (for the paired comparisons)."""
+    return {
+        "test": report.pass_at_1("strict").model_dump(),
+        "test_lenient": report.pass_at_1("lenient").model_dump(),
+        "test_by_level": {c: r.pass_at_1("strict").value for c, r in sorted(report.by_category().items())},
+        "test_strict": {
+            t: samples[0].scores["strict"].passed for t, samples in sorted(report.by_task().items())
+        },
+    }
+
+
 def cmd_summary(out: Path) -> dict[str, Any]:
     """Every run, each arm's mean over seeds, and SEC minus each control on the test problems:
     each problem's success averaged over the seeds, paired by problem, bootstrap stratified by
@@ -220,26 +271,29 @@ def cmd_summary(out: Path) -> dict[str, Any]:
         summary.setdefault("arms", {})[arm] = {
             "seeds": sorted(r["seed"] for r in rs),
             "test": bootstrap_mean(list(means[arm].values())).model_dump(),
-            "zero_adv_share": sum(r["zero_adv_share"] for r in rs) / len(rs),
+            "zero_adv_share": None if arm == "sft" else sum(r["zero_adv_share"] for r in rs) / len(rs),
             "steps": sum(r["steps"] for r in rs) / len(rs),
         }
     comparisons = {}
-    for control in ("uniform", "reachable", "resample"):
-        if "sec" not in means or control not in means:
+    pairs = [("sec", c) for c in ("uniform", "reachable", "resample")] + [(a, "sft") for a in ARMS]
+    for first, second in pairs:
+        if first not in by_arm or second not in by_arm:
             continue
-        seeds = sorted({r["seed"] for r in by_arm["sec"]} & {r["seed"] for r in by_arm[control]})
-        ids = sorted(means["sec"])
-        sec = {s: next(r for r in by_arm["sec"] if r["seed"] == s)["test_strict"] for s in seeds}
-        ctl = {s: next(r for r in by_arm[control] if r["seed"] == s)["test_strict"] for s in seeds}
-        a = [sum(sec[s][i] for s in seeds) / len(seeds) for i in ids]
-        b = [sum(ctl[s][i] for s in seeds) / len(seeds) for i in ids]
-        comparisons[f"sec-{control}"] = {
+        a_runs = {r["seed"]: r["test_strict"] for r in by_arm[first]}
+        b_runs = {r["seed"]: r["test_strict"] for r in by_arm[second]}
+        if second == "sft":  # one SFT student: every seed of an RL arm started from it
+            b_runs = dict.fromkeys(a_runs, next(iter(b_runs.values())))
+        seeds = sorted(a_runs.keys() & b_runs.keys())
+        ids = sorted(a_runs[seeds[0]])
+        a = [sum(a_runs[s][i] for s in seeds) / len(seeds) for i in ids]
+        b = [sum(b_runs[s][i] for s in seeds) / len(seeds) for i in ids]
+        comparisons[f"{first}-{second}"] = {
             "seeds": seeds,
             "difference": paired_difference(a, b, strata=[level_of[i] for i in ids]).model_dump(),
             "per_seed": {
                 str(s): {
-                    "difference": (sum(sec[s].values()) - sum(ctl[s].values())) / len(ids),
-                    "mcnemar_p": mcnemar_exact([sec[s][i] for i in ids], [ctl[s][i] for i in ids]),
+                    "difference": (sum(a_runs[s].values()) - sum(b_runs[s].values())) / len(ids),
+                    "mcnemar_p": mcnemar_exact([a_runs[s][i] for i in ids], [b_runs[s][i] for i in ids]),
                 }
                 for s in seeds
             },
@@ -251,9 +305,9 @@ def cmd_summary(out: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``sft``, ``probe``, ``run --arm A --seed N`` or ``summary``, all with ``--out DIR``."""
+    """``sft``, ``probe``, ``baseline``, ``run --arm A --seed N`` or ``summary``, all with ``--out DIR``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["sft", "probe", "run", "summary"])
+    parser.add_argument("command", choices=["sft", "probe", "baseline", "run", "summary"])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--arm", choices=ARMS)
     parser.add_argument("--seed", type=int, default=0)
@@ -263,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd_sft(args.out)
     elif args.command == "probe":
         cmd_probe(args.out)
+    elif args.command == "baseline":
+        cmd_baseline(args.out)
     elif args.command == "run":
         if args.arm is None:
             parser.error("run needs --arm")

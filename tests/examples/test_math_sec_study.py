@@ -58,9 +58,18 @@ def test_the_study_runs_each_arm_on_its_pool_and_pairs_sec_with_the_controls(
     # every group of an untrained model is all wrong: both resample rounds redraw both tasks
     assert records["sec"]["rollouts"] == 4 and records["resample"]["rollouts"] == 12
 
+    baseline = sec_study.cmd_baseline(tmp_path)
+    assert baseline["steps"] == 0 and set(baseline["test_strict"]) == {p.id for p in test}
+
     summary = sec_study.cmd_summary(tmp_path)
-    assert set(summary["arms"]) == {"sec", "reachable", "resample"}
-    assert set(summary["comparisons"]) == {"sec-reachable", "sec-resample"}
+    assert set(summary["arms"]) == {"sft", "sec", "reachable", "resample"}
+    assert set(summary["comparisons"]) == {
+        "sec-reachable",
+        "sec-resample",
+        "sec-sft",
+        "reachable-sft",
+        "resample-sft",
+    }
     for comparison in summary["comparisons"].values():
         assert comparison["seeds"] == [0] and set(comparison["per_seed"]) == {"0"}
         d = comparison["difference"]
@@ -77,6 +86,7 @@ def test_the_study_runs_each_arm_on_its_pool_and_pairs_sec_with_the_controls(
         == 3
     )
     assert "| reachable | 0 | 1,2 | 1 | 4 |" in text and "| sec − resample | 1 |" in text
+    assert "| sft | 0 | – | 0 | 0 | – |" in text and "| resample − sft | 1 |" in text
     pytest.importorskip("matplotlib")  # in the dev extra
     plot.plot(data, tmp_path)
     assert (tmp_path / "draws.png").stat().st_size > 10_000 and (
