@@ -105,13 +105,14 @@ TIERS: dict[str, tuple[str, ...]] = {
     "train": (
         "test_train_", "test_rl", "test_samples", "test_head_loss", "test_tiny", "test_llm_transformers",
         "test_llamacpp_reuse", "test_curriculum", "examples/test_math_distill", "examples/test_math_rl_stage",
-        "examples/test_form_filler_run",
+        "examples/test_form_filler_run", "examples/test_math_sec_study",
     ),
     "browser": ("test_studio_browser", "examples/test_web_agent_run"),  # tests/web marks its own
     "slow": (
         "test_rl_distributed", "test_train_distributed", "test_batch_ray", "test_rl_ray_rollouts",
         "examples/test_form_filler_run", "examples/test_math_distill", "examples/test_optimize_rag",
         "examples/test_commands", "test_sandbox", "examples/test_web_agent_run",
+        "examples/test_math_sec_study",
     ),
 }  # fmt: skip
 
