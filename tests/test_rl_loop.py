@@ -387,6 +387,26 @@ def test_resample_rounds_draw_as_many_tasks_as_the_step_lacks_groups_with_a_sign
     assert any(r["rollouts"] > 12 for r in result.history)  # some step did resample
 
 
+def test_merge_batches_joins_rounds_of_one_step_and_refuses_others() -> None:
+    from tapekit.training.rollouts import RolloutBatch, live_groups, merge_batches
+
+    first = RolloutBatch(3, 3, [], [], "strict", seconds=1.0, prompt_tokens=10, output_tokens=4, llm_calls=2)
+    more = RolloutBatch(
+        3, 3, [], [], "strict", seconds=0.5, prompt_tokens=6, output_tokens=3, llm_calls=1, failed=1
+    )
+    joined = merge_batches(first, more)
+    assert (joined.seconds, joined.prompt_tokens, joined.output_tokens, joined.llm_calls, joined.failed) == (
+        1.5,
+        16,
+        7,
+        3,
+        1,
+    )
+    assert live_groups(joined) == 0
+    with pytest.raises(ValueError, match="different steps, policy versions or rewards"):
+        merge_batches(first, RolloutBatch(4, 4, [], [], "strict"))
+
+
 def _cli(config: Path, *extra: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "2"}
     code = "import torch; torch.set_num_threads(2); from tapekit.cli import app; app()"
