@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,3 +39,19 @@ def run(command: str, *args: str, timeout: float = 300, cwd: Path = ROOT) -> sub
         cwd=cwd,
         env=clean_env(),
     )
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """The Python file ``path`` imported as the module ``name`` (its ``__main__`` block not run),
+    registered in ``sys.modules`` as an import would be (dataclasses and pickling look it up)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_script(stem: str) -> ModuleType:
+    """``scripts/<stem>.py`` of the checkout as a module (the scripts are not a package)."""
+    return load_module(ROOT / "scripts" / f"{stem}.py", stem)

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-
-def _script() -> Any:
-    path = Path(__file__).resolve().parents[2] / "scripts" / "plot_form_filler.py"
-    spec = importlib.util.spec_from_file_location("plot_form_filler", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.examples._commands import load_script
 
 
 def _summary(value: float, invalid: int) -> dict[str, Any]:
@@ -26,7 +18,7 @@ def _summary(value: float, invalid: int) -> dict[str, Any]:
 
 
 def test_table_and_picture_from_runs(tmp_path: Path) -> None:
-    script = _script()
+    script = load_script("plot_form_filler")
     run = tmp_path / "test-run"
     run.mkdir()
     summary = {"teacher": _summary(1.0, 0), "student (tuned)": _summary(0.25, 12)}

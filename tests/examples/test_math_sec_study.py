@@ -8,9 +8,10 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from tests.examples._commands import load_script
 
 pytestmark = pytest.mark.skipif(
     not all(importlib.util.find_spec(m) for m in ("torch", "transformers", "datasets")),
@@ -75,7 +76,7 @@ def test_the_study_runs_each_arm_on_its_pool_and_pairs_sec_with_the_controls(
         d = comparison["difference"]
         assert d["low"] <= d["value"] <= d["high"]
 
-    plot = _plot_script()  # scripts/plot_math_sec.py draws the docs' pictures from these logs
+    plot = load_script("plot_math_sec")  # scripts/plot_math_sec.py draws the docs' pictures from these logs
     data = plot.load(tmp_path)
     text = plot.table(data)
     assert (
@@ -92,12 +93,3 @@ def test_the_study_runs_each_arm_on_its_pool_and_pairs_sec_with_the_controls(
     assert (tmp_path / "draws.png").stat().st_size > 10_000 and (
         tmp_path / "zero_adv.png"
     ).stat().st_size > 10_000
-
-
-def _plot_script() -> Any:
-    path = Path(__file__).resolve().parents[2] / "scripts" / "plot_math_sec.py"
-    spec = importlib.util.spec_from_file_location("plot_math_sec", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

@@ -3,7 +3,6 @@ raises its retrieval recall and answer accuracy on the bundled questions."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -15,17 +14,13 @@ pytest.importorskip("bm25s", reason="the RAG example needs bm25s (pip install 't
 
 from tapekit import main_loop
 from tapekit.optimize import load_optimized, optimisable_nodes
+from tests.examples._commands import load_module
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rag.py"
 
 
 def load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("rag_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["rag_example"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(EXAMPLE, "rag_example")
 
 
 rag = load_example()

