@@ -370,13 +370,15 @@ class _Run:
                 break
             with self.lock:
                 more = self.sampler.sample(missing)
-            batch = merge_batches(batch, self._collect(policy, step, version, more, extra, len(batch.tapes)))
+            first = len(batch.tapes) // self.config.group_size  # the step's tasks so far
+            batch = merge_batches(batch, self._collect(policy, step, version, more, extra, first))
         batch.rows = rollout_rows(batch, self.store, self.tokenizer, exact=True)
         return batch
 
     def _collect(
-        self, policy: Any, step: int, version: int, tasks: list[Task], round_: int, first: int = 0
+        self, policy: Any, step: int, version: int, tasks: list[Task], round_: int, first_index: int = 0
     ) -> RolloutBatch:
+        """One round of the step's rollouts: ``tasks`` at step positions from ``first_index`` on."""
         return collect_rollouts(
             self.setup.agent_for(policy.llm),
             self.setup.environment,
@@ -392,7 +394,7 @@ class _Run:
             max_loops=self.config.max_loops,
             batcher=policy.batcher,
             seed=self.dist.seed(self.config.seed * 1_000_003 + step * 7919 + round_ * 104_729),
-            first_index=first // self.config.group_size,
+            first_index=first_index,
         )
 
     def train(self, batch: RolloutBatch, started: float) -> None:

@@ -247,13 +247,15 @@ def collect_rollouts(
     return run_sync(acollect_rollouts(agent, environment, tasks, scorers, **options))
 
 
-def live_groups(rollouts: RolloutBatch, tol: float = 1e-12) -> int:
-    """How many of the batch's groups (its tapes grouped by task) have rewards that differ by
-    more than ``tol``: the groups that give GRPO a gradient."""
-    rewards: dict[str, list[float]] = {}
-    for tape in rollouts.tapes:
-        rewards.setdefault(tape.metadata.result["task_id"], []).append(float(tape.metadata.result["reward"]))
-    return sum(1 for values in rewards.values() if max(values) - min(values) > tol)
+def live_groups(rollouts: RolloutBatch) -> int:
+    """How many of the batch's groups (its tapes grouped by task) are not zero-advantage groups
+    of :func:`~tapekit.training.advantages.group_advantages`: the groups that give GRPO a
+    gradient."""
+    from tapekit.training.advantages import group_advantages
+
+    keys = [t.metadata.result["task_id"] for t in rollouts.tapes]
+    groups = group_advantages(rollouts.rewards, keys)
+    return len(groups.groups) - len(groups.zero_groups)
 
 
 def merge_batches(first: RolloutBatch, more: RolloutBatch) -> RolloutBatch:
