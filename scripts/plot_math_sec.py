@@ -99,10 +99,8 @@ def _mean_curves(runs: list[dict[str, Any]], value: Any, window: int = 1) -> lis
     over the last ``window`` steps (fewer at the start)."""
     n = min(len(r["log"]) for r in runs)
     means = [sum(value(r["log"][i]) for r in runs) / len(runs) for i in range(n)]
-    return [
-        sum(means[max(0, i - window + 1) : i + 1]) / len(means[max(0, i - window + 1) : i + 1])
-        for i in range(n)
-    ]
+    windows = [means[max(0, i - window + 1) : i + 1] for i in range(n)]
+    return [sum(w) / len(w) for w in windows]
 
 
 def plot(data: dict[str, Any], out: Path) -> None:

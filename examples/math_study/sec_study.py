@@ -40,12 +40,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from examples.math_study.problems import Problem, split_problems
+from examples.math_study.problems import Splits, split_problems
 from examples.math_study.rl_stage import RLStageSettings, heldout_eval, pool_levels, rl_stage
 from examples.math_study.scoring import tasks_for
 
 ARMS = ("sec", "uniform", "reachable", "resample")
-SEEDS = (0, 1, 2)
 LEVELS5 = pool_levels(5)
 N_TRAIN, N_VAL, N_TEST = 1500, 150, 500
 TEMPERATURE = 1.0
@@ -66,12 +65,12 @@ def sft_settings(out: Path) -> Any:
     return math_distill.parse_args(["--quick", "--no-rl", "--threads", "1", "--out", str(out / "sft")])
 
 
-def splits(out: Path) -> tuple[list[Problem], list[Problem], list[Problem]]:
+def splits(out: Path) -> Splits:
     """The RL pool, the validation and the test problems (five levels, seed 0)."""
     from examples import math_distill
 
     sft_train = math_distill.problem_splits(sft_settings(out)).train
-    return tuple(split_problems(N_TRAIN, N_VAL, N_TEST, seed=0, categories=LEVELS5, test_avoids=sft_train))  # type: ignore[return-value]
+    return split_problems(N_TRAIN, N_VAL, N_TEST, seed=0, categories=LEVELS5, test_avoids=sft_train)
 
 
 def sft_model(out: Path) -> Path:
@@ -140,6 +139,15 @@ def run_dir(out: Path, arm: str, seed: int) -> Path:
     return out / "runs" / f"{arm}-s{seed}"
 
 
+def _fresh_run_dir(out: Path, arm: str, seed: int) -> Path:
+    """:func:`run_dir`, emptied: a run made again replaces the old one."""
+    where = run_dir(out, arm, seed)
+    if where.exists():
+        shutil.rmtree(where)
+    where.mkdir(parents=True)
+    return where
+
+
 def cmd_run(out: Path, arm: str, seed: int) -> dict[str, Any]:
     """One run: RL from the SFT student, then the test split once; ``result.json``."""
     import torch
@@ -156,10 +164,7 @@ def cmd_run(out: Path, arm: str, seed: int) -> dict[str, Any]:
         if not probe["reachable"]:
             raise SystemExit(f"the probe found no level the SFT student reaches: {probe['success']}")
         train = [p for p in train if p.category in probe["reachable"]]
-    where = run_dir(out, arm, seed)
-    if where.exists():
-        shutil.rmtree(where)
-    where.mkdir(parents=True)
+    where = _fresh_run_dir(out, arm, seed)
     model, tokenizer = load_tiny(sft_model(out))
     settings = RLStageSettings(
         seconds=SECONDS, temperature=TEMPERATURE, seed=seed, out=where / "rl", **ARM_SETTINGS[arm]
@@ -202,10 +207,7 @@ def cmd_baseline(out: Path) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     _, val, test = splits(out)
-    where = run_dir(out, "sft", 0)
-    if where.exists():
-        shutil.rmtree(where)
-    where.mkdir(parents=True)
+    where = _fresh_run_dir(out, "sft", 0)
     model, tokenizer = load_tiny(sft_model(out))
     store = open_store(str(where / "tapes.db"))
     val_report = heldout_eval(model, tokenizer, tasks_for(val), "val-sft", store)
@@ -242,6 +244,11 @@ def _test_fields(report: Any) -> dict[str, Any]:
     }
 
 
+def _per_problem_mean(outcomes: list[dict[str, bool]], ids: list[str]) -> list[float]:
+    """Each problem's success averaged over runs (``outcomes``: one ``test_strict`` per run)."""
+    return [sum(o[i] for o in outcomes) / len(outcomes) for i in ids]
+
+
 def cmd_summary(out: Path) -> dict[str, Any]:
     """Every run, each arm's mean over seeds, and SEC minus each control on the test problems:
     each problem's success averaged over the seeds, paired by problem, bootstrap stratified by
@@ -252,15 +259,13 @@ def cmd_summary(out: Path) -> dict[str, Any]:
     by_arm: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         by_arm.setdefault(r["arm"], []).append(r)
-    level_of = {p.id: p.category for p in splits(out)[2]}
+    level_of = {p.id: p.category for p in splits(out).test}
     summary: dict[str, Any] = {"runs": [{k: v for k, v in r.items() if k != "test_strict"} for r in runs]}
-    means: dict[str, dict[str, float]] = {}
     for arm, rs in sorted(by_arm.items()):
-        ids = sorted(rs[0]["test_strict"])
-        means[arm] = {i: sum(r["test_strict"][i] for r in rs) / len(rs) for i in ids}
+        means = _per_problem_mean([r["test_strict"] for r in rs], sorted(rs[0]["test_strict"]))
         summary.setdefault("arms", {})[arm] = {
             "seeds": sorted(r["seed"] for r in rs),
-            "test": bootstrap_mean(list(means[arm].values())).model_dump(),
+            "test": bootstrap_mean(means).model_dump(),
             "zero_adv_share": None if arm == "sft" else sum(r["zero_adv_share"] for r in rs) / len(rs),
             "steps": sum(r["steps"] for r in rs) / len(rs),
         }
@@ -275,8 +280,8 @@ def cmd_summary(out: Path) -> dict[str, Any]:
             b_runs = dict.fromkeys(a_runs, next(iter(b_runs.values())))
         seeds = sorted(a_runs.keys() & b_runs.keys())
         ids = sorted(a_runs[seeds[0]])
-        a = [sum(a_runs[s][i] for s in seeds) / len(seeds) for i in ids]
-        b = [sum(b_runs[s][i] for s in seeds) / len(seeds) for i in ids]
+        a = _per_problem_mean([a_runs[s] for s in seeds], ids)
+        b = _per_problem_mean([b_runs[s] for s in seeds], ids)
         comparisons[f"{first}-{second}"] = {
             "seeds": seeds,
             "difference": paired_difference(a, b, strata=[level_of[i] for i in ids]).model_dump(),
