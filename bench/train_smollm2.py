@@ -30,6 +30,12 @@ shape (one group, random rewards, stored sampling log-probs), LoRA and full, fp3
 (grpo_step has no dtype option; the bench wraps the call in torch.autocast, which covers its
 forward and backward passes).
 
+The ``group`` part is one GRPO group as a web agent's first step makes it: ``--group`` rollouts
+(8) of one ~280-token prompt, each a ~10-token answer. ``grpo_step`` with ``share_prefix`` (the
+default: the prompt runs once, its cache repeated for the rollouts) against without (each row
+runs whole), full and LoRA, fp32; ``tokens/s`` there counts the rows' tokens either way, so the
+ratio is the time saved.
+
     python bench/train_smollm2.py                       # everything (15-25 minutes on 2 shared cores)
     python bench/train_smollm2.py --parts sft --steps 3
     python bench/train_smollm2.py --quick               # a 2-layer model of the same vocabulary, seconds
@@ -74,6 +80,7 @@ class Setting:
     labelled_head: bool = True
     threads: int = 2
     packing: bool = True
+    share_prefix: bool = True
 
 
 SFT_SETTINGS = (
@@ -90,6 +97,12 @@ GRPO_SETTINGS = (
     Setting("LoRA, bf16", bf16=True),
     Setting("full, fp32", lora=False),
     Setting("full, bf16", lora=False, bf16=True),
+)
+GROUP_SETTINGS = (  # one GRPO group: G rollouts of one prompt
+    Setting("full, fp32, prefix shared", lora=False),
+    Setting("full, fp32, prefix not shared", lora=False, share_prefix=False),
+    Setting("LoRA, fp32, prefix shared"),
+    Setting("LoRA, fp32, prefix not shared", share_prefix=False),
 )
 
 
@@ -205,6 +218,22 @@ def make_rows(
     return rows
 
 
+def group_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` made one GRPO group: every row gets the first row's prompt (its masked tokens)
+    before its own answer, as the G rollouts of one task share their first prompt."""
+    first = rows[0]
+    prompt = first["input_ids"][: first["loss_mask"].index(1)]
+    out = []
+    for r in rows:
+        at = r["loss_mask"].index(1)
+        answer, logprobs = r["input_ids"][at:], r["logprobs"][at:]
+        out.append({
+            **r, "input_ids": prompt + answer, "loss_mask": [0] * len(prompt) + [1] * len(answer),
+            "logprobs": [0.0] * len(prompt) + logprobs, "task_id": "task0",
+        })  # fmt: skip
+    return out
+
+
 # --------------------------------------------------------------------------- settings
 
 
@@ -303,7 +332,9 @@ def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], setting: Set
     )  # fmt: skip
 
 
-def run_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], setting: Setting, steps: int) -> Result:
+def run_grpo(
+    model: Any, tokenizer: Any, rows: list[dict[str, Any]], setting: Setting, steps: int, part: str = "grpo"
+) -> Result:
     """``1 + steps`` GRPO steps on one ``make_rl_batch`` batch of ``rows``; the first is not timed."""
     import torch
 
@@ -317,7 +348,7 @@ def run_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], setting: Se
         policy = get_peft_model(policy, lora)
     policy.eval()  # no dropout: a fresh sample's ratio is exactly 1
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-6)
-    config = RLConfig(pad_id=tokenizer.pad_token_id)
+    config = RLConfig(pad_id=tokenizer.pad_token_id, share_prefix=setting.share_prefix)
     batch = make_rl_batch(rows, config)
     times, stats = [], []
     with threads(setting.threads), head(setting.labelled_head):
@@ -327,7 +358,7 @@ def run_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], setting: Se
                 stats.append(grpo_step(policy, optimizer, batch, config))
             times.append(time.perf_counter() - start)
     return Result(
-        part="grpo", setting=setting, steps=steps, seconds=sum(times[1:]),
+        part=part, setting=setting, steps=steps, seconds=sum(times[1:]),
         tokens=steps * int(batch.attention_mask.sum()), labelled=steps * int(batch.loss_mask.sum()),
         computed=steps * batch.input_ids.numel(), first_loss=stats[0].loss,
         first_grad_norm=stats[0].grad_norm, step_seconds=times,
@@ -412,17 +443,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--parts", default="sft,grpo", help="sft, grpo or both")
+    parser.add_argument("--parts", default="sft,grpo,group", help="sft, grpo and/or group (comma-separated)")
     parser.add_argument("--steps", type=int, default=2, help="timed optimiser steps per setting")
     parser.add_argument("--only", default=None, help="comma-separated setting numbers per part (0 = base)")
     parser.add_argument("--prompt-tokens", type=int, default=600)
     parser.add_argument("--answer-tokens", type=int, default=40)
+    parser.add_argument("--group", type=int, default=8, help="group: rollouts of the one prompt")
+    parser.add_argument("--group-prompt-tokens", type=int, default=280, help="group: the shared prompt")
+    parser.add_argument("--group-answer-tokens", type=int, default=10, help="group: each rollout's answer")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="2-layer model, short rows, one step: seconds")
     parser.add_argument("--json", default=None, help="write the figures and machine info here")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.prompt_tokens, args.answer_tokens = 1, 120, 16
+        args.group_prompt_tokens, args.group_answer_tokens = 60, 6
 
     import torch
 
@@ -447,14 +482,21 @@ def main() -> None:
     only = None if args.only is None else {int(x) for x in args.only.split(",")}
     results: list[Result] = []
     parts = args.parts.split(",")
-    for part, settings, run in (("sft", SFT_SETTINGS, run_sft), ("grpo", GRPO_SETTINGS, run_grpo)):
+    one_prompt = make_rows(
+        tokenizer, args.group, args.seed, args.group_prompt_tokens, args.group_answer_tokens
+    )
+    group = group_rows(one_prompt)
+    plan = (("sft", SFT_SETTINGS, rows), ("grpo", GRPO_SETTINGS, rows[:2]), ("group", GROUP_SETTINGS, group))
+    for part, settings, data in plan:
         if part not in parts:
             continue
         for i, setting in enumerate(settings):
             if only is not None and i not in only:
                 continue
-            data = rows if part == "sft" else rows[:2]
-            results.append(run(model, tokenizer, data, setting, args.steps))
+            if part == "sft":
+                results.append(run_sft(model, tokenizer, data, setting, args.steps))
+            else:
+                results.append(run_grpo(model, tokenizer, data, setting, args.steps, part))
             r = results[-1]
             print(f"  {part} {setting.name}: {r.tokens_per_s:.1f} tokens/s ({r.step_seconds})", flush=True)
     check = bf16_check(model, tokenizer, rows) if "sft" in parts else None

@@ -55,7 +55,11 @@ class RLConfig:
     gradient clipping; ``group_key`` names the column grouping the G rollouts of one task;
     ``negative_scale`` multiplies the negative advantages (1.0: plain GRPO; 0.0: only the
     rollouts better than their group's mean are reinforced, as in rejection-sampling
-    fine-tuning; in between: a softer push away from the worse ones).
+    fine-tuning; in between: a softer push away from the worse ones). ``share_prefix``: rows
+    whose tokens before their first trained token are identical (a group's rollouts of one
+    prompt) run that prefix through the model once per micro-batch
+    (:mod:`tapekit.training._shared_prefix`; the same log-probs and gradients, fewer tokens
+    computed); plain-head models only, others take the unshared pass either way.
     """
 
     clip_low: float = 0.2
@@ -70,6 +74,7 @@ class RLConfig:
     group_key: str = "task_id"
     pad_id: int = 0
     negative_scale: float = 1.0
+    share_prefix: bool = True
 
     def __post_init__(self) -> None:
         if self.aggregation not in AGGREGATIONS:
@@ -266,14 +271,22 @@ def _logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -
     return logits
 
 
-def _policy_logprobs(model: Any, batch: RLBatch, sl: slice, temperature: float) -> torch.Tensor:
-    """Per-token log-probs of rows ``sl``: the LM head on the trained tokens only when the model
-    allows it (:func:`~tapekit.training._head_loss.masked_token_logprobs`, 0.0 elsewhere: the
-    loss masks those positions out), else from the full logits."""
+def _policy_logprobs(
+    model: Any, batch: RLBatch, sl: slice, temperature: float, share_prefix: bool = True
+) -> torch.Tensor:
+    """Per-token log-probs of rows ``sl``: with ``share_prefix``, each prefix shared by several
+    rows computed once (:func:`~tapekit.training._shared_prefix.shared_prefix_logprobs`); else the
+    LM head on the trained tokens only when the model allows it
+    (:func:`~tapekit.training._head_loss.masked_token_logprobs`, 0.0 elsewhere: the loss masks
+    those positions out); else from the full logits."""
     from tapekit.training._head_loss import masked_token_logprobs
+    from tapekit.training._shared_prefix import shared_prefix_logprobs
 
     ids, attention = batch.input_ids[sl], batch.attention_mask[sl]
-    logp = masked_token_logprobs(model, ids, attention, batch.loss_mask[sl], temperature)
+    mask = batch.loss_mask[sl]
+    logp = shared_prefix_logprobs(model, ids, attention, mask, temperature) if share_prefix else None
+    if logp is None:
+        logp = masked_token_logprobs(model, ids, attention, mask, temperature)
     if logp is None:
         logp = token_logprobs(_logits(model, ids, attention), ids, temperature)
     return logp  # type: ignore[no-any-return]
@@ -287,7 +300,7 @@ def reference_logprobs(model: Any, batch: RLBatch, config: RLConfig) -> torch.Te
     batch = batch.to(_device(model))
     with torch.no_grad():
         for sl in _slices(batch.size, config.micro_batch_size):
-            parts.append(_policy_logprobs(model, batch, sl, config.temperature))
+            parts.append(_policy_logprobs(model, batch, sl, config.temperature, config.share_prefix))
     return torch.cat(parts)
 
 
@@ -346,7 +359,7 @@ def grpo_step(
     optimizer.zero_grad()
     sums = {"loss": 0.0, "tokens": 0.0, "low": 0.0, "high": 0.0, "kl": 0.0, "ratio": 0.0}
     for sl in _slices(batch.size, config.micro_batch_size):
-        logp = _policy_logprobs(model, batch, sl, config.temperature)
+        logp = _policy_logprobs(model, batch, sl, config.temperature, config.share_prefix)
         have = batch.has_logprobs[sl].unsqueeze(1)
         old = torch.where(have, batch.old_logprobs[sl], logp.detach())
         out = policy_loss(

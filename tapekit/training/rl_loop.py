@@ -102,6 +102,7 @@ class RLRunConfig(BaseModel):
     max_grad_norm: float = 1.0
     micro_batch_size: int | None = None
     negative_scale: float = Field(1.0, ge=0, le=1)
+    share_prefix: bool = True
     ppo_epochs: int = Field(1, gt=0)
     minibatches: int = Field(1, gt=0)
     curriculum: Literal["sec", "uniform", "fixed"] = "sec"
@@ -141,6 +142,7 @@ class RLRunConfig(BaseModel):
             max_grad_norm=self.max_grad_norm,
             pad_id=pad_id,
             negative_scale=self.negative_scale,
+            share_prefix=self.share_prefix,
         )
 
 
