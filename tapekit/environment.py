@@ -23,13 +23,20 @@ from tapekit.dialog import AssistantStep, ToolCall, ToolResult
 from tapekit.errors import TapekitError
 
 __all__ = [
+    "ENVIRONMENT_FAILURE",
     "Environment",
     "ExternalObservationNeeded",
     "Tool",
     "ToolEnvironment",
     "UnknownActionError",
+    "environment_failure",
     "unanswered_actions",
 ]
+
+ENVIRONMENT_FAILURE = "environment_failure"
+"""The ``metadata.other`` key under which an environment says, on the observation that ends an
+episode, that the episode ended because the environment failed (a browser that crashed and
+could not replay, a page that never loaded or stopped answering), not because of the agent."""
 
 
 class ExternalObservationNeeded(TapekitError):
@@ -55,6 +62,17 @@ def unanswered_actions(tape: Tape[Any, Any]) -> list[Action]:
             actions.append(step)
     actions.reverse()
     return actions
+
+
+def environment_failure(tape: Tape[Any, Any]) -> str | None:
+    """Why the environment ended ``tape``'s episode by failing (the message of its last
+    observation marked with :data:`ENVIRONMENT_FAILURE`), or ``None``. Such an episode says
+    nothing about the agent: RL leaves it out of its groups, as it would a rollout that raised."""
+    for step in reversed(tape.steps):
+        if isinstance(step, Observation):
+            why = step.metadata.other.get(ENVIRONMENT_FAILURE)
+            return str(why) if why else None
+    return None
 
 
 class Environment:

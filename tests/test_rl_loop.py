@@ -155,6 +155,57 @@ def test_rollouts_are_scored_stored_tagged_and_become_rl_rows(tmp_path: Path) ->
     store.close()
 
 
+def test_rollouts_the_environment_ended_by_failing_are_counted_and_left_out(tmp_path: Path) -> None:
+    # an environment whose answers to one task's tapes say it failed (as a crashed browser's
+    # do): those rollouts are recorded and counted, but give no reward, no group and no rows
+    from tapekit import FunctionLLM, Prompt, Tape, UserStep, open_store
+    from tapekit.environment import ENVIRONMENT_FAILURE, Environment, environment_failure
+    from tapekit.training.rollouts import collect_rollouts, live_groups, rollout_rows
+    from tests.rl_toy import PROBLEMS, make_model, make_setup
+
+    by_question = {p.question: p for p in PROBLEMS}
+
+    def oracle(prompt: Prompt) -> str:
+        problem = by_question[next(m["content"] for m in prompt.messages if m["role"] == "user")]
+        results = [int(m["content"]) for m in prompt.messages if m["role"] == "tool"]
+        if len(results) == len(problem.operations):
+            return f"Answer: {results[-1]}"
+        op, operand = problem.operations[len(results)]
+        return f"calculator: {results[-1] if results else problem.start}{op}{operand}"
+
+    setup = make_setup()
+    tasks = list(setup.tasks[:3])
+    broken = tasks[0].question
+
+    class Failing(Environment):
+        async def areact(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
+            out = await setup.environment.areact(tape)
+            if next(s for s in tape.steps if isinstance(s, UserStep)).content != broken:
+                return out
+            for step in out.steps[len(tape.steps) :]:
+                step.metadata.other[ENVIRONMENT_FAILURE] = "the browser crashed and the replay failed"
+            return out
+
+    store = open_store(str(tmp_path / "failing.db"))
+    batch = collect_rollouts(
+        setup.agent_for(FunctionLLM(fn=oracle)), Failing(), tasks, setup.scorers, reward="steps",
+        group_size=2, step=0, policy_version=0, store=store, max_loops=4,
+    )  # fmt: skip
+    assert len(batch.tapes) == 6 and batch.failed == 0 and batch.environment_failures == 2
+    failed = [t for t in batch.tapes if t.metadata.result.get("environment_failure")]
+    assert {t.metadata.result["task_id"] for t in failed} == {tasks[0].id}
+    assert all(environment_failure(t) == "the browser crashed and the replay failed" for t in failed)
+    assert [t.metadata.result["task_id"] for t in batch.kept] == [tasks[1].id] * 2 + [tasks[2].id] * 2
+    assert batch.rewards == [1.0] * 4  # the oracle solves the rest; the failed ones are not counted as 0
+    stored = store.get_tape(failed[0].metadata.id)
+    assert stored.metadata.result["environment_failure"]  # kept in the store for the Studio
+    assert live_groups(batch) == 0  # two groups left, each all solved
+    _, tokenizer = make_model()
+    rows = rollout_rows(batch, store, tokenizer)
+    assert rows and {r["task_id"] for r in rows} == {tasks[1].id, tasks[2].id}
+    store.close()
+
+
 def test_an_rl_setup_whose_reward_is_not_a_scorer_is_refused() -> None:
     from tests.rl_toy import make_setup
 

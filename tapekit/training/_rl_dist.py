@@ -102,6 +102,7 @@ def merge_records(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     record["rollout_tokens_per_s"] = sum(p["output_tokens"] for p in parts) / seconds if seconds else 0.0
     record["step_seconds"] = max(p["record"]["step_seconds"] for p in parts)
     record["failed_rollouts"] = sum(p["record"]["failed_rollouts"] for p in parts)
+    record["environment_failures"] = sum(p["record"].get("environment_failures", 0) for p in parts)
     for key in ("rollouts", "rollout_prompt_tokens", "rollout_output_tokens", "train_input_tokens"):
         record[key] = sum(int(p["record"].get(key, 0)) for p in parts)
     tokens = sum(p["record"]["train_tokens"] for p in parts)

@@ -208,16 +208,16 @@ def _record(
     seconds: float,
     scorer_names: Sequence[str],
 ) -> dict[str, Any]:
-    rewards = rollouts.rewards
-    mean = sum(rewards) / len(rewards)
+    rewards = rollouts.rewards  # of the kept tapes: the environment's failures say nothing of the policy
+    mean = sum(rewards) / len(rewards) if rewards else 0.0
     record: dict[str, Any] = {
         "step": step,
         "policy_version": version,
         "rollout_version": rollouts.policy_version,
         "policy_lag": version - rollouts.policy_version,
         "reward_mean": mean,
-        "reward_std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5,
-        **{f"score_{n}": sum(rollouts.scores(n)) / len(rewards) for n in scorer_names},
+        "reward_std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else 0.0,
+        **{f"score_{n}": sum(rollouts.scores(n)) / len(rewards) if rewards else 0.0 for n in scorer_names},
         "zero_adv_share": full.groups.zero_share if full is not None else 1.0,
         "groups": len({t.metadata.result["task_id"] for t in rollouts.tapes}),
         "rollout_seconds": rollouts.seconds,
@@ -226,6 +226,7 @@ def _record(
         "rollout_prompt_tokens": rollouts.prompt_tokens,
         "rollout_output_tokens": rollouts.output_tokens,
         "failed_rollouts": rollouts.failed,
+        "environment_failures": rollouts.environment_failures,
         "step_seconds": seconds,
         "sampler_values": sampler.values(),
         "sampler_probs": sampler.probabilities(),

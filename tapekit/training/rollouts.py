@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tapekit.core import Tape
+from tapekit.environment import environment_failure
 from tapekit.evaluate import Score, Task
 from tapekit.llm.base import LLMCall
 from tapekit.store.base import TapeStore
@@ -57,16 +58,23 @@ class RolloutBatch:
     output_tokens: int = 0
     llm_calls: int = 0
     failed: int = 0
+    environment_failures: int = 0
     rows: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def rewards(self) -> list[float]:
-        """The reward of each tape."""
-        return [float(t.metadata.result["reward"]) for t in self.tapes]
+        """The reward of each kept tape (:attr:`kept`)."""
+        return [float(t.metadata.result["reward"]) for t in self.kept]
+
+    @property
+    def kept(self) -> list[Tape[Any, Any]]:
+        """The tapes whose episode the environment did not end by failing: the ones that say
+        something about the policy (see :func:`~tapekit.environment.environment_failure`)."""
+        return [t for t in self.tapes if not t.metadata.result.get("environment_failure")]
 
     def scores(self, name: str) -> list[float]:
-        """Each tape's value under scorer ``name``."""
-        return [float(t.metadata.result["scores"][name]) for t in self.tapes]
+        """Each kept tape's value under scorer ``name``."""
+        return [float(t.metadata.result["scores"][name]) for t in self.kept]
 
     @property
     def tokens_per_s(self) -> float:
@@ -191,6 +199,10 @@ async def acollect_rollouts(
             "policy_version": policy_version,
             "attempt": i % group_size,
         }
+        why = environment_failure(tape)
+        if why:  # the browser or server failed, not the policy: recorded, left out of the groups
+            record["environment_failure"] = why
+            out.environment_failures += 1
         tape = tape.with_metadata(result=record)
         store.save_tape(tape, tags=rollout_tags(run, step, policy_version, task.id))
         out.tapes.append(tape)
@@ -248,12 +260,12 @@ def collect_rollouts(
 
 
 def live_groups(rollouts: RolloutBatch) -> int:
-    """How many of the batch's groups (its tapes grouped by task) are not zero-advantage groups
-    of :func:`~tapekit.training.advantages.group_advantages`: the groups that give GRPO a
+    """How many of the batch's groups (its kept tapes grouped by task) are not zero-advantage
+    groups of :func:`~tapekit.training.advantages.group_advantages`: the groups that give GRPO a
     gradient."""
     from tapekit.training.advantages import group_advantages
 
-    keys = [t.metadata.result["task_id"] for t in rollouts.tapes]
+    keys = [t.metadata.result["task_id"] for t in rollouts.kept]
     groups = group_advantages(rollouts.rewards, keys)
     return len(groups.groups) - len(groups.zero_groups)
 
@@ -278,6 +290,7 @@ def merge_batches(first: RolloutBatch, more: RolloutBatch) -> RolloutBatch:
         output_tokens=first.output_tokens + more.output_tokens,
         llm_calls=first.llm_calls + more.llm_calls,
         failed=first.failed + more.failed,
+        environment_failures=first.environment_failures + more.environment_failures,
     )
 
 
@@ -286,7 +299,8 @@ def rollout_rows(
 ) -> list[dict[str, Any]]:
     """Token-exact samples of the rollouts (ids and sampling log-probs from the store), each
     row with ``task_id``, ``category`` and ``policy_version``; tapes without a sample (no LLM
-    call, e.g. a failure before the first) are left out.
+    call, e.g. a failure before the first) and tapes the environment ended by failing
+    (:attr:`RolloutBatch.kept`) are left out.
 
     ``exact=True`` refuses (:class:`~tapekit.training.TrainingError`) any call stored without
     token ids and sampling log-probs (never re-tokenised) or sampled by another policy version
@@ -294,8 +308,11 @@ def rollout_rows(
     from tapekit.training.samples import make_samples
 
     calls = _exact_calls(store, str(rollouts.policy_version)) if exact else store
-    samples = make_samples(rollouts.tapes, llm_calls=calls, tokenizer=tokenizer, reward=_reward)
-    by_id = {t.metadata.id: t.metadata.result for t in rollouts.tapes}
+    kept = rollouts.kept
+    if not kept:
+        return []
+    samples = make_samples(kept, llm_calls=calls, tokenizer=tokenizer, reward=_reward)
+    by_id = {t.metadata.id: t.metadata.result for t in kept}
     rows = []
     for row in samples.dataset:
         result = by_id[row["tape_id"]]

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self, TypeVar
 
 from tapekit.core import Observation, Tape, new_id
-from tapekit.environment import Environment, UnknownActionError, unanswered_actions
+from tapekit.environment import ENVIRONMENT_FAILURE, Environment, UnknownActionError, unanswered_actions
 from tapekit.errors import TapekitError
 from tapekit.web import _procs
 from tapekit.web._js import HTML_TAGS, SETTLE_AND_MARK, TIMER_TRACKER
@@ -708,9 +708,8 @@ class WebEnvironment(Environment):
             )
         step = len(state.answered) + 1
         if state.last.done:
-            return _timed(
-                _ended(state.last, "the episode is over; start another one with OpenTask", step), started
-            )
+            over = "the episode is over; start another one with OpenTask"
+            return _timed(_ended(state.last, over, step, failure=False), started)
         assert self._slots is not None
         async with self._slots:
             try:
@@ -816,9 +815,11 @@ class WebEnvironment(Environment):
         return self._call(self._react(tape)).result()
 
 
-def _ended(last: WebObservation, error: str, step: int) -> WebObservation:
-    """An observation that ends the episode with ``error``: the last one's page, no screenshot."""
-    return WebObservation(
+def _ended(last: WebObservation, error: str, step: int, failure: bool = True) -> WebObservation:
+    """An observation that ends the episode with ``error``: the last one's page, no screenshot;
+    marked as the environment's failure (:data:`~tapekit.environment.ENVIRONMENT_FAILURE`) unless
+    ``failure`` is false (the agent's own doing)."""
+    obs = WebObservation(
         **{
             **last.model_dump(exclude={"metadata", "kind", "screenshot"}),
             "last_action_error": error,
@@ -827,6 +828,9 @@ def _ended(last: WebObservation, error: str, step: int) -> WebObservation:
             "truncated": True,
         }
     )
+    if failure:
+        obs.metadata.other[ENVIRONMENT_FAILURE] = error
+    return obs
 
 
 def _timed(obs: WebObservation, started: float) -> WebObservation:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tapekit import Tape, async_main_loop, evaluate, main_loop, replay_tape
+from tapekit.environment import environment_failure
 from tapekit.web import (
     Click,
     Fill,
@@ -240,10 +241,14 @@ def test_hung_pages_become_error_observations_and_leave_no_process(tmp_path: Pat
         hung = observations(tape)[-1]
         assert hung.done and hung.truncated, hung
         assert "did not finish within" in hung.last_action_error, hung.last_action_error
-        never = observations(env.react(Tape(steps=[OpenTask(task="never-loads", seed=0)])))[-1]
+        assert environment_failure(tape) == hung.last_action_error  # not the agent's failure
+        never_tape = env.react(Tape(steps=[OpenTask(task="never-loads", seed=0)]))
+        never = observations(never_tape)[-1]
         assert never.done and "did not load" in never.last_action_error, never.last_action_error
+        assert environment_failure(never_tape) == never.last_action_error
         ok = env.react(Tape(steps=[OpenTask(task="loops", seed=0)]))  # the browser still works
         assert not observations(ok)[-1].done, observations(ok)[-1].last_action_error
+        assert environment_failure(ok) is None
         pids = sorted(set(pids) | set(env.browser_pids()))
     finally:
         env.close()
