@@ -34,6 +34,7 @@ from typing import Any, Literal
 from tapekit import (
     Agent,
     AssistantThought,
+    FunctionLLM,
     LLMOutput,
     LLMStream,
     Node,
@@ -63,6 +64,7 @@ __all__ = [
     "make_model",
     "make_problems",
     "make_setup",
+    "oracle_llm",
     "rollout_results",
 ]
 
@@ -336,6 +338,22 @@ def make_setup(reward: str = "digits") -> Any:
         scorers={"strict": strict, "lenient": lenient, "steps": step_credit, "digits": digit_share},
         reward=reward,
     )
+
+
+def oracle_llm() -> FunctionLLM:
+    """An LLM that solves every problem of :data:`PROBLEMS`: the problem's calculator calls one
+    turn at a time (each on the last result), then ``Answer: n``."""
+    by_question = {p.question: p for p in PROBLEMS}
+
+    def oracle(prompt: Prompt) -> str:
+        problem = by_question[next(m["content"] for m in prompt.messages if m["role"] == "user")]
+        results = [int(m["content"]) for m in prompt.messages if m["role"] == "tool"]
+        if len(results) == len(problem.operations):
+            return f"Answer: {results[-1]}"
+        op, operand = problem.operations[len(results)]
+        return f"calculator: {results[-1] if results else problem.start}{op}{operand}"
+
+    return FunctionLLM(fn=oracle)
 
 
 def make_model(path: Path | None = None) -> tuple[Any, Any]:

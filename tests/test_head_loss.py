@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tapekit.training._head_loss import labelled_loss, plain_head_parts
-from tests.train_helpers import make_model, sum_rows
+from tests.train_helpers import make_model, sum_rows, with_lora
 
 
 def padded_batch(tokenizer: Any, n: int = 6) -> dict[str, torch.Tensor]:
@@ -78,14 +78,8 @@ def test_packed_rows_same_loss_and_gradients() -> None:
 
 
 def test_lora_model_trains_only_the_adapter_with_the_same_loss() -> None:
-    from peft import LoraConfig, get_peft_model
-
     model, tok = make_model()
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    wrapped = get_peft_model(model, config)
-    for name, p in wrapped.named_parameters():  # a non-zero adapter, so its gradients are not trivial
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.1)
+    wrapped = with_lora(model)
     assert_same_loss_and_grads(wrapped, padded_batch(tok))
     assert all("lora_" in n for n, p in wrapped.named_parameters() if p.requires_grad)
 

@@ -158,20 +158,10 @@ def test_rollouts_are_scored_stored_tagged_and_become_rl_rows(tmp_path: Path) ->
 def test_rollouts_the_environment_ended_by_failing_are_counted_and_left_out(tmp_path: Path) -> None:
     # an environment whose answers to one task's tapes say it failed (as a crashed browser's
     # do): those rollouts are recorded and counted, but give no reward, no group and no rows
-    from tapekit import FunctionLLM, Prompt, Tape, UserStep, open_store
+    from tapekit import Tape, UserStep, open_store
     from tapekit.environment import ENVIRONMENT_FAILURE, Environment, environment_failure
     from tapekit.training.rollouts import collect_rollouts, live_groups, rollout_rows
-    from tests.rl_toy import PROBLEMS, make_model, make_setup
-
-    by_question = {p.question: p for p in PROBLEMS}
-
-    def oracle(prompt: Prompt) -> str:
-        problem = by_question[next(m["content"] for m in prompt.messages if m["role"] == "user")]
-        results = [int(m["content"]) for m in prompt.messages if m["role"] == "tool"]
-        if len(results) == len(problem.operations):
-            return f"Answer: {results[-1]}"
-        op, operand = problem.operations[len(results)]
-        return f"calculator: {results[-1] if results else problem.start}{op}{operand}"
+    from tests.rl_toy import make_model, make_setup, oracle_llm
 
     setup = make_setup()
     tasks = list(setup.tasks[:3])
@@ -188,7 +178,7 @@ def test_rollouts_the_environment_ended_by_failing_are_counted_and_left_out(tmp_
 
     store = open_store(str(tmp_path / "failing.db"))
     batch = collect_rollouts(
-        setup.agent_for(FunctionLLM(fn=oracle)), Failing(), tasks, setup.scorers, reward="steps",
+        setup.agent_for(oracle_llm()), Failing(), tasks, setup.scorers, reward="steps",
         group_size=2, step=0, policy_version=0, store=store, max_loops=4,
     )  # fmt: skip
     assert len(batch.tapes) == 6 and batch.failed == 0 and batch.environment_failures == 2
@@ -218,22 +208,12 @@ def test_the_toy_setup_scores_a_calculator_solution_in_full_and_its_tapes_replay
     # the toy itself (tests/rl_toy.py): an oracle that makes the problem's calculator calls one
     # turn at a time, then answers, gets the calculator's results and full marks on every task,
     # and its multi-turn tapes replay from the text the agent renders for each turn
-    from tapekit import FunctionLLM, Prompt, ToolResult, open_store, reconstruct_llm_calls, replay_tape
+    from tapekit import ToolResult, open_store, reconstruct_llm_calls, replay_tape
     from tapekit.training.rollouts import collect_rollouts
-    from tests.rl_toy import PROBLEMS, make_setup
-
-    by_question = {p.question: p for p in PROBLEMS}
-
-    def oracle(prompt: Prompt) -> str:
-        problem = by_question[next(m["content"] for m in prompt.messages if m["role"] == "user")]
-        results = [int(m["content"]) for m in prompt.messages if m["role"] == "tool"]
-        if len(results) == len(problem.operations):
-            return f"Answer: {results[-1]}"
-        op, operand = problem.operations[len(results)]
-        return f"calculator: {results[-1] if results else problem.start}{op}{operand}"
+    from tests.rl_toy import PROBLEMS, make_setup, oracle_llm
 
     setup = make_setup()
-    agent = setup.agent_for(FunctionLLM(fn=oracle))
+    agent = setup.agent_for(oracle_llm())
     store = open_store(str(tmp_path / "oracle.db"))
     batch = collect_rollouts(
         agent, setup.environment, list(setup.tasks), setup.scorers, reward="steps", group_size=1,

@@ -12,7 +12,7 @@ import torch
 from tapekit.training._head_loss import masked_token_logprobs
 from tapekit.training._shared_prefix import prefix_groups, shared_prefix_logprobs
 from tapekit.training.rl import RLConfig, grpo_step, make_rl_batch
-from tests.train_helpers import make_model
+from tests.train_helpers import make_model, with_lora
 
 
 def test_prefix_groups_pairs_rows_by_their_tokens_before_the_first_trained_one() -> None:
@@ -75,14 +75,8 @@ def test_shared_prefix_logprobs_and_gradients_equal_the_unshared_pass() -> None:
 
 
 def test_shared_prefix_with_a_lora_model() -> None:
-    from peft import LoraConfig, get_peft_model
-
     model, tok = make_model()
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    wrapped = get_peft_model(model, config)
-    for name, p in wrapped.named_parameters():  # a non-zero adapter, so its gradients are not trivial
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.1)
+    wrapped = with_lora(model)
     _assert_same_logprobs_and_grads(wrapped, tok)
 
 

@@ -26,6 +26,20 @@ def make_model(path: Any = None) -> tuple[Any, Any]:
     return make_tiny(texts, TINY, path=path)
 
 
+def with_lora(model: Any) -> Any:
+    """``model`` wrapped in a rank-4 LoRA adapter on q_proj and v_proj whose B matrices are
+    non-zero (a fresh adapter's are zero, which would make its gradients trivial)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    wrapped = get_peft_model(model, config)
+    for name, p in wrapped.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    return wrapped
+
+
 def sum_rows(tokenizer: Any, n: int = 40, start: int = 0) -> list[dict[str, Any]]:
     """``n`` samples of the training schema: the prompt masked out, the answer trained."""
     rows = []
