@@ -20,6 +20,8 @@ share a prefix, and the caller takes its unshared path.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -73,12 +75,11 @@ def shared_prefix_logprobs(
     return out
 
 
-def _cache_kwarg(decoder: Any) -> str:
-    """The name under which ``decoder.forward`` takes a key/value cache: ``cache`` in recent
-    transformers, ``past_key_values`` before."""
-    import inspect
-
-    params = inspect.signature(decoder.forward).parameters
+@functools.cache
+def _cache_kwarg(decoder_class: Any) -> str:
+    """The name under which the decoder class's ``forward`` takes a key/value cache: ``cache``
+    in recent transformers, ``past_key_values`` before (looked up once per class)."""
+    params = inspect.signature(decoder_class.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
@@ -120,7 +121,7 @@ def _group_logprobs(
             ids[j, : tails[j]] = input_ids[i, length : length + tails[j]]
             own[j, : tails[j]] = 1
         attention = torch.cat([torch.ones((k, length), dtype=torch.long, device=device), own], dim=1)
-        on_cache = {_cache_kwarg(decoder): cache}
+        on_cache = {_cache_kwarg(decoder.__class__): cache}
         hidden = decoder(input_ids=ids, attention_mask=attention, **on_cache).last_hidden_state
         hidden = torch.cat([last.expand(k, 1, -1), hidden], dim=1)  # [k, width + 1, H]
     else:
