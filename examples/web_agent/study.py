@@ -63,7 +63,8 @@ from tapekit.web.miniwob import SPLIT, eval_tasks, reward_scorer, start_tape
 from tapekit.web.teacher import teacher_agent
 
 ARMS = ("sft", "sft_rl", "rl")
-QUICK_TASK = "click-button"
+QUICK_TASK = "click-tab"
+QUICK_RL_LR = 5e-5
 
 
 @dataclass
@@ -82,6 +83,8 @@ class Settings:
     pool_eval: bool = False  # also evaluate each checkpoint on the RL pool (what GRPO trains on)
     checkpoints: int = 3
     sft_fraction: float = 1 / 3
+    sft_steps: int = 0  # > 0: the SFT stage to the branch point is this many optimiser steps, not seconds
+    rl_steps: int = 0  # > 0: the GRPO stage is this many steps, not the rest of the budget
     sft_lr: float = 5e-5
     sft_batch: int = 8
     rl_lr: float = 1e-5
@@ -187,7 +190,10 @@ class Budget(StepCallback):
     to the ledger (the run's setup is charged to its first step; the evaluations run here are
     not charged), with its tokens: for SFT the growth of the input tokens seen, for RL the
     step's trained and rollout tokens and episodes. When the ledger passes the next of ``ends``
-    (budget seconds), ``at_point(i)`` runs; after the last one the run stops. One run per arm
+    (budget seconds), ``at_point(i)`` runs; after the last one the run stops. With
+    ``unit="steps"`` the end points count the stage's own steps instead of the ledger's seconds
+    (the spending is charged all the same): a stage of a fixed number of steps trains the same
+    model on any machine, where a share of seconds gives a faster machine more steps. One run per arm
     and stage keeps the optimiser's moments, the data order and the curriculum going across
     checkpoints (a run per checkpoint restarted all three).
     """
@@ -199,11 +205,16 @@ class Budget(StepCallback):
         ends: list[float],
         at_point: Callable[[int], object],
         clock: Callable[[], float] = time.perf_counter,
+        unit: str = "seconds",
     ) -> None:
         if not ends or sorted(ends) != list(ends):
             raise ValueError(f"Budget needs end points in increasing order, got {ends}")
+        if unit not in ("seconds", "steps"):
+            raise ValueError(f"Budget counts 'seconds' or 'steps', got {unit!r}")
         self.ledger, self.stage, self.ends, self.at_point, self.clock = ledger, stage, ends, at_point, clock
+        self.unit = unit
         self.done = 0  # end points passed
+        self.steps = 0  # the stage's steps so far
         self.tokens_seen = 0
         self.start()
         self._reason = ""
@@ -218,6 +229,7 @@ class Budget(StepCallback):
         """Charge the step; evaluate at each end point passed; ``True`` after the last."""
         spent = self.clock() - self.started - self.evaluating
         seconds, self.charged = spent - self.charged, spent
+        self.steps += 1
         if record.trainer == "rl":
             m = record.metrics
             self.ledger.add(
@@ -236,15 +248,19 @@ class Budget(StepCallback):
             seen = int(record.tokens or self.tokens_seen)
             self.ledger.add(f"{self.stage}-step{record.step}", seconds, trained=seen - self.tokens_seen)
             self.tokens_seen = seen
-        while self.done < len(self.ends) and self.ledger.seconds >= self.ends[self.done]:
+        while self.done < len(self.ends) and self._progress() >= self.ends[self.done]:
             began = self.clock()
             self.at_point(self.done)
             self.evaluating += self.clock() - began
             self.done += 1
         if self.done == len(self.ends):
-            self._reason = f"{self.stage}: budget point {self.ends[-1]:.0f} s reached"
+            self._reason = f"{self.stage}: budget point {self.ends[-1]:.0f} {self.unit} reached"
             return True
         return None
+
+    def _progress(self) -> float:
+        """Where the stage stands, in the budget's unit."""
+        return self.ledger.seconds if self.unit == "seconds" else float(self.steps)
 
     @property
     def reason(self) -> str:
@@ -335,6 +351,58 @@ def evaluate_student(
     )
 
 
+def sampled_success(store: Any, run: str, steps: int, last: int = 2) -> dict[str, Any]:
+    """What GRPO's own rollouts say about the policy on the pool it trains on.
+
+    Each GRPO step rolls out the current policy (sampled, at the rollout temperature); step 0's
+    rollouts are the policy GRPO started from. Per pool task (a training seed): its success in
+    step 0's rollouts and in the ``last`` steps' rollouts (the policy at its last versions), and
+    the paired difference of the two over the tasks seen in both (bootstrap interval over
+    tasks, stratified by MiniWob++ task). Episodes the environment ended by its own failure are
+    left out, as GRPO leaves them out. A check of learning on training seeds, not a held-out
+    figure.
+    """
+    from tapekit.environment import ENVIRONMENT_FAILURE
+    from tapekit.evaluate import paired_difference
+    from tapekit.store import TapeFilter
+
+    per_step: list[dict[str, list[float]]] = []
+    for step in range(steps):
+        rewards: dict[str, list[float]] = {}
+        for tape_id in store.list_tapes(where=TapeFilter(tag=f"rl:{run}:step:{step}")):
+            result = store.get_tape(tape_id).metadata.result
+            if not result.get(ENVIRONMENT_FAILURE):  # collect_rollouts records the environment's failures
+                rewards.setdefault(result["task_id"], []).append(float(result["reward"]))
+        per_step.append(rewards)
+
+    def means(parts: list[dict[str, list[float]]]) -> dict[str, float]:
+        pooled: dict[str, list[float]] = {}
+        for part in parts:
+            for task, values in part.items():
+                pooled.setdefault(task, []).extend(values)
+        return {task: sum(v) / len(v) for task, v in sorted(pooled.items())}
+
+    out: dict[str, Any] = {
+        "per_step": [
+            sum(sum(v) for v in r.values()) / max(sum(len(v) for v in r.values()), 1) for r in per_step
+        ]
+    }
+    if steps <= last:
+        return out  # no step after the first ones to compare with
+    first, final = means(per_step[:1]), means(per_step[-last:])
+    shared = sorted(set(first) & set(final))
+    diff = paired_difference(
+        [final[t] for t in shared], [first[t] for t in shared], strata=[t.split("/")[0] for t in shared]
+    )
+    return {
+        **out,
+        "first": first,
+        "last": final,
+        "last_steps": last,
+        "difference": {"value": diff.value, "low": diff.low, "high": diff.high, "tasks": len(shared)},
+    }
+
+
 BRANCH = "branch"  # in an sft run's folder: its weights and ledger after the first SFT stage
 # what an sft run and the sft_rl run that branches from it must share
 _BRANCH_KEYS = (
@@ -400,6 +468,9 @@ def run_arm(settings: Settings) -> dict[str, Any]:
         raise ValueError(f"--arm must be one of {', '.join(ARMS)}, got {settings.arm!r}")
     if settings.branch_from and settings.arm != "sft_rl":
         raise ValueError("--branch-from continues an sft run: it is for --arm sft_rl only")
+    if settings.sft_steps < 0 or settings.rl_steps < 0:
+        steps = (settings.sft_steps, settings.rl_steps)
+        raise ValueError(f"sft_steps and rl_steps count steps (0: seconds), got {steps}")
     torch.manual_seed(settings.seed)
     torch.set_num_threads(settings.threads)
     out = Path(settings.out)
@@ -455,27 +526,31 @@ def run_arm(settings: Settings) -> dict[str, Any]:
             save()
         elif settings.arm in ("sft", "sft_rl"):
             tapes = teacher_tapes(settings, env, store, ledger)
-            ends = [branch_at]
-            if settings.arm == "sft" and n > 1:
-                ends += _stage_ends(branch_at, budget, n - 1)
+            if settings.sft_steps:  # the budget in steps: the branch point, then the rest in proportion
+                unit, ends = "steps", [float(settings.sft_steps)]
+                if settings.arm == "sft" and n > 1:
+                    ends += _stage_ends(settings.sft_steps, settings.sft_steps / settings.sft_fraction, n - 1)
+            else:
+                unit, ends = "seconds", [branch_at]
+                if settings.arm == "sft" and n > 1:
+                    ends += _stage_ends(branch_at, budget, n - 1)
 
             def sft_point(i: int) -> None:
                 point = checkpoint(f"sft{i}")
                 if i == 0 and settings.arm == "sft":
                     save_branch(out, model, ledger, point, settings)
 
-            sft_run(settings, model, tokenizer, tapes, Budget(ledger, "sft", ends, sft_point))
+            sft_run(settings, model, tokenizer, tapes, Budget(ledger, "sft", ends, sft_point, unit=unit))
         if settings.arm in ("sft_rl", "rl"):
             parts = n if settings.arm == "rl" else max(n - 1, 1)
-            ends = _stage_ends(ledger.seconds, budget, parts)
-            rl_run(
-                settings,
-                model,
-                tokenizer,
-                env,
-                store,
-                Budget(ledger, "rl", ends, lambda i: checkpoint(f"rl{i}")),
-            )
+            if settings.rl_steps:
+                unit, ends = "steps", _stage_ends(0, settings.rl_steps, parts)
+            else:
+                unit, ends = "seconds", _stage_ends(ledger.seconds, budget, parts)
+            rl_budget = Budget(ledger, "rl", ends, lambda i: checkpoint(f"rl{i}"), unit=unit)
+            rl_run(settings, model, tokenizer, env, store, rl_budget)
+            results["rl_sampled"] = sampled_success(store, "rl", rl_budget.steps)
+            save()
     store.close()
     return results
 
@@ -516,6 +591,15 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         default=None,
         help="sft_rl: continue from this sft run's first checkpoint instead of repeating its SFT",
     )
+    p.add_argument(
+        "--sft-steps",
+        type=int,
+        default=0,
+        help="SFT to the branch point in optimiser steps, not seconds (0: seconds)",
+    )
+    p.add_argument(
+        "--rl-steps", type=int, default=0, help="GRPO for this many steps, not seconds (0: seconds)"
+    )
     p.add_argument("--out", default=None)
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--quick", action="store_true", help=f"one task ({QUICK_TASK}), a small budget (CI)")
@@ -538,15 +622,21 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         checkpoints=a.checkpoints,
         start_eval=not a.no_start_eval,
         branch_from=a.branch_from,
+        sft_steps=a.sft_steps,
+        rl_steps=a.rl_steps,
     )
     if s.checkpoints < 1:
         p.error(f"--checkpoints must be at least 1, got {s.checkpoints}")
+    if s.sft_steps < 0 or s.rl_steps < 0:
+        p.error("--sft-steps and --rl-steps count steps (0: the budget's seconds)")
     if a.tasks:
         s.tasks = [t.removeprefix("miniwob.") for t in a.tasks]
-    if a.quick:
-        s.tasks, s.budget_seconds, s.teacher_seeds, s.rl_seeds = [QUICK_TASK], 150.0, 4, 8
-        s.val_seeds, s.checkpoints, s.tasks_per_step, s.rl_lr = 8, 2, 2, 2e-5
-        s.pool_eval = True  # the 8 pool seeds GRPO trains on, scored at each checkpoint
+    if a.quick:  # docs/experiments/web-training.md, "A fixed student ..." for how this was chosen
+        s.tasks, s.teacher_seeds, s.rl_seeds, s.val_seeds, s.checkpoints = [QUICK_TASK], 4, 8, 0, 2
+        s.sft_lr, s.sft_steps = 1e-5, 10  # a weak SFT: the student half-solves the task, stochastically
+        s.rl_steps, s.rl_lr = 10, QUICK_RL_LR
+        s.tasks_per_step, s.group_size = 8, 4  # every pool seed in every step, 4 attempts each
+        s.pool_eval = True  # the 8 pool seeds GRPO trains on, scored greedily at each checkpoint
     s.out = a.out or f"web-study/{s.arm}-seed{s.seed}"
     return s
 

@@ -60,41 +60,47 @@ def test_arguments_are_checked() -> None:
 @pytest.mark.train
 @pytest.mark.browser
 @pytest.mark.skipif(bool(MISSING), reason="needs " + ", ".join(MISSING))
-def test_quick_sft_then_rl_runs_to_its_budget_and_records_every_checkpoint(tmp_path: Path) -> None:
-    out = tmp_path / "study"
-    args = ("--quick", "--arm", "sft_rl", "--out", str(out))
-    proc = run_command("examples/web_agent/study.py", *args, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((out / "results.json").read_text())
-    labels = [c["label"] for c in results["checkpoints"]]
-    assert labels == ["start", "sft0", "rl0"]
-    ledger = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
-    stages = [x["stage"] for x in ledger]
-    kinds = [s.split("-step")[0] for s in stages]
-    assert kinds[0] == "teacher" and kinds[1] == "sft" and "rl" in kinds  # a line per step, in order
-    assert kinds == sorted(kinds, key=["teacher", "sft", "rl"].index)
-    budget = results["settings"]["budget_seconds"]
-    sft_end = max(i for i, k in enumerate(kinds) if k == "sft")
-    # the branch point is evaluated at the first SFT step past a third of the budget
-    assert results["checkpoints"][1]["seconds"] == ledger[sft_end]["seconds"] >= budget / 3
-    steps = [x for x in ledger if x["stage"].startswith("rl-")]
-    assert ledger[-1]["seconds"] >= budget  # the budget is spent ...
-    assert ledger[-1]["seconds"] - budget < max(x["step_seconds"] for x in steps)  # ... one step past at most
-    assert ledger[-1]["flops"] > ledger[sft_end]["flops"] > 0 and ledger[-1]["rollout_tokens"] > 0
-    rl_log = [json.loads(x) for x in (out / "rl" / "rl_log.jsonl").read_text().splitlines()]
-    assert rl_log and all(r["rollouts"] == 8 for r in rl_log)  # 2 tasks x groups of 4
+def test_quick_grpo_raises_the_sampled_success_of_the_sft_student_on_the_seeds_it_trains_on(
+    tmp_path: Path,
+) -> None:
+    """``--quick``: a weak SFT student (10 steps) half-solves click-tab; 10 GRPO steps, each on
+    every seed of the 8-seed pool, raise its sampled success there (the setting and this
+    assertion were fixed before the runs that chose the learning rate:
+    docs/experiments/web-training.md)."""
     from examples.web_agent import study
 
-    pool = {t.id for t in study.rl_tasks(study.parse_args(["--quick"]))}
+    out = tmp_path / "study"
+    args = ("--quick", "--arm", "sft_rl", "--out", str(out))
+    proc = run_command("examples/web_agent/study.py", *args, timeout=2400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    settings = study.parse_args(["--quick"])
+    results = json.loads((out / "results.json").read_text())
+    assert [c["label"] for c in results["checkpoints"]] == ["start", "sft0", "rl0"]
+    ledger = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
+    kinds = [x["stage"].split("-step")[0] for x in ledger]
+    assert (
+        kinds == ["teacher"] + ["sft"] * settings.sft_steps + ["rl"] * settings.rl_steps
+    )  # steps, not seconds
+    sft_end = len(kinds) - settings.rl_steps - 1
+    assert results["checkpoints"][1]["seconds"] == ledger[sft_end]["seconds"]  # the branch point
+    assert ledger[-1]["flops"] > ledger[sft_end]["flops"] > 0 and ledger[-1]["rollout_tokens"] > 0
+    rl_log = [json.loads(x) for x in (out / "rl" / "rl_log.jsonl").read_text().splitlines()]
+    assert len(rl_log) == settings.rl_steps
+    assert all(r["rollouts"] == 32 and r["environment_failures"] == 0 for r in rl_log)
+    pool = {t.id for t in study.rl_tasks(settings)}
     import tapekit.web  # noqa: F401  (the web steps, to read the tapes back)
     from tests.rl_toy import rollout_results
 
-    trained = {task for step in rollout_results(out / "tapes.db", "rl", len(rl_log)) for task, _ in step}
-    assert len(pool) == 8 and trained and trained <= pool  # GRPO sampled the pool that is scored
+    for step in rollout_results(out / "tapes.db", "rl", len(rl_log)):
+        assert {task for task, _ in step} == pool and len(step) == 4 * len(pool)  # every seed, every step
     for point in results["checkpoints"]:
-        per_task = point["validation"]["per_task"]
-        assert len(per_task) == 8 and all(v in (0.0, 1.0) for v in per_task.values())
-        assert set(point["pool"]["per_task"]) == pool  # the pool's seeds, scored at every checkpoint
+        assert set(point["pool"]["per_task"]) == pool  # the pool's seeds, scored greedily at every checkpoint
+    sampled = results["rl_sampled"]
+    assert sampled["per_step"] == pytest.approx([r["reward_mean"] for r in rl_log])
+    # the claim: the policy's success on the seeds it trains on, sampled as GRPO samples it, is
+    # higher in the last two steps than the SFT student's (step 0), paired over the 8 seeds
+    diff = sampled["difference"]
+    assert diff["tasks"] == len(pool) and diff["low"] > 0, (diff, sampled["per_step"])
 
 
 def test_an_sft_run_hands_its_first_checkpoint_to_the_sft_rl_run_of_the_same_seed(tmp_path: Path) -> None:
@@ -185,6 +191,65 @@ def test_one_run_per_stage_charges_each_step_and_evaluates_at_each_point_uncharg
     assert parsed.branch_from == "x" and not parsed.start_eval and parsed.checkpoints == 2
     with pytest.raises(SystemExit):
         study.parse_args(["--checkpoints", "0"])
+
+
+def test_a_stage_counted_in_steps_ends_after_its_steps_on_any_clock(tmp_path: Path) -> None:
+    from examples.web_agent import study
+    from tapekit.training import StepRecord
+
+    now = [0.0]
+    points: list[int] = []
+    ledger = study.Ledger(tmp_path / "ledger.jsonl", n_params=10)
+    budget = study.Budget(ledger, "sft", [2.0, 4.0], points.append, clock=lambda: now[0], unit="steps")
+    stops = []
+    for step in range(1, 10):
+        now[0] += 1000.0 * step  # slow steps: seconds do not matter
+        stops.append(budget.on_step(StepRecord(trainer="sft", step=step, seconds=now[0], tokens=10 * step)))
+        if stops[-1]:
+            break
+    assert points == [0, 1] and stops == [None, None, None, True] and budget.steps == 4
+    assert "4 steps" in budget.reason and ledger.seconds == 10_000.0  # the time is still charged
+    with pytest.raises(ValueError, match="'seconds' or 'steps'"):
+        study.Budget(ledger, "sft", [1.0], points.append, unit="tokens")
+    with pytest.raises(ValueError, match="count steps"):
+        study.run_arm(study.Settings(sft_steps=-1, out=str(tmp_path / "x")))
+    with pytest.raises(SystemExit):
+        study.parse_args(["--rl-steps", "-2"])
+    quick = study.parse_args(["--quick"])
+    assert quick.sft_steps > 0 and quick.rl_steps > 0 and quick.tasks_per_step == quick.rl_seeds
+
+
+def test_sampled_success_compares_the_first_step_with_the_last_ones_per_pool_seed(tmp_path: Path) -> None:
+    from examples.web_agent import study
+    from tapekit import Tape
+    from tapekit.environment import ENVIRONMENT_FAILURE
+    from tapekit.store import open_store
+
+    store = open_store(str(tmp_path / "tapes.db"))
+    # step 0: seed a solved 1 of 2, seed b 0 of 2; steps 1-2: a 2 of 2 each, b 1 of 2 each
+    outcomes = {
+        0: {"t/a": [1, 0], "t/b": [0, 0]},
+        1: {"t/a": [1, 1], "t/b": [1, 0]},
+        2: {"t/a": [1, 1], "t/b": [0, 1]},
+    }
+    for step, per_task in outcomes.items():
+        for task, rewards in per_task.items():
+            for r in rewards:
+                tape = Tape(steps=[]).with_metadata(result={"task_id": task, "reward": float(r)})
+                store.save_tape(tape, tags=[f"rl:rl:step:{step}"])
+    # ended by the environment: not the policy's outcome, left out
+    broken = {"task_id": "t/b", "reward": 0.0, ENVIRONMENT_FAILURE: "the page hung"}
+    store.save_tape(Tape(steps=[]).with_metadata(result=broken), tags=["rl:rl:step:2"])
+    out = study.sampled_success(store, "rl", 3)
+    store.close()
+    assert out["first"] == {"t/a": 0.5, "t/b": 0.0} and out["last"] == {"t/a": 1.0, "t/b": 0.5}
+    assert out["per_step"] == [0.25, 0.75, 0.75]
+    assert out["difference"]["value"] == pytest.approx(0.5) and out["difference"]["tasks"] == 2
+    assert out["difference"]["low"] <= 0.5 <= out["difference"]["high"]
+    # two steps: nothing after the ones compared with
+    empty = open_store(str(tmp_path / "empty.db"))
+    assert "difference" not in study.sampled_success(empty, "rl", 2)
+    empty.close()
 
 
 def _write_run(folder: Path, arm: str, seed: int, test: dict[str, float], start: bool = False) -> None:
