@@ -501,6 +501,47 @@ def test_train_rl_cli_killed_mid_step_resumes_to_the_same_result(tmp_path: Path)
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
 
 
+CLOSED: list[bool] = []  # closing_setup's environments, closed
+
+
+def closing_setup(reward: str = "digits") -> Any:
+    """``tests.rl_toy.make_setup`` whose environment records being closed (a web environment
+    closes its browser), for ``tapekit train rl``."""
+    from tests.rl_toy import make_setup
+
+    setup = make_setup(reward)
+    setup.environment.close = lambda: CLOSED.append(True)
+    return setup
+
+
+def test_train_rl_cli_passes_setup_args_checks_them_and_closes_the_environment(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tapekit.cli import app
+    from tests.rl_toy import make_model
+
+    make_model(tmp_path / "model")
+    base = {"setup": "tests.test_rl_loop:closing_setup", "model": str(tmp_path / "model"), "steps": 1}
+    base |= {"tasks_per_step": 2, "group_size": 2, "max_tokens": 8, "max_loops": 2}
+    runner = CliRunner()
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(
+        json.dumps({**base, "setup_args": {"rewards": "steps"}, "output_dir": str(tmp_path / "w")})
+    )
+    failed = runner.invoke(app, ["train", "rl", str(wrong)])
+    assert failed.exit_code == 2 and "does not take setup_args {'rewards': 'steps'}" in failed.output
+    assert not CLOSED  # nothing was built
+    good = tmp_path / "good.json"
+    good.write_text(
+        json.dumps({**base, "setup_args": {"reward": "steps"}, "output_dir": str(tmp_path / "g")})
+    )
+    done = runner.invoke(app, ["train", "rl", str(good)])
+    assert done.exit_code == 0, done.output
+    record = json.loads((tmp_path / "g" / "rl_log.jsonl").read_text().splitlines()[0])
+    assert record["reward_mean"] == record["score_steps"]  # the setup was built with reward="steps"
+    assert CLOSED == [True]
+
+
 def test_callbacks_get_typed_records_and_stop_the_run_on_a_budget(tmp_path: Path) -> None:
     from tapekit.training.callbacks import StepCallback, StepRecord, StopAfter
     from tapekit.training.rl_loop import train_rl

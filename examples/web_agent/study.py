@@ -306,19 +306,42 @@ def rl_tasks(settings: Settings) -> list[Task]:
     ]
 
 
-def rl_run(
-    settings: Settings, model: Any, tokenizer: Any, env: WebEnvironment, store: Any, budget: Budget
-) -> None:
-    """GRPO in the browser until ``budget`` passes its last point (train_rl with a web setup;
-    the model is trained in place)."""
-    budget.start()
-    setup = RLSetup(
+def rl_setup(
+    tasks: list[str] | None = None,
+    seed: int = 0,
+    rl_seeds: int = 8,
+    *,
+    environment: WebEnvironment | None = None,
+    timeout_s: float = 30.0,
+    max_concurrent: int = 32,
+    screenshots: bool = False,
+) -> RLSetup:
+    """GRPO for the student in the browser: the RL pool of study seed ``seed`` (``rl_seeds``
+    training seeds of each of ``tasks``; default all training tasks), the binary MiniWob++
+    reward. ``tapekit train rl`` builds it from a config (``setup:
+    examples.web_agent.study:rl_setup`` with ``setup_args``; a new headless Chromium is
+    launched, and closed with the run); the study passes its own ``environment``."""
+    settings = Settings(seed=seed, rl_seeds=rl_seeds, tasks=list(tasks or SPLIT.train_tasks))
+    settings.tasks = [t.removeprefix("miniwob.") for t in settings.tasks]
+    env = environment or WebEnvironment(
+        max_concurrent=max_concurrent, timeout_s=timeout_s, screenshots=screenshots
+    )
+    return RLSetup(
         agent_for=student_agent,
         environment=env,
         tasks=rl_tasks(settings),
         scorers={"reward": reward_scorer},
         reward="reward",
     )
+
+
+def rl_run(
+    settings: Settings, model: Any, tokenizer: Any, env: WebEnvironment, store: Any, budget: Budget
+) -> None:
+    """GRPO in the browser until ``budget`` passes its last point (train_rl with a web setup;
+    the model is trained in place)."""
+    budget.start()
+    setup = rl_setup(settings.tasks, settings.seed, settings.rl_seeds, environment=env)
     config = RLRunConfig(
         output_dir=str(Path(settings.out) / "rl"),
         run_name="rl",

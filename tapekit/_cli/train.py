@@ -122,6 +122,8 @@ def dpo_command(
 
 def _rl(config_file: Path | None, overrides: dict[str, Any]) -> None:
     try:
+        import inspect
+
         from tapekit._cli.common import project_on_path
         from tapekit._loading import load_object
         from tapekit.training._common import TrainingError
@@ -134,13 +136,25 @@ def _rl(config_file: Path | None, overrides: dict[str, Any]) -> None:
                 "tapekit train rl needs `setup` (module:attr) and `model` (a model directory)"
             )
         project_on_path()
-        setup = load_object(config.setup)()
+        make_setup = load_object(config.setup)
+        try:  # the arguments are checked against the callable, not caught from inside it
+            inspect.signature(make_setup).bind(**config.setup_args)
+        except TypeError as e:
+            raise TrainingError(
+                f"setup {config.setup!r} does not take setup_args {config.setup_args}: {e}"
+            ) from None
+        setup = make_setup(**config.setup_args)
         if not isinstance(setup, RLSetup):
             raise TrainingError(f"setup {config.setup!r} must return an RLSetup, got {type(setup).__name__}")
         from tapekit.training.tiny import load_tiny
 
         model, tokenizer = load_tiny(config.model)
-        result = train_rl(setup, model, tokenizer, config, on_step=_echo_step)
+        try:
+            result = train_rl(setup, model, tokenizer, config, on_step=_echo_step)
+        finally:  # an environment with a browser or a server behind it is closed with the run
+            close = getattr(setup.environment, "close", None)
+            if callable(close):
+                close()
         final = Path(config.output_dir) / "final"
         if not _main_process():
             return  # data-parallel: the ranks ended with equal weights (checked); rank 0 saves

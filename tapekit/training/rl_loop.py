@@ -59,9 +59,10 @@ LOG = "rl_log.jsonl"
 class RLRunConfig(BaseModel):
     """Settings of an RL run (``tapekit train rl CONFIG`` reads them from YAML/JSON).
 
-    ``setup`` (CLI) names a ``module:attr`` callable returning an :class:`RLSetup`; ``model`` a
-    local model directory. ``tasks_per_step`` x ``group_size`` rollouts per step, sampled at
-    ``temperature`` with at most ``max_tokens`` per call. ``curriculum``: ``"sec"``,
+    ``setup`` (CLI) names a ``module:attr`` callable returning an :class:`RLSetup`, called with
+    ``setup_args`` as keyword arguments (which tasks, which seeds: the run's data, in its
+    config); ``model`` a local model directory. ``tasks_per_step`` x ``group_size`` rollouts
+    per step, sampled at ``temperature`` with at most ``max_tokens`` per call. ``curriculum``: ``"sec"``,
     ``"uniform"`` or ``"fixed"`` (``fixed_order``, ``steps_per_category``). The GRPO fields are
     those of :class:`~tapekit.training.rl.RLConfig`. Each step's rollouts are used for
     ``ppo_epochs`` passes of ``minibatches`` optimiser steps each (minibatches of whole groups;
@@ -83,6 +84,7 @@ class RLRunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     setup: str | None = None
+    setup_args: dict[str, Any] = Field(default_factory=dict)
     model: str | None = None
     output_dir: str = "tapekit-rl"
     run_name: str = "rl"

@@ -309,3 +309,88 @@ def test_the_study_report_pairs_arms_on_the_same_seed_and_test_pairs(tmp_path: P
     assert rl_sft["per_seed"] == {0: pytest.approx(-0.4)} and sft_base["per_seed"][1] == pytest.approx(1.0)
     with pytest.raises(SystemExit, match=r"no results\.json"):
         report.load_runs([tmp_path / "missing"])
+
+
+@pytest.mark.slow
+@pytest.mark.train
+@pytest.mark.browser
+@pytest.mark.skipif(bool(MISSING), reason="needs " + ", ".join(MISSING))
+def test_the_rl_arm_runs_through_tapekit_train_rl_and_resumes_after_a_kill(tmp_path: Path) -> None:
+    """``tapekit train rl`` with the study's web setup named in its config: killed (SIGKILL)
+    during its second step, run again with ``--resume``, it ends with every step logged once;
+    the rollout tapes are in the store with their step and policy version, screenshots in them
+    (what the Studio shows), and no browser of the killed process is left running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tapekit.llm import TransformersLLM
+    from tapekit.store import TapeFilter, open_store
+    from tapekit.web import WebObservation
+
+    model, tokenizer = TransformersLLM(device="cpu", dtype="float32").load()
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    del model
+    config = {
+        "setup": "examples.web_agent.study:rl_setup",
+        "setup_args": {"tasks": ["click-tab"], "rl_seeds": 2, "screenshots": True},
+        "model": str(tmp_path / "model"),
+        "output_dir": str(tmp_path / "rl"),
+        "steps": 3,
+        "tasks_per_step": 2,
+        "group_size": 2,
+        "max_tokens": 32,
+        "max_loops": None,
+        "learning_rate": 1e-5,
+        "scale_rewards": False,
+        "micro_batch_size": 4,
+        "curriculum": "uniform",
+    }
+    (tmp_path / "rl.json").write_text(json.dumps(config))
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, "-m", "tapekit.cli", "train", "rl", str(tmp_path / "rl.json")]
+
+    def browsers() -> set[int]:  # the headless Chromium processes of these runs (their user data dirs)
+        found = subprocess.run(["pgrep", "-f", "tapekit-browser="], capture_output=True, text=True)
+        return {int(x) for x in found.stdout.split()}
+
+    before = browsers()
+    killed = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = tmp_path / "rl" / "rl_log.jsonl"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and (not log.exists() or not log.read_text().strip()):
+        time.sleep(0.2)
+    time.sleep(2.0)  # into the second step's rollouts: the browser is busy
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert killed.returncode == -signal.SIGKILL
+    assert len(log.read_text().splitlines()) == 1, "the run must be killed in its second step"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and browsers() - before:
+        time.sleep(0.5)
+    assert not browsers() - before, "the killed run's browser is still running"
+
+    resumed = subprocess.run(
+        [*command, "--resume"], cwd=root, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    records = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2] and all(r["rollouts"] == 4 for r in records)
+    assert (tmp_path / "rl" / "final" / "model.safetensors").is_file()
+    assert not browsers() - before  # the resumed run closed its browser
+    store = open_store(str(tmp_path / "rl" / "rollouts.db"))
+    try:
+        for step in range(3):
+            ids = store.list_tapes(where=TapeFilter(tag=f"rl:rl:step:{step}"))
+            tapes = [store.get_tape(i) for i in ids]
+            # the step's rollouts, with its policy version (the killed step's rollouts run again)
+            assert len({t.metadata.result["task_id"] for t in tapes}) == 2 and len(tapes) >= 4
+            assert set(ids) <= set(store.list_tapes(where=TapeFilter(tag=f"rl:rl:policy:{step}")))
+            shots = [s.screenshot for t in tapes for s in t.steps if isinstance(s, WebObservation)]
+            assert shots and all(shots)  # each observation with its screenshot
+    finally:
+        store.close()
