@@ -88,6 +88,7 @@ class Settings:
     sft_lr: float = 5e-5
     sft_batch: int = 8
     rl_lr: float = 1e-5
+    kl_coef: float = 0.0  # > 0: a KL penalty to the policy GRPO started from (the SFT student)
     temperature: float = 1.0
     tasks_per_step: int = 4
     group_size: int = 4
@@ -352,6 +353,7 @@ def rl_run(
         max_tokens=settings.max_tokens,
         max_loops=None,
         learning_rate=settings.rl_lr,
+        kl_coef=settings.kl_coef,
         scale_rewards=settings.scale_rewards,
         micro_batch_size=4,  # samples per forward/backward: the whole batch at once held ~8 GB
         curriculum=settings.curriculum,  # type: ignore[arg-type]
@@ -600,6 +602,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--group-size", type=int, default=4, help="rollouts per task in a GRPO step")
     p.add_argument("--tasks-per-step", type=int, default=4, help="tasks (groups) in a GRPO step")
     p.add_argument("--rl-lr", type=float, default=1e-5)
+    p.add_argument("--kl-coef", type=float, default=0.0, help="GRPO's KL penalty to its start")
     p.add_argument("--sft-lr", type=float, default=5e-5)
     p.add_argument("--val-seeds", type=int, default=5, help="validation seeds per task (0: none)")
     p.add_argument("--test-seeds", type=int, default=12)
@@ -638,6 +641,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         group_size=a.group_size,
         tasks_per_step=a.tasks_per_step,
         rl_lr=a.rl_lr,
+        kl_coef=a.kl_coef,
         sft_lr=a.sft_lr,
         val_seeds=a.val_seeds,
         test_seeds=a.test_seeds,
