@@ -64,7 +64,7 @@ from tapekit.web.teacher import teacher_agent
 
 ARMS = ("sft", "sft_rl", "rl")
 QUICK_TASK = "click-tab"
-QUICK_RL_LR = 5e-5
+QUICK_RL_LR = 2e-5
 
 
 @dataclass
@@ -81,6 +81,7 @@ class Settings:
     test_seeds: int = 12
     test: bool = False
     pool_eval: bool = False  # also evaluate each checkpoint on the RL pool (what GRPO trains on)
+    pool_samples: int = 0  # > 0: also that many sampled episodes per pool seed at each checkpoint
     checkpoints: int = 3
     sft_fraction: float = 1 / 3
     sft_steps: int = 0  # > 0: the SFT stage to the branch point is this many optimiser steps, not seconds
@@ -366,13 +367,29 @@ def rl_run(
 
 
 def evaluate_student(
-    model: Any, tokenizer: Any, env: WebEnvironment, tasks: list[Task], name: str, store: Any
+    model: Any,
+    tokenizer: Any,
+    env: WebEnvironment,
+    tasks: list[Task],
+    name: str,
+    store: Any,
+    *,
+    temperature: float = 0.0,
+    k: int = 1,
 ) -> EvalReport:
-    """Greedy episodes of the current weights (all at once, decoded in batches)."""
-    llm = BatchedTransformersLLM.from_model(model, tokenizer, temperature=0.0, max_tokens=32)
+    """Episodes of the current weights, greedy by default (``k`` sampled attempts per task at
+    ``temperature`` otherwise), decoded in batches of at most 32 episodes."""
+    llm = BatchedTransformersLLM.from_model(model, tokenizer, temperature=temperature, max_tokens=32)
     llm.batcher.max_wait_s = 0.5  # the episodes' next requests arrive within a browser step
     return evaluate(
-        student_agent(llm), env, tasks, reward_scorer, name=name, store=store, max_concurrency=len(tasks)
+        student_agent(llm),
+        env,
+        tasks,
+        reward_scorer,
+        k=k,
+        name=name,
+        store=store,
+        max_concurrency=min(len(tasks) * k, 32),
     )
 
 
@@ -426,6 +443,20 @@ def sampled_success(store: Any, run: str, steps: int, last: int = 2) -> dict[str
         "last_steps": last,
         "difference": {"value": diff.value, "low": diff.low, "high": diff.high, "tasks": len(shared)},
     }
+
+
+def pool_gain(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The sampled success on the pool's seeds from checkpoint ``before`` to ``after``: the
+    paired difference over the seeds, bootstrap interval stratified by MiniWob++ task."""
+    from tapekit.evaluate import paired_difference
+
+    a, b = after["pool_sampled"]["per_task"], before["pool_sampled"]["per_task"]
+    seeds = sorted(set(a) & set(b))
+    d = paired_difference(
+        [a[t] for t in seeds], [b[t] for t in seeds], strata=[t.split("/")[0] for t in seeds]
+    )
+    return {"from": before["label"], "to": after["label"], "value": d.value, "low": d.low, "high": d.high,
+            "tasks": len(seeds)}  # fmt: skip
 
 
 BRANCH = "branch"  # in an sft run's folder: its weights and ledger after the first SFT stage
@@ -533,6 +564,16 @@ def run_arm(settings: Settings) -> dict[str, Any]:
                     "high": score.high,
                     "per_task": {s.task_id: _reward(s) for s in part.samples},
                 }
+        if pool and settings.pool_samples:  # the policy as GRPO samples it, on the pool's seeds
+            report = evaluate_student(
+                model, tokenizer, env, pool, f"{settings.arm}-s{settings.seed}-{label}-sampled", store,
+                temperature=settings.temperature, k=settings.pool_samples,
+            )  # fmt: skip
+            per_seed: dict[str, list[float]] = {}
+            for sample in report.samples:
+                per_seed.setdefault(sample.task_id, []).append(_reward(sample))
+            rates = {task: sum(v) / len(v) for task, v in sorted(per_seed.items())}
+            point["pool_sampled"] = {"success": sum(rates.values()) / len(rates), "per_task": rates}
         results["checkpoints"].append(point)
         shown = {
             k: round(v["success"], 3) for k, v in point.items() if isinstance(v, dict) and "success" in v
@@ -575,6 +616,10 @@ def run_arm(settings: Settings) -> dict[str, Any]:
             rl_budget = Budget(ledger, "rl", ends, lambda i: checkpoint(f"rl{i}"), unit=unit)
             rl_run(settings, model, tokenizer, env, store, rl_budget)
             results["rl_sampled"] = sampled_success(store, "rl", rl_budget.steps)
+            # GRPO's start (the branch point; for rl the untrained student, when evaluated) to its end
+            starts = [c for c in results["checkpoints"] if c["label"] in ("sft0", "start")]
+            if settings.pool_samples and starts:
+                results["pool_sampled_gain"] = pool_gain(starts[-1], results["checkpoints"][-1])
             save()
     store.close()
     return results
@@ -591,6 +636,12 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         "--pool-eval",
         action="store_true",
         help="also score each checkpoint on the RL pool's training seeds (what GRPO trains on)",
+    )
+    p.add_argument(
+        "--pool-samples",
+        type=int,
+        default=0,
+        help="with --pool-eval: also this many sampled episodes per pool seed at each checkpoint",
     )
     p.add_argument("--curriculum", choices=["sec", "uniform"], default="sec")
     p.add_argument(
@@ -636,6 +687,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         budget_seconds=a.budget_seconds,
         test=a.test,
         pool_eval=a.pool_eval,
+        pool_samples=a.pool_samples,
         curriculum=a.curriculum,
         temperature=a.temperature,
         group_size=a.group_size,
@@ -654,6 +706,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     )
     if s.checkpoints < 1:
         p.error(f"--checkpoints must be at least 1, got {s.checkpoints}")
+    if s.pool_samples < 0 or (s.pool_samples and not s.pool_eval):
+        p.error("--pool-samples counts sampled episodes per pool seed and needs --pool-eval")
     if s.sft_steps < 0 or s.rl_steps < 0:
         p.error("--sft-steps and --rl-steps count steps (0: the budget's seconds)")
     if a.tasks:
@@ -663,7 +717,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         s.sft_lr, s.sft_steps = 1e-5, 10  # a weak SFT: the student half-solves the task, stochastically
         s.rl_steps, s.rl_lr = 10, QUICK_RL_LR
         s.tasks_per_step, s.group_size = 8, 4  # every pool seed in every step, 4 attempts each
-        s.pool_eval = True  # the 8 pool seeds GRPO trains on, scored greedily at each checkpoint
+        s.pool_eval, s.pool_samples = True, 8  # the 8 pool seeds GRPO trains on: greedy, and 8 samples each
     s.out = a.out or f"web-study/{s.arm}-seed{s.seed}"
     return s
 

@@ -64,15 +64,16 @@ def test_quick_grpo_raises_the_sampled_success_of_the_sft_student_on_the_seeds_i
     tmp_path: Path,
 ) -> None:
     """``--quick``: a weak SFT student (10 steps) half-solves click-tab; 10 GRPO steps, each on
-    every seed of the 8-seed pool, raise its success there (the setting was fixed before any
-    probe; this assertion after the first one: docs/experiments/web-training.md)."""
+    every seed of the 8-seed pool, raise its success there (docs/experiments/web-training.md:
+    how the setting and the assertion were fixed, and the runs that tested them)."""
     from examples.web_agent import study
 
     out = tmp_path / "study"
-    args = ("--quick", "--arm", "sft_rl", "--out", str(out))
+    # seed 3: the first of the three seeds the setting was tested on after it was chosen on 0-2
+    args = ("--quick", "--arm", "sft_rl", "--seed", "3", "--out", str(out))
     proc = run_command("examples/web_agent/study.py", *args, timeout=2400)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    settings = study.parse_args(["--quick"])
+    settings = study.parse_args(["--quick", "--seed", "3"])
     results = json.loads((out / "results.json").read_text())
     assert [c["label"] for c in results["checkpoints"]] == ["start", "sft0", "rl0"]
     ledger = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
@@ -96,15 +97,15 @@ def test_quick_grpo_raises_the_sampled_success_of_the_sft_student_on_the_seeds_i
         assert set(point["pool"]["per_task"]) == pool  # the pool's seeds, scored greedily at every checkpoint
     sampled = results["rl_sampled"]
     assert sampled["per_step"] == pytest.approx([r["reward_mean"] for r in rl_log])
-    # the claim, on the seeds GRPO trains on: the policy's success sampled as GRPO samples it is
-    # higher in the last two steps than the SFT student's (step 0), averaged over the 8 seeds, and
-    # greedy decoding solves more of them after GRPO than after SFT. Not its interval: on 8 seeds
-    # the paired bootstrap's lower end was 0.0 in the first probe (+0.36 [0.00, 0.69]; GRPO
-    # settles most seeds on the right tab and a few on a wrong one); the interval over the
-    # probes' pooled seeds is in docs/experiments/web-training.md.
-    diff = sampled["difference"]
+    # the claim, on the seeds GRPO trains on: after GRPO, greedy decoding solves more of them
+    # than the SFT student did, and the policy's success sampled as GRPO samples it (8 episodes
+    # per seed at each of the two checkpoints) is higher. Point estimates: on 8 seeds the paired
+    # interval is too wide for a CI assertion (docs/experiments/web-training.md, where the
+    # probes that fixed this setting and assertion are, with their pooled interval).
+    gain = results["pool_sampled_gain"]
+    assert (gain["from"], gain["to"], gain["tasks"]) == ("sft0", "rl0", len(pool))
     sft, rl = (results["checkpoints"][i]["pool"]["success"] for i in (1, 2))
-    assert diff["tasks"] == len(pool) and diff["value"] > 0 and rl > sft, (diff, sampled["per_step"], sft, rl)
+    assert gain["value"] > 0 and rl > sft, (gain, sft, rl, sampled["per_step"])
 
 
 def test_an_sft_run_hands_its_first_checkpoint_to_the_sft_rl_run_of_the_same_seed(tmp_path: Path) -> None:
