@@ -60,20 +60,19 @@ def test_arguments_are_checked() -> None:
 @pytest.mark.train
 @pytest.mark.browser
 @pytest.mark.skipif(bool(MISSING), reason="needs " + ", ".join(MISSING))
-def test_quick_grpo_raises_the_sampled_success_of_the_sft_student_on_the_seeds_it_trains_on(
+def test_quick_sft_then_grpo_on_every_pool_seed_records_greedy_and_sampled_success_at_each_checkpoint(
     tmp_path: Path,
 ) -> None:
     """``--quick``: a weak SFT student (10 steps) half-solves click-tab; 10 GRPO steps, each on
-    every seed of the 8-seed pool, raise its success there (docs/experiments/web-training.md:
-    how the setting and the assertion were fixed, and the runs that tested them)."""
+    every seed of the 8-seed pool; both stages counted in steps, the pool scored greedily and
+    with 8 sampled episodes per seed at each checkpoint."""
     from examples.web_agent import study
 
     out = tmp_path / "study"
-    # seed 3: the first of the three seeds the setting was tested on after it was chosen on 0-2
-    args = ("--quick", "--arm", "sft_rl", "--seed", "3", "--out", str(out))
+    args = ("--quick", "--arm", "sft_rl", "--out", str(out))
     proc = run_command("examples/web_agent/study.py", *args, timeout=2400)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    settings = study.parse_args(["--quick", "--seed", "3"])
+    settings = study.parse_args(["--quick"])
     results = json.loads((out / "results.json").read_text())
     assert [c["label"] for c in results["checkpoints"]] == ["start", "sft0", "rl0"]
     ledger = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
@@ -86,7 +85,7 @@ def test_quick_grpo_raises_the_sampled_success_of_the_sft_student_on_the_seeds_i
     assert ledger[-1]["flops"] > ledger[sft_end]["flops"] > 0 and ledger[-1]["rollout_tokens"] > 0
     rl_log = [json.loads(x) for x in (out / "rl" / "rl_log.jsonl").read_text().splitlines()]
     assert len(rl_log) == settings.rl_steps
-    assert all(r["rollouts"] == 32 and r["environment_failures"] == 0 for r in rl_log)
+    assert all(r["rollouts"] == 32 for r in rl_log)  # 8 seeds x 4
     pool = {t.id for t in study.rl_tasks(settings)}
     import tapekit.web  # noqa: F401  (the web steps, to read the tapes back)
     from tests.rl_toy import rollout_results
@@ -97,164 +96,33 @@ def test_quick_grpo_raises_the_sampled_success_of_the_sft_student_on_the_seeds_i
         assert set(point["pool"]["per_task"]) == pool  # the pool's seeds, scored greedily at every checkpoint
     sampled = results["rl_sampled"]
     assert sampled["per_step"] == pytest.approx([r["reward_mean"] for r in rl_log])
-    # the claim, on the seeds GRPO trains on: after GRPO, greedy decoding solves more of them
-    # than the SFT student did, and the policy's success sampled as GRPO samples it (8 episodes
-    # per seed at each of the two checkpoints) is higher. Point estimates: on 8 seeds the paired
-    # interval is too wide for a CI assertion (docs/experiments/web-training.md, where the
-    # probes that fixed this setting and assertion are, with their pooled interval).
+    # what the run says about learning, recorded for the reader: the sampled success of the SFT
+    # student and of the policy after GRPO (8 episodes per seed each) and their paired difference.
+    # Not asserted to be positive: fixed before three fresh seeds, that assertion (greedy and
+    # sampled success both higher after GRPO) failed on the first of them, and GRPO raised the
+    # task's success in some runs and not in others (docs/experiments/web-training.md).
     gain = results["pool_sampled_gain"]
     assert (gain["from"], gain["to"], gain["tasks"]) == ("sft0", "rl0", len(pool))
-    sft, rl = (results["checkpoints"][i]["pool"]["success"] for i in (1, 2))
-    assert gain["value"] > 0 and rl > sft, (gain, sft, rl, sampled["per_step"])
+    before, after = (results["checkpoints"][i]["pool_sampled"] for i in (1, 2))
+    assert set(before["per_task"]) == set(after["per_task"]) == pool
+    rates = [*before["per_task"].values(), *after["per_task"].values()]
+    assert all(v * settings.pool_samples == int(v * settings.pool_samples) for v in rates)  # k episodes each
+    mean = sum(after["per_task"][t] - before["per_task"][t] for t in pool) / len(pool)
+    assert gain["value"] == pytest.approx(mean) and gain["low"] <= mean <= gain["high"]
 
 
-def test_an_sft_run_hands_its_first_checkpoint_to_the_sft_rl_run_of_the_same_seed(tmp_path: Path) -> None:
-    import torch
-
+def test_pool_gain_pairs_the_sampled_success_of_two_checkpoints_by_seed() -> None:
     from examples.web_agent import study
 
-    sft = study.Settings(arm="sft", seed=3, out=str(tmp_path / "sft"))
-    Path(sft.out).mkdir()
-    model = torch.nn.Linear(3, 2)
-    ledger = study.Ledger(Path(sft.out) / "ledger.jsonl", n_params=100)
-    ledger.add("teacher", 4.0, episodes=8)
-    ledger.add("sft-0", 20.0, trained=50)
-    point = {"label": "sft0", **ledger.totals(), "validation": {"success": 0.5}}
-    study.save_branch(Path(sft.out), model, ledger, point, sft)
-
-    branch = study.Settings(arm="sft_rl", seed=3, branch_from=sft.out, out=str(tmp_path / "sft_rl"))
-    Path(branch.out).mkdir()
-    other = torch.nn.Linear(3, 2)
-    theirs = study.Ledger(Path(branch.out) / "ledger.jsonl", n_params=100)
-    shared = study.load_branch(branch, other, theirs)
-    assert torch.equal(other.weight, model.weight) and torch.equal(other.bias, model.bias)
-    assert theirs.totals() == ledger.totals() and theirs.episodes == 8
-    assert (Path(branch.out) / "ledger.jsonl").read_text() == (Path(sft.out) / "ledger.jsonl").read_text()
-    assert shared["label"] == "sft0" and shared["validation"] == {"success": 0.5}
-    assert shared["shared_with"] == sft.out
-    theirs.add("rl-0-step1", 10.0, trained=5, rolled=7, episodes=16)  # spending goes on from there
-    assert theirs.seconds == 34.0 and theirs.episodes == 24
-
-    other_seed = study.Settings(arm="sft_rl", seed=4, branch_from=sft.out)
-    with pytest.raises(ValueError, match="its seed is 3, this run's is 4"):
-        study.load_branch(other_seed, other, theirs)
-    nowhere = study.Settings(arm="sft_rl", branch_from=str(tmp_path / "nothing"))
-    with pytest.raises(ValueError, match=r"no branch/branch\.json"):
-        study.load_branch(nowhere, other, theirs)
-    with pytest.raises(ValueError, match="for --arm sft_rl only"):
-        study.run_arm(study.Settings(arm="rl", branch_from=sft.out))
-
-
-def test_one_run_per_stage_charges_each_step_and_evaluates_at_each_point_uncharged(tmp_path: Path) -> None:
-    from examples.web_agent import study
-    from tapekit.training import StepRecord
-
-    now = [0.0]
-    points: list[tuple[int, float]] = []
-    ledger = study.Ledger(tmp_path / "ledger.jsonl", n_params=10)
-    ledger.add("teacher", 20.0, episodes=8)
-
-    def evaluate_at(i: int) -> None:
-        points.append((i, ledger.seconds))
-        now[0] += 500.0  # a long evaluation: not charged
-
-    ends = study._stage_ends(20.0, 120.0, 2)
-    assert ends == [70.0, 120.0]
-    budget = study.Budget(ledger, "sft", ends, evaluate_at, clock=lambda: now[0])
-    budget.start()
-    now[0] += 15.0  # the trainer's setup: charged to the first step
-    stops = []
-    for step, tokens in enumerate((100, 250, 330, 400, 480), start=1):
-        now[0] += 20.0
-        stops.append(budget.on_step(StepRecord(trainer="sft", step=step, seconds=now[0], tokens=tokens)))
-        if stops[-1]:
-            break
-    # steps end at 55, 75 (past 70: evaluate), 95, 115, 135 (past 120: evaluate, stop)
-    assert points == [(0, 75.0), (1, 135.0)]
-    assert stops == [None, None, None, None, True] and "120" in budget.reason
-    assert ledger.seconds == 135.0 and ledger.trained_tokens == 480  # tokens seen grew to 480
-    lines = [json.loads(x) for x in (tmp_path / "ledger.jsonl").read_text().splitlines()]
-    assert [x["step_seconds"] for x in lines] == [20.0, 35.0, 20.0, 20.0, 20.0, 20.0]
-
-    rl = study.Budget(ledger, "rl", [150.0], lambda i: None, clock=lambda: now[0])
-    rl.start()
-    now[0] += 16.0
-    metrics = {
-        "train_input_tokens": 40,
-        "rollout_prompt_tokens": 300,
-        "rollout_output_tokens": 20,
-        "rollouts": 16,
-    }
-    assert rl.on_step(StepRecord(trainer="rl", step=0, seconds=16.0, metrics=metrics)) is True
-    assert ledger.episodes == 8 + 16 and ledger.rollout_tokens == 320 and ledger.trained_tokens == 520
-    assert ledger.flops == 6 * 10 * 520 + 2 * 10 * 320
-    with pytest.raises(ValueError, match="increasing order"):
-        study.Budget(ledger, "rl", [], lambda i: None)
-    parsed = study.parse_args(
-        ["--arm", "sft_rl", "--branch-from", "x", "--no-start-eval", "--checkpoints", "2"]
-    )
-    assert parsed.branch_from == "x" and not parsed.start_eval and parsed.checkpoints == 2
-    with pytest.raises(SystemExit):
-        study.parse_args(["--checkpoints", "0"])
-
-
-def test_a_stage_counted_in_steps_ends_after_its_steps_on_any_clock(tmp_path: Path) -> None:
-    from examples.web_agent import study
-    from tapekit.training import StepRecord
-
-    now = [0.0]
-    points: list[int] = []
-    ledger = study.Ledger(tmp_path / "ledger.jsonl", n_params=10)
-    budget = study.Budget(ledger, "sft", [2.0, 4.0], points.append, clock=lambda: now[0], unit="steps")
-    stops = []
-    for step in range(1, 10):
-        now[0] += 1000.0 * step  # slow steps: seconds do not matter
-        stops.append(budget.on_step(StepRecord(trainer="sft", step=step, seconds=now[0], tokens=10 * step)))
-        if stops[-1]:
-            break
-    assert points == [0, 1] and stops == [None, None, None, True] and budget.steps == 4
-    assert "4 steps" in budget.reason and ledger.seconds == 10_000.0  # the time is still charged
-    with pytest.raises(ValueError, match="'seconds' or 'steps'"):
-        study.Budget(ledger, "sft", [1.0], points.append, unit="tokens")
-    with pytest.raises(ValueError, match="count steps"):
-        study.run_arm(study.Settings(sft_steps=-1, out=str(tmp_path / "x")))
-    with pytest.raises(SystemExit):
-        study.parse_args(["--rl-steps", "-2"])
-    quick = study.parse_args(["--quick"])
-    assert quick.sft_steps > 0 and quick.rl_steps > 0 and quick.tasks_per_step == quick.rl_seeds
-
-
-def test_sampled_success_compares_the_first_step_with_the_last_ones_per_pool_seed(tmp_path: Path) -> None:
-    from examples.web_agent import study
-    from tapekit import Tape
-    from tapekit.environment import ENVIRONMENT_FAILURE
-    from tapekit.store import open_store
-
-    store = open_store(str(tmp_path / "tapes.db"))
-    # step 0: seed a solved 1 of 2, seed b 0 of 2; steps 1-2: a 2 of 2 each, b 1 of 2 each
-    outcomes = {
-        0: {"t/a": [1, 0], "t/b": [0, 0]},
-        1: {"t/a": [1, 1], "t/b": [1, 0]},
-        2: {"t/a": [1, 1], "t/b": [0, 1]},
-    }
-    for step, per_task in outcomes.items():
-        for task, rewards in per_task.items():
-            for r in rewards:
-                tape = Tape(steps=[]).with_metadata(result={"task_id": task, "reward": float(r)})
-                store.save_tape(tape, tags=[f"rl:rl:step:{step}"])
-    # ended by the environment: not the policy's outcome, left out
-    broken = {"task_id": "t/b", "reward": 0.0, ENVIRONMENT_FAILURE: "the page hung"}
-    store.save_tape(Tape(steps=[]).with_metadata(result=broken), tags=["rl:rl:step:2"])
-    out = study.sampled_success(store, "rl", 3)
-    store.close()
-    assert out["first"] == {"t/a": 0.5, "t/b": 0.0} and out["last"] == {"t/a": 1.0, "t/b": 0.5}
-    assert out["per_step"] == [0.25, 0.75, 0.75]
-    assert out["difference"]["value"] == pytest.approx(0.5) and out["difference"]["tasks"] == 2
-    assert out["difference"]["low"] <= 0.5 <= out["difference"]["high"]
-    # two steps: nothing after the ones compared with
-    empty = open_store(str(tmp_path / "empty.db"))
-    assert "difference" not in study.sampled_success(empty, "rl", 2)
-    empty.close()
+    before = {"label": "sft0", "pool_sampled": {"per_task": {"t/1": 0.25, "t/2": 0.5, "t/3": 1.0}}}
+    after = {"label": "rl0", "pool_sampled": {"per_task": {"t/1": 0.75, "t/2": 0.5, "t/3": 0.875}}}
+    gain = study.pool_gain(before, after)
+    assert (gain["from"], gain["to"], gain["tasks"]) == ("sft0", "rl0", 3)
+    assert gain["value"] == pytest.approx((0.5 + 0.0 - 0.125) / 3)
+    assert gain["low"] <= gain["value"] <= gain["high"]
+    with pytest.raises(SystemExit):  # sampled pool episodes without the pool's evaluation
+        study.parse_args(["--pool-samples", "4"])
+    assert study.parse_args(["--pool-eval", "--pool-samples", "4"]).pool_samples == 4
 
 
 def _write_run(folder: Path, arm: str, seed: int, test: dict[str, float], start: bool = False) -> None:
