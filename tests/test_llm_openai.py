@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -88,8 +89,13 @@ def test_return_tokens_on_a_server_without_ids(llama_server: Server) -> None:
 
 def test_timeout_is_a_clear_error(llama_server: Server) -> None:
     llm = client(llama_server, timeout_s=0.01, parameters={"max_tokens": 200})
+    # a long prompt the server has not seen (no prompt cache to reuse): its prefill alone takes
+    # far longer than 0.01 s. With the short QUESTION, cached by earlier tests, an idle machine
+    # streamed the answer's tokens less than 0.01 s apart and nothing timed out.
+    words = " ".join(f"item{i} weighs {i * 7 % 13} kg;" for i in range(80))
+    long = Prompt(messages=[{"role": "user", "content": f"{os.urandom(8).hex()} {words} Which is heaviest?"}])
     with pytest.raises(LLMError, match=r"did not answer within 0\.01 s") as info:
-        llm.generate(QUESTION)
+        llm.generate(long)
     assert llama_server.base_url in str(info.value) and "'smollm2'" in str(info.value)
 
 
