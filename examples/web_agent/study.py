@@ -405,7 +405,6 @@ def sampled_success(store: Any, run: str, steps: int, last: int = 2) -> dict[str
     figure.
     """
     from tapekit.environment import ENVIRONMENT_FAILURE
-    from tapekit.evaluate import paired_difference
     from tapekit.store import TapeFilter
 
     per_step: list[dict[str, list[float]]] = []
@@ -432,31 +431,32 @@ def sampled_success(store: Any, run: str, steps: int, last: int = 2) -> dict[str
     if steps <= last:
         return out  # no step after the first ones to compare with
     first, final = means(per_step[:1]), means(per_step[-last:])
-    shared = sorted(set(first) & set(final))
-    diff = paired_difference(
-        [final[t] for t in shared], [first[t] for t in shared], strata=[t.split("/")[0] for t in shared]
-    )
     return {
         **out,
         "first": first,
         "last": final,
         "last_steps": last,
-        "difference": {"value": diff.value, "low": diff.low, "high": diff.high, "tasks": len(shared)},
+        "difference": _paired_by_seed(final, first),
     }
 
 
 def pool_gain(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """The sampled success on the pool's seeds from checkpoint ``before`` to ``after``: the
     paired difference over the seeds, bootstrap interval stratified by MiniWob++ task."""
+    gain = _paired_by_seed(after["pool_sampled"]["per_task"], before["pool_sampled"]["per_task"])
+    return {"from": before["label"], "to": after["label"], **gain}
+
+
+def _paired_by_seed(after: dict[str, float], before: dict[str, float]) -> dict[str, Any]:
+    """Mean of ``after − before`` over the pool seeds both score, with its bootstrap interval
+    stratified by MiniWob++ task (the part of a task id before ``/``)."""
     from tapekit.evaluate import paired_difference
 
-    a, b = after["pool_sampled"]["per_task"], before["pool_sampled"]["per_task"]
-    seeds = sorted(set(a) & set(b))
+    seeds = sorted(set(after) & set(before))
     d = paired_difference(
-        [a[t] for t in seeds], [b[t] for t in seeds], strata=[t.split("/")[0] for t in seeds]
+        [after[t] for t in seeds], [before[t] for t in seeds], strata=[t.split("/")[0] for t in seeds]
     )
-    return {"from": before["label"], "to": after["label"], "value": d.value, "low": d.low, "high": d.high,
-            "tasks": len(seeds)}  # fmt: skip
+    return {"value": d.value, "low": d.low, "high": d.high, "tasks": len(seeds)}
 
 
 BRANCH = "branch"  # in an sft run's folder: its weights and ledger after the first SFT stage
