@@ -40,7 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -417,11 +417,7 @@ def sampled_success(store: Any, run: str, steps: int, last: int = 2) -> dict[str
         per_step.append(rewards)
 
     def means(parts: list[dict[str, list[float]]]) -> dict[str, float]:
-        pooled: dict[str, list[float]] = {}
-        for part in parts:
-            for task, values in part.items():
-                pooled.setdefault(task, []).extend(values)
-        return {task: sum(v) / len(v) for task, v in sorted(pooled.items())}
+        return success_by_seed((task, v) for part in parts for task, values in part.items() for v in values)
 
     out: dict[str, Any] = {
         "per_step": [
@@ -438,6 +434,15 @@ def sampled_success(store: Any, run: str, steps: int, last: int = 2) -> dict[str
         "last_steps": last,
         "difference": _paired_by_seed(final, first),
     }
+
+
+def success_by_seed(episodes: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """Each pool seed's success rate: the mean reward of its episodes, from ``(task id, reward)``
+    pairs; the seeds in sorted order."""
+    rewards: dict[str, list[float]] = {}
+    for task, reward in episodes:
+        rewards.setdefault(task, []).append(reward)
+    return {task: sum(v) / len(v) for task, v in sorted(rewards.items())}
 
 
 def pool_gain(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -569,10 +574,7 @@ def run_arm(settings: Settings) -> dict[str, Any]:
                 model, tokenizer, env, pool, f"{settings.arm}-s{settings.seed}-{label}-sampled", store,
                 temperature=settings.temperature, k=settings.pool_samples,
             )  # fmt: skip
-            per_seed: dict[str, list[float]] = {}
-            for sample in report.samples:
-                per_seed.setdefault(sample.task_id, []).append(_reward(sample))
-            rates = {task: sum(v) / len(v) for task, v in sorted(per_seed.items())}
+            rates = success_by_seed((sample.task_id, _reward(sample)) for sample in report.samples)
             point["pool_sampled"] = {"success": sum(rates.values()) / len(rates), "per_task": rates}
         results["checkpoints"].append(point)
         shown = {
