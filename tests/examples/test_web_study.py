@@ -60,12 +60,13 @@ def test_arguments_are_checked() -> None:
 @pytest.mark.train
 @pytest.mark.browser
 @pytest.mark.skipif(bool(MISSING), reason="needs " + ", ".join(MISSING))
-def test_quick_sft_then_grpo_on_every_pool_seed_records_greedy_and_sampled_success_at_each_checkpoint(
+def test_quick_grpo_raises_the_pool_success_of_the_task_the_sft_student_half_solves(
     tmp_path: Path,
 ) -> None:
-    """``--quick``: a weak SFT student (10 steps) half-solves click-tab; 10 GRPO steps, each on
-    every seed of the 8-seed pool; both stages counted in steps, the pool scored greedily and
-    with 8 sampled episodes per seed at each checkpoint."""
+    """``--quick``: a weak SFT student (4 steps) half-solves click-dialog by sampling; 4 GRPO
+    steps, each on every seed of the 8-seed pool; both stages counted in steps, the pool scored
+    greedily and with 8 sampled episodes per seed at each checkpoint; GRPO raises the task's
+    success on those seeds above the SFT student's."""
     from examples.web_agent import study
 
     out = tmp_path / "study"
@@ -74,14 +75,14 @@ def test_quick_sft_then_grpo_on_every_pool_seed_records_greedy_and_sampled_succe
     assert proc.returncode == 0, proc.stderr[-3000:]
     settings = study.parse_args(["--quick"])
     results = json.loads((out / "results.json").read_text())
-    assert [c["label"] for c in results["checkpoints"]] == ["start", "sft0", "rl0"]
+    assert [c["label"] for c in results["checkpoints"]] == ["sft0", "rl0"]
     ledger = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
     kinds = [x["stage"].split("-step")[0] for x in ledger]
     assert (
         kinds == ["teacher"] + ["sft"] * settings.sft_steps + ["rl"] * settings.rl_steps
     )  # steps, not seconds
     sft_end = len(kinds) - settings.rl_steps - 1
-    assert results["checkpoints"][1]["seconds"] == ledger[sft_end]["seconds"]  # the branch point
+    assert results["checkpoints"][0]["seconds"] == ledger[sft_end]["seconds"]  # the branch point
     assert ledger[-1]["flops"] > ledger[sft_end]["flops"] > 0 and ledger[-1]["rollout_tokens"] > 0
     rl_log = [json.loads(x) for x in (out / "rl" / "rl_log.jsonl").read_text().splitlines()]
     assert len(rl_log) == settings.rl_steps
@@ -96,19 +97,20 @@ def test_quick_sft_then_grpo_on_every_pool_seed_records_greedy_and_sampled_succe
         assert set(point["pool"]["per_task"]) == pool  # the pool's seeds, scored greedily at every checkpoint
     sampled = results["rl_sampled"]
     assert sampled["per_step"] == pytest.approx([r["reward_mean"] for r in rl_log])
-    # what the run says about learning, recorded for the reader: the sampled success of the SFT
-    # student and of the policy after GRPO (8 episodes per seed each) and their paired difference.
-    # Not asserted to be positive: fixed before three fresh seeds, that assertion (greedy and
-    # sampled success both higher after GRPO) failed on the first of them, and GRPO raised the
-    # task's success in some runs and not in others (docs/experiments/web-training.md).
     gain = results["pool_sampled_gain"]
     assert (gain["from"], gain["to"], gain["tasks"]) == ("sft0", "rl0", len(pool))
-    before, after = (results["checkpoints"][i]["pool_sampled"] for i in (1, 2))
+    before, after = (results["checkpoints"][i]["pool_sampled"] for i in (0, 1))
     assert set(before["per_task"]) == set(after["per_task"]) == pool
     rates = [*before["per_task"].values(), *after["per_task"].values()]
     assert all(v * settings.pool_samples == int(v * settings.pool_samples) for v in rates)  # k episodes each
     mean = sum(after["per_task"][t] - before["per_task"][t] for t in pool) / len(pool)
     assert gain["value"] == pytest.approx(mean) and gain["low"] <= mean <= gain["high"]
+    # GRPO raised the success of the task it trains on above the SFT student's, greedily and
+    # sampled (the paired bootstrap interval over the 8 seeds above 0): the assertion fixed
+    # before three fresh seeds (docs/experiments/web-training.md, "The quick task")
+    greedy = [c["pool"]["success"] for c in results["checkpoints"]]
+    assert greedy[1] > greedy[0], (greedy, gain)
+    assert gain["low"] > 0, gain
 
 
 def test_pool_gain_pairs_the_sampled_success_of_two_checkpoints_by_seed() -> None:
