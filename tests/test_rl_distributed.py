@@ -95,7 +95,8 @@ def _part(rank: int, rewards: list[float], tokens: int, loss: float) -> dict[str
     record = {
         "step": 2, "policy_version": 2, "rollout_version": 2, "policy_lag": 0,
         "sampler_values": {"a": 0.1}, "sampler_probs": {"a": 1.0},
-        "reward_mean": sum(rewards) / len(rewards), "reward_std": 0.0, "score_strict": 0.0,
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None, "reward_std": 0.0,
+        "score_strict": 0.0,
         "rollout_seconds": 1.0 + rank, "step_seconds": 2.0 + rank, "failed_rollouts": rank,
         "loss": loss, "clip_fraction": 0.0, "ratio_mean": 1.0, "kl": 0.0,
         "train_tokens": tokens, "train_tokens_per_s": 100.0, "grad_norm": 0.5,
@@ -123,6 +124,11 @@ def test_merge_records_is_the_whole_steps_record() -> None:
     assert merged["groups"] == 2 and merged["categories"] == {"a": 2} and merged["zero_adv_share"] == 0.5
     assert merged["rollout_seconds"] == 2.0 and merged["rollout_tokens_per_s"] == 50.0
     assert merged["failed_rollouts"] == 1 and merged["processes"] == 2
+    assert merged["scored_rollouts"] == 4
+    # every rollout of the step failed by the environment, on both ranks
+    hung = merge_records([_part(0, [], 0, 0.0), _part(1, [], 0, 0.0)])
+    assert hung["reward_mean"] is None and hung["reward_std"] is None and hung["score_strict"] is None
+    assert hung["scored_rollouts"] == 0
     diverged = _part(1, [1.0], 10, 0.0)
     diverged["record"]["sampler_values"] = {"a": 0.2}
     with pytest.raises(RuntimeError, match=r"rank 1 disagrees.*sampler_values"):

@@ -241,8 +241,9 @@ class Budget(StepCallback):
                 rolled=int(m["rollout_prompt_tokens"]) + int(m["rollout_output_tokens"]),
                 episodes=int(m["rollouts"]),
             )
+            mean = m.get("reward_mean")  # None: the environment failed every rollout of the step
             print(
-                f"  rl step {record.step}: reward {m.get('reward_mean', 0):.2f} "
+                f"  rl step {record.step}: reward {'none' if mean is None else f'{mean:.2f}'} "
                 f"({seconds:.0f} s, budget used {self.ledger.seconds:.0f} s)",
                 flush=True,
             )
@@ -419,11 +420,11 @@ def sampled_success(store: Any, run: str, steps: int, last: int = 2) -> dict[str
     def means(parts: list[dict[str, list[float]]]) -> dict[str, float]:
         return success_by_seed((task, v) for part in parts for task, values in part.items() for v in values)
 
-    out: dict[str, Any] = {
-        "per_step": [
-            sum(sum(v) for v in r.values()) / max(sum(len(v) for v in r.values()), 1) for r in per_step
-        ]
-    }
+    def step_mean(rewards: dict[str, list[float]]) -> float | None:
+        n = sum(len(v) for v in rewards.values())
+        return sum(sum(v) for v in rewards.values()) / n if n else None  # None: no episode ran
+
+    out: dict[str, Any] = {"per_step": [step_mean(r) for r in per_step]}
     if steps <= last:
         return out  # no step after the first ones to compare with
     first, final = means(per_step[:1]), means(per_step[-last:])
@@ -458,6 +459,8 @@ def _paired_by_seed(after: dict[str, float], before: dict[str, float]) -> dict[s
     from tapekit.evaluate import paired_difference
 
     seeds = sorted(set(after) & set(before))
+    if not seeds:  # e.g. the environment failed every episode of a step compared
+        return {"value": None, "low": None, "high": None, "tasks": 0}
     d = paired_difference(
         [after[t] for t in seeds], [before[t] for t in seeds], strata=[t.split("/")[0] for t in seeds]
     )

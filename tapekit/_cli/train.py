@@ -191,8 +191,10 @@ def _echo_step(record: dict[str, Any]) -> None:
     if not _main_process():
         return
     probs = " ".join(f"{c}={p:.2f}" for c, p in record["sampler_probs"].items())
+    mean = record["reward_mean"]  # None: the environment failed every rollout of the step
+    reward = "none" if mean is None else f"{mean:.3f}"
     typer.echo(
-        f"step={record['step']} reward={record['reward_mean']:.3f} zero_adv={record['zero_adv_share']:.2f} "
+        f"step={record['step']} reward={reward} zero_adv={record['zero_adv_share']:.2f} "
         f"clip={record['clip_fraction']:.3f} kl={record['kl']:.4f} lag={record['policy_lag']} probs: {probs}"
     )
 

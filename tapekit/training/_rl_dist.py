@@ -66,9 +66,11 @@ def batch_weight(batch: RLBatch, config: RLConfig) -> float:
     return float(batch.size)
 
 
-def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
+    """Mean and population standard deviation; ``(None, None)`` for no values (a step whose
+    every rollout the environment failed has no reward to report, not a reward of 0)."""
     if not values:
-        return 0.0, 0.0
+        return None, None
     mean = sum(values) / len(values)
     return mean, (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
 
@@ -86,10 +88,11 @@ def merge_records(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
             raise RuntimeError(f"data-parallel RL: rank {rank} disagrees with rank 0 on {differ}")
     record = dict(first)
     rewards = [r for p in parts for r in p["rewards"]]
-    record["reward_mean"], record["reward_std"] = _mean_std(rewards)
+    record["reward_mean"], record["reward_std"] = mean_std(rewards)
+    record["scored_rollouts"] = len(rewards)
     for name in parts[0]["scores"]:
         values = [v for p in parts for v in p["scores"][name]]
-        record[f"score_{name}"] = sum(values) / len(values) if values else 0.0
+        record[f"score_{name}"] = mean_std(values)[0]
     n_groups = sum(p["n_groups"] for p in parts)
     record["zero_adv_share"] = sum(p["zero_groups"] for p in parts) / n_groups if n_groups else 1.0
     unique = {task_id: category for p in parts for task_id, category in p["tasks"]}

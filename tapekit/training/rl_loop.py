@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tapekit.evaluate import Task
 from tapekit.store.base import TapeStore
-from tapekit.training._rl_dist import RLDist
+from tapekit.training._rl_dist import RLDist, mean_std
 from tapekit.training.advantages import mean_abs_by_key
 from tapekit.training.callbacks import ReportTo, StepCallback, StepRecord, notify
 from tapekit.training.config import LoraSettings
@@ -211,15 +211,16 @@ def _record(
     scorer_names: Sequence[str],
 ) -> dict[str, Any]:
     rewards = rollouts.rewards  # of the kept tapes: the environment's failures say nothing of the policy
-    mean = sum(rewards) / len(rewards) if rewards else 0.0
+    mean, std = mean_std(rewards)  # None when the environment failed every rollout
     record: dict[str, Any] = {
         "step": step,
         "policy_version": version,
         "rollout_version": rollouts.policy_version,
         "policy_lag": version - rollouts.policy_version,
         "reward_mean": mean,
-        "reward_std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else 0.0,
-        **{f"score_{n}": sum(rollouts.scores(n)) / len(rewards) if rewards else 0.0 for n in scorer_names},
+        "reward_std": std,
+        **{f"score_{n}": mean_std(rollouts.scores(n))[0] for n in scorer_names},
+        "scored_rollouts": len(rewards),
         "zero_adv_share": full.groups.zero_share if full is not None else 1.0,
         "groups": len({t.metadata.result["task_id"] for t in rollouts.tapes}),
         "rollout_seconds": rollouts.seconds,
@@ -447,7 +448,7 @@ class _Run:
             seconds=time.perf_counter() - self.began,
             step_seconds=float(record["step_seconds"]),
             loss=float(record["loss"]),
-            reward=float(record["reward_mean"]),
+            reward=record["reward_mean"],
             tokens=int(record["train_tokens"]),
             metrics=record,
         )

@@ -97,6 +97,9 @@ def test_quick_grpo_raises_the_pool_success_of_the_task_the_sft_student_half_sol
         assert set(point["pool"]["per_task"]) == pool  # the pool's seeds, scored greedily at every checkpoint
     sampled = results["rl_sampled"]
     assert sampled["per_step"] == pytest.approx([r["reward_mean"] for r in rl_log])
+    for r in rl_log:  # a step the browser failed throughout (once in CI) has no reward, not 0
+        scored = r["rollouts"] - r["environment_failures"]
+        assert r["scored_rollouts"] == scored and (r["reward_mean"] is None) == (scored == 0)
     gain = results["pool_sampled_gain"]
     assert (gain["from"], gain["to"], gain["tasks"]) == ("sft0", "rl0", len(pool))
     before, after = (results["checkpoints"][i]["pool_sampled"] for i in (0, 1))

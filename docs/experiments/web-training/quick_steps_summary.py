@@ -46,7 +46,7 @@ for folder in map(Path, sys.argv[1:]):
     d = sampled["difference"]
     rows.append(
         f"| {folder.name} | {s['seed']} | {s['rl_lr']:g} | {greedy} | "
-        f"{' '.join(f'{x:.2f}' for x in sampled['per_step'])} | "
+        f"{' '.join('–' if x is None else f'{x:.2f}' for x in sampled['per_step'])} | "
         f"{interval(d['value'], d['low'], d['high'])} | {checked} |"
     )
     for t in sampled["first"]:
