@@ -437,6 +437,15 @@ def sampled_success(store: Any, run: str, steps: int, last: int = 2) -> dict[str
     }
 
 
+def scored_samples(report: EvalReport) -> list[Any]:
+    """The report's samples whose episode the environment did not end by failing (a page that
+    never loaded, a browser that crashed): those say nothing about the policy, so evaluations
+    leave them out as GRPO does, and count them."""
+    from tapekit.environment import environment_failure
+
+    return [s for s in report.samples if not environment_failure(report.tapes[s.tape_id])]
+
+
 def success_by_seed(episodes: Iterable[tuple[str, float]]) -> dict[str, float]:
     """Each pool seed's success rate: the mean reward of its episodes, from ``(task id, reward)``
     pairs; the seeds in sorted order."""
@@ -561,27 +570,38 @@ def run_arm(settings: Settings) -> dict[str, Any]:
             model, tokenizer, env, val + test + pool, f"{settings.arm}-s{settings.seed}-{label}", store
         )
         point["eval_seconds"] = round(time.perf_counter() - started, 1)
+        kept = scored_samples(report)
         for split, tasks in (("validation", val), ("test", test), ("pool", pool)):
             if tasks:
                 ids = {t.id for t in tasks}
-                part = report.model_copy(update={"samples": [s for s in report.samples if s.task_id in ids]})
-                score = part.mean_score()
+                part = report.model_copy(update={"samples": [s for s in kept if s.task_id in ids]})
+                failed = sum(1 for s in report.samples if s.task_id in ids) - len(part.samples)
+                score = part.mean_score() if part.samples else None
                 point[split] = {
-                    "success": score.value,
-                    "low": score.low,
-                    "high": score.high,
+                    "success": score.value if score else None,
+                    "low": score.low if score else None,
+                    "high": score.high if score else None,
                     "per_task": {s.task_id: _reward(s) for s in part.samples},
+                    "environment_failures": failed,  # episodes the browser failed: not scored
                 }
         if pool and settings.pool_samples:  # the policy as GRPO samples it, on the pool's seeds
             report = evaluate_student(
                 model, tokenizer, env, pool, f"{settings.arm}-s{settings.seed}-{label}-sampled", store,
                 temperature=settings.temperature, k=settings.pool_samples,
             )  # fmt: skip
-            rates = success_by_seed((sample.task_id, _reward(sample)) for sample in report.samples)
-            point["pool_sampled"] = {"success": sum(rates.values()) / len(rates), "per_task": rates}
+            kept = scored_samples(report)
+            rates = success_by_seed((sample.task_id, _reward(sample)) for sample in kept)
+            point["pool_sampled"] = {
+                "success": sum(rates.values()) / len(rates) if rates else None,
+                "per_task": rates,
+                "episodes": len(kept),
+                "environment_failures": len(report.samples) - len(kept),
+            }
         results["checkpoints"].append(point)
         shown = {
-            k: round(v["success"], 3) for k, v in point.items() if isinstance(v, dict) and "success" in v
+            k: v["success"] and round(v["success"], 3)
+            for k, v in point.items()
+            if isinstance(v, dict) and "success" in v
         }
         print(f"{settings.arm} seed {settings.seed} at {label} ({ledger.seconds:.0f} s): {shown}", flush=True)
         save()

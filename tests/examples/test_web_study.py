@@ -93,25 +93,28 @@ def test_quick_grpo_raises_the_pool_success_of_the_task_the_sft_student_half_sol
 
     for step in rollout_results(out / "tapes.db", "rl", len(rl_log)):
         assert {task for task, _ in step} == pool and len(step) == 4 * len(pool)  # every seed, every step
-    for point in results["checkpoints"]:
-        assert set(point["pool"]["per_task"]) == pool  # the pool's seeds, scored greedily at every checkpoint
+    for point in results["checkpoints"]:  # the pool's seeds, scored greedily at every checkpoint
+        greedy_seeds = set(point["pool"]["per_task"])  # less the episodes the browser failed (not scored)
+        assert greedy_seeds <= pool and len(greedy_seeds) + point["pool"]["environment_failures"] == len(pool)
     sampled = results["rl_sampled"]
     assert sampled["per_step"] == pytest.approx([r["reward_mean"] for r in rl_log])
     for r in rl_log:  # a step the browser failed throughout (once in CI) has no reward, not 0
         scored = r["rollouts"] - r["environment_failures"]
         assert r["scored_rollouts"] == scored and (r["reward_mean"] is None) == (scored == 0)
     gain = results["pool_sampled_gain"]
-    assert (gain["from"], gain["to"], gain["tasks"]) == ("sft0", "rl0", len(pool))
     before, after = (results["checkpoints"][i]["pool_sampled"] for i in (0, 1))
-    assert set(before["per_task"]) == set(after["per_task"]) == pool
-    rates = [*before["per_task"].values(), *after["per_task"].values()]
-    assert all(v * settings.pool_samples == int(v * settings.pool_samples) for v in rates)  # k episodes each
-    mean = sum(after["per_task"][t] - before["per_task"][t] for t in pool) / len(pool)
+    for sampled_point in (before, after):  # k episodes per seed, scored or failed by the browser
+        assert set(sampled_point["per_task"]) <= pool
+        scored = sampled_point["episodes"] + sampled_point["environment_failures"]
+        assert scored == settings.pool_samples * len(pool)
+    both = set(before["per_task"]) & set(after["per_task"])
+    assert (gain["from"], gain["to"], gain["tasks"]) == ("sft0", "rl0", len(both)) and len(both) >= 4
+    mean = sum(after["per_task"][t] - before["per_task"][t] for t in both) / len(both)
     assert gain["value"] == pytest.approx(mean) and gain["low"] <= mean <= gain["high"]
     # GRPO raised the success of the task it trains on above the SFT student's, greedily and
     # sampled (the paired bootstrap interval over the 8 seeds above 0): the assertion fixed
     # before three fresh seeds (docs/experiments/web-training.md, "The quick task")
-    greedy = [c["pool"]["success"] for c in results["checkpoints"]]
+    greedy = [c["pool"]["success"] for c in results["checkpoints"]]  # over the seeds scored
     assert greedy[1] > greedy[0], (greedy, gain)
     assert gain["low"] > 0, gain
 
