@@ -155,30 +155,37 @@ def test_rollouts_are_scored_stored_tagged_and_become_rl_rows(tmp_path: Path) ->
     store.close()
 
 
+def _failing_on(setup: Any, questions: set[str], why: str) -> Any:
+    """``setup``'s environment, except that on the tapes of these questions it ends the episode
+    by failing (marks its observations with ``why``), as a crashed or hung browser does."""
+    from tapekit import Tape, UserStep
+    from tapekit.environment import ENVIRONMENT_FAILURE, Environment
+
+    class Failing(Environment):
+        async def areact(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
+            out = await setup.environment.areact(tape)
+            if next(s for s in tape.steps if isinstance(s, UserStep)).content in questions:
+                for step in out.steps[len(tape.steps) :]:
+                    step.metadata.other[ENVIRONMENT_FAILURE] = why
+            return out
+
+    return Failing()
+
+
 def test_rollouts_the_environment_ended_by_failing_are_counted_and_left_out(tmp_path: Path) -> None:
     # an environment whose answers to one task's tapes say it failed (as a crashed browser's
     # do): those rollouts are recorded and counted, but give no reward, no group and no rows
-    from tapekit import Tape, UserStep, open_store
-    from tapekit.environment import ENVIRONMENT_FAILURE, Environment, environment_failure
+    from tapekit import open_store
+    from tapekit.environment import environment_failure
     from tapekit.training.rollouts import collect_rollouts, live_groups, rollout_rows
     from tests.rl_toy import make_model, make_setup, oracle_llm
 
     setup = make_setup()
     tasks = list(setup.tasks[:3])
-    broken = tasks[0].question
-
-    class Failing(Environment):
-        async def areact(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
-            out = await setup.environment.areact(tape)
-            if next(s for s in tape.steps if isinstance(s, UserStep)).content != broken:
-                return out
-            for step in out.steps[len(tape.steps) :]:
-                step.metadata.other[ENVIRONMENT_FAILURE] = "the browser crashed and the replay failed"
-            return out
-
+    failing = _failing_on(setup, {tasks[0].question}, "the browser crashed and the replay failed")
     store = open_store(str(tmp_path / "failing.db"))
     batch = collect_rollouts(
-        setup.agent_for(oracle_llm()), Failing(), tasks, setup.scorers, reward="steps",
+        setup.agent_for(oracle_llm()), failing, tasks, setup.scorers, reward="steps",
         group_size=2, step=0, policy_version=0, store=store, max_loops=4,
     )  # fmt: skip
     assert len(batch.tapes) == 6 and batch.failed == 0 and batch.environment_failures == 2
@@ -200,41 +207,29 @@ def test_a_step_whose_every_rollout_the_environment_failed_reports_no_reward_not
     # a browser that hung for a whole step (every page load timed out, as once in CI): the
     # step's record says no reward (None), not a mean reward of 0 that reads as a policy that
     # failed every task; a step with one scored rollout reports it
-    from tapekit import Tape, UserStep, open_store
-    from tapekit.environment import ENVIRONMENT_FAILURE, Environment
+    from tapekit import open_store
     from tapekit.training.rl_loop import RLRunConfig, _record, make_sampler
     from tapekit.training.rollouts import collect_rollouts
     from tests.rl_toy import make_setup, oracle_llm
 
     setup = make_setup()
     tasks = list(setup.tasks[:2])
-
-    class Hung(Environment):
-        def __init__(self, working: set[str]) -> None:
-            self.working = working
-
-        async def areact(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
-            out = await setup.environment.areact(tape)
-            if next(s for s in tape.steps if isinstance(s, UserStep)).content not in self.working:
-                for step in out.steps[len(tape.steps) :]:
-                    step.metadata.other[ENVIRONMENT_FAILURE] = "the task did not load within 30 s"
-            return out
-
     sampler = make_sampler(RLRunConfig(output_dir="unused", curriculum="uniform"), tasks)
     store = open_store(str(tmp_path / "rollouts.db"))
 
-    def record(step: int, working: set[str]) -> dict[str, Any]:
+    def record(step: int, hung: set[str]) -> dict[str, Any]:
+        environment = _failing_on(setup, hung, "the task did not load within 30 s")
         batch = collect_rollouts(
-            setup.agent_for(oracle_llm()), Hung(working), tasks, setup.scorers, reward="steps",
+            setup.agent_for(oracle_llm()), environment, tasks, setup.scorers, reward="steps",
             group_size=2, step=step, policy_version=step, max_loops=4, store=store,
         )  # fmt: skip
         return _record(step, step, batch, None, None, sampler, 1.0, list(setup.scorers))
 
-    hung = record(0, set())
+    hung = record(0, {t.question for t in tasks})
     assert hung["environment_failures"] == hung["rollouts"] == 4 and hung["scored_rollouts"] == 0
     assert hung["reward_mean"] is None and hung["reward_std"] is None and hung["score_steps"] is None
     assert hung["zero_adv_share"] == 1.0  # no group, nothing to train on
-    half = record(1, {tasks[1].question})
+    half = record(1, {tasks[0].question})
     assert half["environment_failures"] == 2 and half["scored_rollouts"] == 2
     assert half["reward_mean"] == 1.0 and half["score_steps"] == 1.0  # the oracle solves what ran
     store.close()

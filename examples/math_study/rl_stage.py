@@ -192,6 +192,12 @@ def line(report: EvalReport, step: int, seconds: float, extra: str = "") -> str:
     )
 
 
+def _number(value: float | None) -> str:
+    """A step's mean for the log: ``none`` where the step scored no rollout (every one failed
+    by the environment), not 0."""
+    return "none" if value is None else f"{value:.2f}"
+
+
 def rl_stage(
     model: Any,
     tokenizer: Any,
@@ -230,9 +236,9 @@ def rl_stage(
             r = record.metrics
             probs = " ".join(f"{c}={p:.2f}" for c, p in r["sampler_probs"].items())
             echo(
-                f"rl step={r['step']} reward={'none' if record.reward is None else f'{record.reward:.2f}'} "
-                f"strict={r.get('score_strict') or 0.0:.2f} "
-                f"lenient={r.get('score_lenient') or 0.0:.2f} zero_adv={r['zero_adv_share']:.2f} "
+                f"rl step={r['step']} reward={_number(record.reward)} "
+                f"strict={_number(r.get('score_strict'))} "
+                f"lenient={_number(r.get('score_lenient'))} zero_adv={r['zero_adv_share']:.2f} "
                 f"clip={r['clip_fraction']:.3f} ratio={r['ratio_mean']:.4f} "
                 f"rollout_tok/s={r['rollout_tokens_per_s']:.0f} "
                 f"train_tok/s={r['train_tokens_per_s']:.0f} "

@@ -599,7 +599,7 @@ def run_arm(settings: Settings) -> dict[str, Any]:
             }
         results["checkpoints"].append(point)
         shown = {
-            k: v["success"] and round(v["success"], 3)
+            k: None if v["success"] is None else round(v["success"], 3)
             for k, v in point.items()
             if isinstance(v, dict) and "success" in v
         }
