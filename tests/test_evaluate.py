@@ -11,16 +11,19 @@ from typing import Any, Literal
 import pytest
 
 from tapekit import (
+    Action,
     Agent,
     AssistantThought,
     Node,
     Observation,
     Prompt,
+    SetNextNode,
     StopStep,
     Tape,
     ToolEnvironment,
 )
 from tapekit.core import LLMOutput
+from tapekit.environment import Environment
 from tapekit.evaluate import (
     EvalReport,
     Score,
@@ -274,3 +277,91 @@ def test_async_scorer_and_question_tasks() -> None:
     )
     assert sorted(seen) == ["a", "b"] and report.scorers == ["judge"]
     assert [s.scores["judge"].passed for s in report.samples] == [True, False]
+
+
+class EvalLoad(Action):
+    kind: Literal["test_eval.load"] = "test_eval.load"
+    n: int
+
+
+class EvalLoaded(Observation):
+    kind: Literal["test_eval.loaded"] = "test_eval.loaded"
+    value: int
+
+
+class LoadThenAnswer(Node):
+    """Asks the environment to load the task's number, then answers twice what it loaded."""
+
+    name: str = "load_then_answer"
+
+    def make_prompt(self, agent: Any, tape: Tape[Any, Any]) -> Prompt:
+        loaded = [s for s in tape.steps if isinstance(s, EvalLoaded)]
+        return Prompt(messages=[{"role": "user", "content": str(loaded[-1].value if loaded else 0)}])
+
+    def generate_steps(self, agent: Any, tape: Tape[Any, Any], llm_stream: Any) -> Any:
+        if not any(isinstance(s, EvalLoaded) for s in tape.steps):
+            yield SetNextNode(next_node="load_then_answer")
+            yield EvalLoad(n=tape.steps[0].value)
+            return
+        yield AssistantThought(content=llm_stream.get_text())
+        yield StopStep(reason="answered")
+
+
+class FailingLoads(Environment):
+    """Loads each number, except that the first ``fails[n]`` loads of n fail as a hung page
+    does: an observation marked as the environment's failure, with a value the agent gets
+    wrong."""
+
+    def __init__(self, fails: dict[int, int]) -> None:
+        self.fails = dict(fails)
+
+    async def areact(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
+        from tapekit.environment import ENVIRONMENT_FAILURE, unanswered_actions
+
+        steps = []
+        for action in unanswered_actions(tape):
+            if self.fails.get(action.n, 0):
+                self.fails[action.n] -= 1
+                failed = EvalLoaded(value=-1)
+                failed.metadata.other[ENVIRONMENT_FAILURE] = f"loading {action.n} did not finish within 30 s"
+                steps.append(failed)
+            else:
+                steps.append(EvalLoaded(value=action.n))
+        return tape.with_new_steps(steps, author="loads")
+
+
+def test_attempts_the_environment_failed_are_marked_and_run_again_when_asked(tmp_path: Any) -> None:
+    # a page that never loaded is the environment's failure, not the agent's: without retries the
+    # attempt is scored (a fail) but marked and counted; with retries it runs again, and a resumed
+    # evaluation reads every try back
+    llm = FlakyDoubler()
+    agent = Agent.create("loader", llms=llm, nodes=[LoadThenAnswer()])
+    tasks = make({})[2]
+    report = evaluate(agent, FailingLoads({2: 1, 3: 2}), tasks, exact)
+    failed = {s.task_id: s.environment_failure for s in report.samples if s.environment_failure}
+    assert failed == {t: f"loading {t[1]} did not finish within 30 s" for t in ("t2", "t3")}
+    assert report.n_environment_failures == 2 and report.summary()["environment_failures"] == 2
+    assert report.pass_at_1().value == pytest.approx(3 / 5)  # scored as they are: the default
+    clean = report.without_environment_failures()
+    assert clean.pass_at_1().value == 1.0 and clean.n_tasks == 3 and len(report.samples) == 5
+
+    with SQLiteStore(tmp_path / "retry.db") as store:
+        env = FailingLoads({2: 1, 3: 2})
+        retried = evaluate(agent, env, tasks, exact, name="r", store=store, environment_retries=1)
+        by_task = {s.task_id: s for s in retried.samples}
+        assert [s.task_id for s in retried.samples] == ["t1", "t2", "t3", "t4", "t5"]
+        assert by_task["t2"].environment_failure is None and by_task["t2"].environment_retries == 1
+        assert by_task["t2"].scores["exact"].passed  # its second load worked
+        assert by_task["t3"].environment_failure and by_task["t3"].environment_retries == 1  # failed twice
+        assert by_task["t1"].environment_retries == 0 and retried.n_environment_failures == 1
+        assert env.fails == {2: 0, 3: 0}
+        assert len(store.list_tapes(TapeFilter(tag=eval_tags("r")[0]))) == 5  # the last try of each
+        calls = llm.calls
+        again = evaluate(agent, FailingLoads({}), tasks, exact, name="r", store=store, environment_retries=1)
+        assert llm.calls == calls  # every round read back, none run again
+        assert [(s.tape_id, s.environment_failure) for s in again.samples] == [
+            (s.tape_id, s.environment_failure) for s in retried.samples
+        ]
+        assert rescore(store, exact, tasks, name="r").pass_at_1() == retried.pass_at_1()
+    with pytest.raises(ValueError, match="environment_retries must be an int >= 0"):
+        evaluate(agent, FailingLoads({}), tasks, exact, environment_retries=-1)

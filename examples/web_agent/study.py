@@ -94,6 +94,7 @@ class Settings:
     tasks_per_step: int = 4
     group_size: int = 4
     curriculum: str = "sec"
+    resample_rounds: int = 0  # > 0: dynamic sampling, groups without signal replaced by new draws
     scale_rewards: bool = False
     max_tokens: int = 32
     threads: int = 2
@@ -359,6 +360,7 @@ def rl_run(
         scale_rewards=settings.scale_rewards,
         micro_batch_size=4,  # samples per forward/backward: the whole batch at once held ~8 GB
         curriculum=settings.curriculum,  # type: ignore[arg-type]
+        resample_rounds=settings.resample_rounds,
         lora=None,
         seed=settings.seed,
         checkpoint=False,
@@ -670,6 +672,13 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     )
     p.add_argument("--curriculum", choices=["sec", "uniform"], default="sec")
     p.add_argument(
+        "--resample-rounds",
+        type=int,
+        default=0,
+        help="dynamic sampling: up to this many more rounds per GRPO step replace groups whose "
+        "rollouts all scored alike (no gradient) with new draws; their time counts in the budget",
+    )
+    p.add_argument(
         "--temperature",
         type=float,
         default=1.0,
@@ -714,6 +723,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         pool_eval=a.pool_eval,
         pool_samples=a.pool_samples,
         curriculum=a.curriculum,
+        resample_rounds=a.resample_rounds,
         temperature=a.temperature,
         group_size=a.group_size,
         tasks_per_step=a.tasks_per_step,
@@ -735,6 +745,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         p.error("--pool-samples counts sampled episodes per pool seed and needs --pool-eval")
     if s.sft_steps < 0 or s.rl_steps < 0:
         p.error("--sft-steps and --rl-steps count steps (0: the budget's seconds)")
+    if s.resample_rounds < 0:
+        p.error(f"--resample-rounds counts extra rounds per GRPO step, got {s.resample_rounds}")
     if a.tasks:
         s.tasks = [t.removeprefix("miniwob.") for t in a.tasks]
     if a.quick:  # docs/experiments/web-training.md, "The quick task: click-dialog" for how this was chosen

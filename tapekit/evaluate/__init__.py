@@ -63,6 +63,7 @@ Scorer = Callable[[Tape[Any, Any], "Task"], Score | bool | Awaitable[Score | boo
 Scorers = Scorer | Mapping[str, Scorer]
 
 _SEP = "#"
+_RETRY = "~"
 
 
 class Task(BaseModel):
@@ -100,13 +101,16 @@ def eval_tags(name: str) -> tuple[str, str, str]:
     return f"eval:{name}", f"eval:{name}:passed", f"eval:{name}:failed"
 
 
-def _start_id(task_id: str, sample: int) -> str:
-    return f"{task_id}{_SEP}{sample}"
+def _start_id(task_id: str, sample: int, retry: int = 0) -> str:
+    """Attempt ``sample`` of ``task_id``: ``"t#j"``; its ``retry``-th run after the environment
+    failed it: ``"t#j~retry"``."""
+    return f"{task_id}{_SEP}{sample}" + (f"{_RETRY}{retry}" if retry else "")
 
 
 def _parse_start_id(start_id: str | None, where: str) -> tuple[str, int]:
     task_id, sep, index = (start_id or "").rpartition(_SEP)
-    if not sep or not task_id or not index.isdigit():
+    index, _, retry = index.partition(_RETRY)
+    if not sep or not task_id or not index.isdigit() or not (retry == "" or retry.isdigit()):
         raise ValueError(
             f"{where}: parent_id {start_id!r} is not an evaluation attempt id '<task id>#<sample>' "
             "(pass tapes made by evaluate())"
@@ -207,16 +211,22 @@ async def aevaluate_iter(
     name: str = "eval",
     store: TapeStore | None = None,
     report: EvalReport | None = None,
+    environment_retries: int = 0,
     **batch_options: Any,
 ) -> AsyncIterator[SampleResult]:
     """Like :func:`aevaluate`, but yield each scored attempt as its tape finishes; ``report``,
-    when given, collects the records and tapes as they come."""
+    when given, collects the records and tapes as they come. An attempt the environment failed
+    while retries are left is held back and run again after the round (see :func:`aevaluate`)."""
     from tapekit.batch import abatch
+    from tapekit.environment import environment_failure
 
     items = _check_tasks(tasks)
     scorers = _named_scorers(scorer)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int (attempts per task), got {k!r}")
+    retries = environment_retries
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"environment_retries must be an int >= 0, got {environment_retries!r}")
     starts, owners = [], []
     for task in items:
         start = task.start_tape()
@@ -239,31 +249,67 @@ async def aevaluate_iter(
                 also(call)
 
         batch_options["on_llm_call"] = keep
+    # round r runs the attempts the environment failed in round r - 1, under ids of their own
+    # ("t#j~r"), so a resumed evaluation reads every round back instead of running it again
+    todo = list(range(len(starts)))
+    for round_ in range(environment_retries + 1):
+        if not todo:
+            break
+        again: list[int] = []
+        ids = [starts[i].with_metadata(id=_start_id(owners[i][0].id, owners[i][1], round_)) for i in todo]
+        async for result in abatch(agent, environment, ids, store=store, name=name, **batch_options):
+            index = todo[result.index]
+            failure = environment_failure(result.tape)
+            if failure is not None and round_ < environment_retries:
+                again.append(index)
+                continue
+            yield await _attempt_record(
+                owners[index], result, failure, round_, scorers, store, captured, name, report
+            )
+        todo = sorted(again)
+
+
+async def _attempt_record(
+    owner: tuple[Task, int],
+    result: Any,
+    failure: str | None,
+    retries: int,
+    scorers: dict[str, Scorer],
+    store: TapeStore | None,
+    captured: dict[str, LLMCall],
+    name: str,
+    report: EvalReport | None,
+) -> SampleResult:
+    """Score one finished attempt, tag its tape in the store and add it to ``report``."""
+    task, j = owner
     all_tag, passed_tag, failed_tag = eval_tags(name)
-    primary = next(iter(scorers))
-    async for result in abatch(agent, environment, starts, store=store, name=name, **batch_options):
-        task, j = owners[result.index]
-        record = SampleResult(
-            task_id=task.id, category=task.category, sample=j, tape_id=result.tape_id, error=result.error
-        )
+    record = SampleResult(
+        task_id=task.id,
+        category=task.category,
+        sample=j,
+        tape_id=result.tape_id,
+        error=result.error,
+        environment_failure=failure,
+        environment_retries=retries,
+    )
 
-        def lookup(pid: str) -> LLMCall | None:
-            if pid in captured:
-                return captured[pid]
-            return store.get_llm_call(pid) if store is not None else None
+    def lookup(pid: str) -> LLMCall | None:
+        if pid in captured:
+            return captured[pid]
+        return store.get_llm_call(pid) if store is not None else None
 
-        calls = await asyncio.to_thread(llm_calls_of, result.tape.steps, lookup)
-        record = await _scored(scorers, result.tape, task, _with_costs(record, calls))
-        if store is not None:
-            verdict = passed_tag if record.scores[primary].passed else failed_tag
-            tags = [all_tag, verdict, f"eval:{name}:task:{task.id}", f"eval:{name}:sample:{j}"]
-            store.remove_tags(result.tape_id, [passed_tag, failed_tag])
-            store.add_tags(result.tape_id, tags)
-        if report is not None:
-            report.samples.append(record)
-            report.tapes[result.tape_id] = result.tape
-            report.llm_calls.update((c.prompt.id, c) for c in calls)
-        yield record
+    calls = await asyncio.to_thread(llm_calls_of, result.tape.steps, lookup)
+    record = await _scored(scorers, result.tape, task, _with_costs(record, calls))
+    if store is not None:
+        verdict = passed_tag if record.scores[next(iter(scorers))].passed else failed_tag
+        tags = [all_tag, verdict, f"eval:{name}:task:{task.id}", f"eval:{name}:sample:{j}"]
+        store.remove_tags(result.tape_id, [passed_tag, failed_tag])
+        store.add_tags(result.tape_id, tags)
+    if report is not None:
+        report.samples.append(record)
+        report.tapes[result.tape_id] = result.tape
+        report.llm_calls.update((c.prompt.id, c) for c in calls)
+    return record
 
 
 def _order(report: EvalReport, tasks: list[Task]) -> EvalReport:
@@ -285,6 +331,7 @@ async def aevaluate(
     n_bootstrap: int = 1000,
     confidence: float = 0.95,
     on_sample: Callable[[SampleResult], None] | None = None,
+    environment_retries: int = 0,
     **batch_options: Any,
 ) -> EvalReport:
     """Run ``k`` attempts of every task with the batch runner and score each final tape.
@@ -297,6 +344,13 @@ async def aevaluate(
       (:func:`eval_tags`).
     - ``seed``, ``n_bootstrap``, ``confidence``: the bootstrap intervals of the report.
     - ``on_sample``: called with each scored attempt as it finishes (for progress displays).
+    - ``environment_retries``: an attempt the environment ended by failing (a page that never
+      loaded, a browser that crashed: :func:`tapekit.environment.environment_failure`) is run
+      again from its start tape, up to this many times, after the other attempts; the report
+      keeps its last try (``SampleResult.environment_failure`` and ``environment_retries`` say
+      what happened, ``EvalReport.n_environment_failures`` counts those still failed and
+      :meth:`EvalReport.without_environment_failures` leaves them out). 0 (the default) scores
+      such attempts as they are.
     - ``batch_options``: passed to :func:`tapekit.batch.abatch` (``max_concurrency``,
       ``llm_concurrency``, ``max_loops``, ``stats``, ``retry_failed``).
     """
@@ -310,7 +364,16 @@ async def aevaluate(
         confidence=confidence,
     )
     async for record in aevaluate_iter(
-        agent, environment, items, scorer, k=k, name=name, store=store, report=report, **batch_options
+        agent,
+        environment,
+        items,
+        scorer,
+        k=k,
+        name=name,
+        store=store,
+        report=report,
+        environment_retries=environment_retries,
+        **batch_options,
     ):
         if on_sample is not None:
             on_sample(record)
@@ -330,6 +393,7 @@ def evaluate(
     n_bootstrap: int = 1000,
     confidence: float = 0.95,
     on_sample: Callable[[SampleResult], None] | None = None,
+    environment_retries: int = 0,
     **batch_options: Any,
 ) -> EvalReport:
     """The synchronous form of :func:`aevaluate` (works inside a running event loop too)."""
@@ -346,6 +410,7 @@ def evaluate(
             n_bootstrap=n_bootstrap,
             confidence=confidence,
             on_sample=on_sample,
+            environment_retries=environment_retries,
             **batch_options,
         )
     )

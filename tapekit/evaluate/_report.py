@@ -46,7 +46,12 @@ class SampleResult(BaseModel):
 
     ``sample`` is the attempt's index (0 .. k-1); ``error`` the tape's ``metadata.error`` (the
     run failed) and ``scorer_errors`` the scorers that raised (their score is a fail whose
-    feedback holds the exception). ``cost`` is in the LLMs' price units (dollars usually).
+    feedback holds the exception). ``environment_failure`` says why the environment ended the
+    episode by failing (a page that never loaded, a crashed browser:
+    :func:`tapekit.environment.environment_failure`), None otherwise; such an attempt's score
+    says nothing about the agent. ``environment_retries``: how many earlier tries of this attempt
+    the environment failed (``evaluate(..., environment_retries=n)`` runs them again). ``cost``
+    is in the LLMs' price units (dollars usually).
     """
 
     task_id: str
@@ -56,6 +61,8 @@ class SampleResult(BaseModel):
     scores: dict[str, Score] = Field(default_factory=dict)
     error: str | None = None
     scorer_errors: list[str] = Field(default_factory=list)
+    environment_failure: str | None = None
+    environment_retries: int = 0
     llm_calls: int = 0
     prompt_tokens: int = 0
     output_tokens: int = 0
@@ -284,6 +291,17 @@ class EvalReport(JsonReport):
         return sum(s.error is not None for s in self.samples)
 
     @property
+    def n_environment_failures(self) -> int:
+        """Attempts the environment ended by failing (their scores say nothing of the agent;
+        :meth:`without_environment_failures` leaves them out)."""
+        return sum(s.environment_failure is not None for s in self.samples)
+
+    def without_environment_failures(self) -> EvalReport:
+        """This report without the attempts the environment failed: what the agent's figures
+        should be computed from when the environment, not the agent, ended some episodes."""
+        return self.model_copy(update={"samples": [s for s in self.samples if s.environment_failure is None]})
+
+    @property
     def tokens_per_attempt(self) -> float:
         """Mean prompt plus output tokens of one attempt."""
         return sum(s.tokens for s in self.samples) / max(len(self.samples), 1)
@@ -326,6 +344,7 @@ class EvalReport(JsonReport):
             f"pass^{self.k}": self.pass_hat_k(name).model_dump(),
             "mean_score": self.mean_score(name).model_dump(),
             "run_errors": self.n_errors,
+            "environment_failures": self.n_environment_failures,
             "scorer_errors": sum(name in s.scorer_errors for s in self.samples),
             "tokens_per_attempt": self.tokens_per_attempt,
             "cost_per_attempt": self.cost_per_attempt,
