@@ -381,7 +381,10 @@ def evaluate_student(
     k: int = 1,
 ) -> EvalReport:
     """Episodes of the current weights, greedy by default (``k`` sampled attempts per task at
-    ``temperature`` otherwise), decoded in batches of at most 32 episodes."""
+    ``temperature`` otherwise), decoded in batches of at most 32 episodes. An episode the
+    browser failed (a page that never loaded) is run once more after the others; one that
+    fails again is marked (``environment_failure``), and the study leaves it out of its figures
+    and counts it, as GRPO does."""
     llm = BatchedTransformersLLM.from_model(model, tokenizer, temperature=temperature, max_tokens=32)
     llm.batcher.max_wait_s = 0.5  # the episodes' next requests arrive within a browser step
     return evaluate(
@@ -393,6 +396,7 @@ def evaluate_student(
         name=name,
         store=store,
         max_concurrency=min(len(tasks) * k, 32),
+        environment_retries=1,
     )
 
 
@@ -437,15 +441,6 @@ def sampled_success(store: Any, run: str, steps: int, last: int = 2) -> dict[str
         "last_steps": last,
         "difference": _paired_by_seed(final, first),
     }
-
-
-def scored_samples(report: EvalReport) -> list[Any]:
-    """The report's samples whose episode the environment did not end by failing (a page that
-    never loaded, a browser that crashed): those say nothing about the policy, so evaluations
-    leave them out as GRPO does, and count them."""
-    from tapekit.environment import environment_failure
-
-    return [s for s in report.samples if not environment_failure(report.tapes[s.tape_id])]
 
 
 def success_by_seed(episodes: Iterable[tuple[str, float]]) -> dict[str, float]:
@@ -572,7 +567,7 @@ def run_arm(settings: Settings) -> dict[str, Any]:
             model, tokenizer, env, val + test + pool, f"{settings.arm}-s{settings.seed}-{label}", store
         )
         point["eval_seconds"] = round(time.perf_counter() - started, 1)
-        kept = scored_samples(report)
+        kept = report.without_environment_failures().samples
         for split, tasks in (("validation", val), ("test", test), ("pool", pool)):
             if tasks:
                 ids = {t.id for t in tasks}
@@ -591,7 +586,7 @@ def run_arm(settings: Settings) -> dict[str, Any]:
                 model, tokenizer, env, pool, f"{settings.arm}-s{settings.seed}-{label}-sampled", store,
                 temperature=settings.temperature, k=settings.pool_samples,
             )  # fmt: skip
-            kept = scored_samples(report)
+            kept = report.without_environment_failures().samples
             rates = success_by_seed((sample.task_id, _reward(sample)) for sample in kept)
             point["pool_sampled"] = {
                 "success": sum(rates.values()) / len(rates) if rates else None,

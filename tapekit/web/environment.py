@@ -15,9 +15,10 @@ a daemon thread, so the environment works from any caller: ``main_loop``'s priva
   replayed if its tape comes back).
 - **Never hangs.** Every browser call has a deadline. A page that does not answer (a script
   that loops forever, a page that never loads) ends its episode with an error observation and
-  its context is closed; if even that hangs, the browser is killed and relaunched. A browser
-  that crashed is relaunched and the episode replayed; the observation says the action was not
-  performed.
+  its context is closed; if even that hangs, the browser is killed and relaunched. So is a
+  browser on which ``restart_after_hangs`` page loads in a row hung (no load finished between
+  them): a browser in trouble hangs every load, not one. A browser that crashed is relaunched
+  and the episode replayed; the observation says the action was not performed.
 - **No stray processes.** :meth:`close` / :meth:`aclose` (or leaving ``with`` / ``async with``)
   closes the browser and its driver, killing the process tree if closing does not finish; the
   same happens when the environment is garbage-collected or the interpreter exits.
@@ -232,6 +233,9 @@ class WebEnvironment(Environment):
             renderer is the largest part of a reset, and a spare is started in the background.
         axtree_max_chars: cut longer trees (None: never).
         chromium_args: extra command-line switches.
+        restart_after_hangs: relaunch the browser once this many page loads in a row hung on it
+            (None: never); the episodes still open on it are replayed on the new one.
+            ``stats["restarts"]`` counts such relaunches.
     """
 
     def __init__(
@@ -248,10 +252,13 @@ class WebEnvironment(Environment):
         prewarm: int = 1,
         axtree_max_chars: int | None = 4000,
         chromium_args: Sequence[str] = (),
+        restart_after_hangs: int | None = 3,
         name: str = "browser",
     ) -> None:
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
+        if restart_after_hangs is not None and restart_after_hangs < 1:
+            raise ValueError(f"restart_after_hangs must be at least 1 or None, got {restart_after_hangs}")
         self.name = name
         if tasks is None:
             self.tasks: dict[str, WebTask] = {}
@@ -269,6 +276,8 @@ class WebEnvironment(Environment):
         self.prewarm = max(0, prewarm)
         self.axtree_max_chars = axtree_max_chars
         self.chromium_args = tuple(chromium_args)
+        self.restart_after_hangs = restart_after_hangs
+        self._hangs_in_row = 0  # page loads that hung on this browser since one last finished
         self._marker = f"--tapekit-browser={new_id()}"
         self._runner: _Runner | None = None
         self._runner_lock = threading.Lock()
@@ -286,7 +295,14 @@ class WebEnvironment(Environment):
         self._closing = False
         self._leftovers = _Leftovers(self._marker)
         self._finalizer = weakref.finalize(self, self._leftovers.clean)
-        self.stats: dict[str, int] = {"launches": 0, "replays": 0, "hangs": 0, "crashes": 0, "episodes": 0}
+        self.stats: dict[str, int] = {
+            "launches": 0,
+            "replays": 0,
+            "hangs": 0,
+            "crashes": 0,
+            "restarts": 0,
+            "episodes": 0,
+        }
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -393,6 +409,7 @@ class WebEnvironment(Environment):
                     f"{self.name}: Chromium ({self.executable}) did not start: {e}"
                 ) from e
             self._generation += 1
+            self._hangs_in_row = 0
             self.stats["launches"] += 1
             pid = _procs.find_marked(self._marker)
             if pid is not None and self._leftovers.driver_pid is None:
@@ -463,14 +480,33 @@ class WebEnvironment(Environment):
         context, page, cdp, generation = await self._fresh_page(task.viewport)
         try:
             goal = await self._guard(task.setup(page, seed, self.timeout_s), f"loading {task.name}")
-        except BaseException:
+        except BaseException as e:
             await self._close_context(context, generation)
+            if isinstance(e, _PageHung):
+                await self._load_hung(generation)
             raise
+        if generation == self._generation:
+            self._hangs_in_row = 0
         episode = _Episode(episode_id, task, seed, goal, context, page, cdp, generation)
         episode.max_steps = max_steps or task.max_steps
         self._episodes[episode_id] = episode
         self.stats["episodes"] += 1
         return episode
+
+    async def _load_hung(self, generation: int) -> None:
+        """Count a page load that hung on browser ``generation``; relaunch the browser (by
+        dropping it: the next call launches one) after ``restart_after_hangs`` in a row on the
+        current one. Loads that hung on a browser already replaced do not count."""
+        if self.restart_after_hangs is None or generation != self._generation or self._browser is None:
+            return
+        self._hangs_in_row += 1
+        if self._hangs_in_row >= self.restart_after_hangs:
+            logger.warning(
+                "%s: %d page loads in a row hung; restarting the browser", self.name, self._hangs_in_row
+            )
+            self._hangs_in_row = 0
+            self.stats["restarts"] += 1
+            await self._drop_browser()
 
     async def _blank_page(self, viewport: tuple[int, int]) -> tuple[Any, Any, Any, int]:
         """A new context with one blank page (timer tracker installed) and its CDP session."""

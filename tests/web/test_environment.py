@@ -256,6 +256,49 @@ def test_hung_pages_become_error_observations_and_leave_no_process(tmp_path: Pat
     assert wait_dead(pids) == []
 
 
+class _StuckLoads(PageTask):
+    """A page whose load hangs while ``stuck`` is set, as every load does on a browser in
+    trouble (seen in CI: all 32 concurrent MiniWob++ loads timed out at once)."""
+
+    stuck = False
+
+    async def setup(self, page: Any, seed: int, timeout_s: float) -> str:
+        if self.stuck:
+            await asyncio.sleep(3600)
+        return await super().setup(page, seed, timeout_s)
+
+
+def test_a_browser_on_which_loads_hang_in_a_row_is_relaunched(tmp_path: Path) -> None:
+    task = _StuckLoads("stuck", _page(tmp_path, "stuck", "<button>Go</button>"))
+    env = WebEnvironment([task], max_concurrent=1, timeout_s=3, restart_after_hangs=2, prewarm=0)
+
+    def load() -> WebObservation:
+        return observations(env.react(Tape(steps=[OpenTask(task="stuck", seed=0)])))[-1]
+
+    try:
+        assert not load().done
+        first = env.browser_pids()[0]
+        task.stuck = True
+        assert "did not load" in load().last_action_error
+        task.stuck = False
+        assert not load().done  # a load that finished: the hangs before it do not count
+        task.stuck = True
+        assert "did not load" in load().last_action_error
+        assert env.stats["restarts"] == 0 and env.browser_pids()[0] == first
+        assert "did not load" in load().last_action_error  # two in a row: relaunched
+        assert env.stats["restarts"] == 1 and env.stats["hangs"] == 3
+        assert wait_dead([first]) == []
+        task.stuck = False
+        assert not load().done
+        pids = env.browser_pids()
+        assert pids[0] != first and env.stats["launches"] == 2
+    finally:
+        env.close()
+    assert wait_dead(pids) == []
+    with pytest.raises(ValueError, match="restart_after_hangs must be at least 1"):
+        WebEnvironment(restart_after_hangs=0)
+
+
 def test_a_killed_browser_becomes_an_error_observation_and_leaves_no_process() -> None:
     agent = teacher_agent()
     env = WebEnvironment(max_concurrent=1, timeout_s=10)
