@@ -83,6 +83,7 @@ def test_eval_explains_bad_input(tmp_path: Path) -> None:
         ("--tasks", "tapekit.testing.analyst:team"): "must give a non-empty list of tapekit.evaluate.Task",
         ("--tasks", TASKS, "--scorer", "nothere"): "--scorer nothere",
         ("--tasks", TASKS, "-k", "0"): "-k and --concurrency must be at least 1",
+        ("--tasks", TASKS, "--environment-retries", "-1"): "--environment-retries must be at least 0",
     }
     for args, message in cases.items():
         out = tapekit("eval", TEAM, *args, cwd=tmp_path)

@@ -98,6 +98,13 @@ def eval_command(
     concurrency: Annotated[int, typer.Option("--concurrency", help="attempts running at once")] = 8,
     max_loops: Annotated[int, typer.Option("--max-loops", help="agent/environment rounds")] = 50,
     seed: Annotated[int, typer.Option("--seed", help="seed of the bootstrap intervals")] = 0,
+    environment_retries: Annotated[
+        int,
+        typer.Option(
+            "--environment-retries",
+            help="run an attempt the environment failed (a hung page) again, this often",
+        ),
+    ] = 0,
 ) -> None:
     """Evaluate an agent: k attempts of every task, each final tape scored, the report printed.
 
@@ -115,6 +122,8 @@ def eval_command(
         scorers = _scorers(list(scorer or []))
         if k < 1 or concurrency < 1:
             raise CliError("-k and --concurrency must be at least 1")
+        if environment_retries < 0:
+            raise CliError(f"--environment-retries must be at least 0, got {environment_retries}")
     except CliError as e:
         raise fail(str(e)) from None
     from tapekit.evaluate import evaluate
@@ -133,11 +142,17 @@ def eval_command(
             seed=seed,
             max_concurrency=concurrency,
             max_loops=max_loops,
+            environment_retries=environment_retries,
         )
     finally:
         if store is not None:
             store.close()
     report.print()
+    if report.n_environment_failures:
+        typer.echo(
+            f"{report.n_environment_failures} attempts ended by the environment's failure (scored as they "
+            "are; --environment-retries runs them again)"
+        )
     if out is not None:
         report.save(out)
         typer.echo(f"report written to {out}")

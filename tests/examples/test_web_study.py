@@ -54,6 +54,11 @@ def test_arguments_are_checked() -> None:
         study.run_arm(study.Settings(arm="dpo"))
     quick = study.parse_args(["--quick", "--arm", "rl"])
     assert quick.tasks == [study.QUICK_TASK] and quick.arm == "rl" and not quick.test
+    dynamic = study.parse_args(["--curriculum", "uniform", "--resample-rounds", "2"])
+    assert dynamic.resample_rounds == 2 and dynamic.curriculum == "uniform"
+    assert study.parse_args([]).resample_rounds == 0  # zero-advantage groups kept by default
+    with pytest.raises(SystemExit):
+        study.parse_args(["--resample-rounds", "-1"])
 
 
 @pytest.mark.slow
