@@ -38,9 +38,10 @@ def _read(folder: Path) -> dict[str, Any]:
 
 
 def rl_log(folder: Path) -> list[dict[str, Any]]:
-    """The run's GRPO step records, in order."""
+    """The run's GRPO step records, in order (``rl_log.jsonl`` in the run's folder as
+    study.py writes it, under ``rl/``, or beside ``results.json`` as the docs keep it)."""
     records: list[dict[str, Any]] = []
-    for log in sorted(folder.glob("rl*/rl_log.jsonl")):
+    for log in sorted([*folder.glob("rl*/rl_log.jsonl"), *folder.glob("rl_log.jsonl")]):
         records += [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     return records
 
@@ -219,7 +220,9 @@ def plot(runs: list[dict[str, Any]], picture: Path) -> None:
             ax.grid(alpha=0.3)
             if j == 0:
                 ax.set_ylabel("probability / share")
-    axes[0][-1].legend(fontsize=7, loc="upper right")
+    drawn = [ax for ax in axes[0] if ax.get_legend_handles_labels()[0]]
+    if drawn:
+        drawn[-1].legend(fontsize=7, loc="upper right")
     for j, curriculum in enumerate(CURRICULA):
         ax = axes[-1][j]
         for seed in seeds:
@@ -232,11 +235,13 @@ def plot(runs: list[dict[str, Any]], picture: Path) -> None:
                 n += live_groups(rec)
                 seconds.append(t)
                 live.append(n)
-            ax.plot(seconds, live, color=COLOURS[curriculum], alpha=0.5 + 0.15 * seed, label=f"seed {seed}")
+            style = ("-", "--", "-.", ":")[seeds.index(seed) % 4]
+            ax.plot(seconds, live, style, color=COLOURS[curriculum], label=f"seed {seed}")
         ax.set_title(f"{curriculum}: groups with a signal", fontsize=9)
         ax.set_xlabel("GRPO seconds")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     axes[-1][0].set_ylabel("cumulative groups")
     fig.tight_layout()
     fig.savefig(picture, dpi=110)
