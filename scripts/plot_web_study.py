@@ -108,23 +108,24 @@ def differences(runs: list[dict[str, Any]], start: dict[str, Any] | None) -> lis
                 per_seed[seed] = sum(finals[a][seed][i] - theirs[i] for i in shared) / len(shared)
         if not xs:
             continue
-        est = paired_difference(xs, ys, strata=strata, seed=0)
-        out.append(
-            {
-                "a": a,
-                "b": b,
-                "seeds": seeds,
-                "items": len(xs),
-                "difference": est.value,
-                "low": est.low,
-                "high": est.high,
-                "a_wins": sum(1 for x, y in zip(xs, ys, strict=True) if x > 0 >= y),
-                "b_wins": sum(1 for x, y in zip(xs, ys, strict=True) if y > 0 >= x),
-                "mcnemar_p": mcnemar_exact([x > 0 for x in xs], [y > 0 for y in ys]),
-                "per_seed": per_seed,
-            }
-        )
+        out.append({"a": a, "b": b, "seeds": seeds, **paired(xs, ys, strata), "per_seed": per_seed})
     return out
+
+
+def paired(xs: list[float], ys: list[float], strata: list[str]) -> dict[str, Any]:
+    """The paired comparison of two systems' binary rewards on the same items: the mean
+    difference with its task-stratified bootstrap interval, the items each wins alone, and the
+    exact McNemar p-value."""
+    est = paired_difference(xs, ys, strata=strata, seed=0)
+    return {
+        "items": len(xs),
+        "difference": est.value,
+        "low": est.low,
+        "high": est.high,
+        "a_wins": sum(1 for x, y in zip(xs, ys, strict=True) if x > 0 >= y),
+        "b_wins": sum(1 for x, y in zip(xs, ys, strict=True) if y > 0 >= x),
+        "mcnemar_p": mcnemar_exact([x > 0 for x in xs], [y > 0 for y in ys]),
+    }
 
 
 def _interval(d: dict[str, Any] | None) -> str:

@@ -14,7 +14,8 @@ curriculum each, the same budget). Writes into ``--out``:
   gathered against GRPO seconds, one line per run;
 - the table in Markdown, on standard output.
 
-    python docs/experiments/web-training/curricula.py RUNS --out docs/experiments/web-training/curricula
+    python scripts/plot_web_curricula.py docs/experiments/web-training/curricula \
+        --out docs/experiments/web-training/curricula
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tapekit.evaluate import mcnemar_exact, paired_difference
+from plot_web_study import paired  # scripts/: the same paired comparison as the study's table
 
 CURRICULA = ("uniform", "dynamic", "sec")
 COLOURS = {"uniform": "tab:grey", "dynamic": "tab:green", "sec": "tab:purple"}
@@ -129,18 +130,7 @@ def difference(pairs: list[tuple[dict[str, float], dict[str, float]]], seeds: li
         ys += [b[i] for i in shared]
         strata += [_task(i) for i in shared]
         per_seed[seed] = sum(a[i] - b[i] for i in shared) / len(shared) if shared else None
-    est = paired_difference(xs, ys, strata=strata, seed=0)
-    return {
-        "seeds": seeds,
-        "items": len(xs),
-        "difference": est.value,
-        "low": est.low,
-        "high": est.high,
-        "a_wins": sum(1 for x, y in zip(xs, ys, strict=True) if x > 0 >= y),
-        "b_wins": sum(1 for x, y in zip(xs, ys, strict=True) if y > 0 >= x),
-        "mcnemar_p": mcnemar_exact([x > 0 for x in xs], [y > 0 for y in ys]),
-        "per_seed": per_seed,
-    }
+    return {"seeds": seeds, **paired(xs, ys, strata), "per_seed": per_seed}
 
 
 def differences(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
