@@ -755,8 +755,31 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     return s
 
 
+def limit_malloc_arenas(arenas: int = 2) -> bool:
+    """Cap glibc's malloc arenas for this process, as ``MALLOC_ARENA_MAX`` does (unless that is
+    set): the study's threads (the browser's loop, the batcher, torch) each grew an arena of
+    their own, and ``--quick`` then held 11.5 GB where it holds about 7 GB with two arenas
+    (docs/experiments/web-training.md); beside another large process that exhausted the
+    machine's memory and hung every page load. Returns whether the cap was set; a no-op off
+    glibc Linux."""
+    import ctypes
+    import os
+    import sys
+
+    if not sys.platform.startswith("linux") or "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_arena_max = -8  # glibc's mallopt parameter number for the arena cap
+    return bool(libc.mallopt(m_arena_max, arenas))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    return run_arm(parse_args(argv))
+    settings = parse_args(argv)
+    limit_malloc_arenas()  # before any thread starts allocating
+    return run_arm(settings)
 
 
 if __name__ == "__main__":
