@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from plot_web_study import paired  # scripts/: the same paired comparison as the study's table
+from plot_web_study import paired, rl_logs  # scripts/: the study's own comparison and log reader
 
 CURRICULA = ("uniform", "dynamic", "sec")
 COLOURS = {"uniform": "tab:grey", "dynamic": "tab:green", "sec": "tab:purple"}
@@ -38,19 +38,10 @@ def _read(folder: Path) -> dict[str, Any]:
     return dict(json.loads(path.read_text()))
 
 
-def rl_log(folder: Path) -> list[dict[str, Any]]:
-    """The run's GRPO step records, in order (``rl_log.jsonl`` in the run's folder as
-    study.py writes it, under ``rl/``, or beside ``results.json`` as the docs keep it)."""
-    records: list[dict[str, Any]] = []
-    for log in sorted([*folder.glob("rl*/rl_log.jsonl"), *folder.glob("rl_log.jsonl")]):
-        records += [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    return records
-
-
 def live_groups(record: dict[str, Any]) -> int:
-    """Groups of a step whose rewards differed (the ones that give GRPO a gradient)."""
-    scored = record["groups"] if record.get("scored_rollouts", 1) else 0
-    return round(scored * (1.0 - record["zero_adv_share"]))
+    """Groups of a step whose rewards differed (the ones that give GRPO a gradient; a step
+    that scored no rollout logs a zero-advantage share of 1.0)."""
+    return round(record["groups"] * (1.0 - record["zero_adv_share"]))
 
 
 def load(root: Path) -> list[dict[str, Any]]:
@@ -64,7 +55,7 @@ def load(root: Path) -> list[dict[str, Any]]:
             points = data["checkpoints"]
             if len(points) < 2 or "test" not in points[-1]:
                 continue  # a run that did not reach its final evaluation
-            records = rl_log(folder)
+            records = rl_logs(folder)
             runs.append(
                 {
                     "curriculum": curriculum,
@@ -114,23 +105,19 @@ def _drawn(records: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def _task(item: str) -> str:
-    return item.rsplit("/", 1)[0]
-
-
 def difference(pairs: list[tuple[dict[str, float], dict[str, float]]], seeds: list[int]) -> dict[str, Any]:
     """Paired difference a − b over the (task, test seed) items of each seed's pair of runs."""
     xs: list[float] = []
     ys: list[float] = []
-    strata: list[str] = []
+    items: list[str] = []
     per_seed = {}
     for seed, (a, b) in zip(seeds, pairs, strict=True):
         shared = [item for item in sorted(a) if item in b]
         xs += [a[i] for i in shared]
         ys += [b[i] for i in shared]
-        strata += [_task(i) for i in shared]
+        items += shared
         per_seed[seed] = sum(a[i] - b[i] for i in shared) / len(shared) if shared else None
-    return {"seeds": seeds, **paired(xs, ys, strata), "per_seed": per_seed}
+    return {"seeds": seeds, **paired(xs, ys, items), "per_seed": per_seed}
 
 
 def differences(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

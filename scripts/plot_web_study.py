@@ -95,7 +95,7 @@ def differences(runs: list[dict[str, Any]], start: dict[str, Any] | None) -> lis
     if start is not None:
         pairs += [(arm, "base") for arm in ARMS if arm in finals]
     for a, b in pairs:
-        xs, ys, strata = [], [], []
+        xs, ys, items = [], [], []
         per_seed: dict[int, float] = {}
         seeds = sorted(finals[a]) if b == "base" else sorted(set(finals[a]) & set(finals[b]))
         for seed in seeds:
@@ -103,20 +103,20 @@ def differences(runs: list[dict[str, Any]], start: dict[str, Any] | None) -> lis
             shared = [item for item in sorted(finals[a][seed]) if item in theirs]
             xs += [finals[a][seed][item] for item in shared]
             ys += [theirs[item] for item in shared]
-            strata += [_task(item) for item in shared]
+            items += shared
             if shared:
                 per_seed[seed] = sum(finals[a][seed][i] - theirs[i] for i in shared) / len(shared)
         if not xs:
             continue
-        out.append({"a": a, "b": b, "seeds": seeds, **paired(xs, ys, strata), "per_seed": per_seed})
+        out.append({"a": a, "b": b, "seeds": seeds, **paired(xs, ys, items), "per_seed": per_seed})
     return out
 
 
-def paired(xs: list[float], ys: list[float], strata: list[str]) -> dict[str, Any]:
-    """The paired comparison of two systems' binary rewards on the same items: the mean
-    difference with its task-stratified bootstrap interval, the items each wins alone, and the
-    exact McNemar p-value."""
-    est = paired_difference(xs, ys, strata=strata, seed=0)
+def paired(xs: list[float], ys: list[float], items: list[str]) -> dict[str, Any]:
+    """The paired comparison of two systems' binary rewards on the same (task, seed) items:
+    the mean difference with its task-stratified bootstrap interval, the items each wins alone,
+    and the exact McNemar p-value."""
+    est = paired_difference(xs, ys, strata=[_task(item) for item in items], seed=0)
     return {
         "items": len(xs),
         "difference": est.value,
@@ -206,9 +206,10 @@ def plot(runs: list[dict[str, Any]], start: dict[str, Any] | None, picture: Path
 
 
 def rl_logs(folder: Path) -> list[dict[str, Any]]:
-    """A run's GRPO step records, in order (one ``rl_log.jsonl`` per GRPO run of the arm)."""
+    """A run's GRPO step records, in order: one ``rl_log.jsonl`` per GRPO run of the arm, under
+    ``rl*/`` as study.py writes them, or beside ``results.json`` as the docs keep a run's logs."""
     records: list[dict[str, Any]] = []
-    for log in sorted(folder.glob("rl*/rl_log.jsonl")):
+    for log in sorted([*folder.glob("rl*/rl_log.jsonl"), *folder.glob("rl_log.jsonl")]):
         records += [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     return records
 

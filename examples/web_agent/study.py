@@ -567,19 +567,18 @@ def run_arm(settings: Settings) -> dict[str, Any]:
             model, tokenizer, env, val + test + pool, f"{settings.arm}-s{settings.seed}-{label}", store
         )
         point["eval_seconds"] = round(time.perf_counter() - started, 1)
-        kept = report.without_environment_failures().samples
         for split, tasks in (("validation", val), ("test", test), ("pool", pool)):
             if tasks:
                 ids = {t.id for t in tasks}
-                part = report.model_copy(update={"samples": [s for s in kept if s.task_id in ids]})
-                failed = sum(1 for s in report.samples if s.task_id in ids) - len(part.samples)
+                whole = report.model_copy(update={"samples": [s for s in report.samples if s.task_id in ids]})
+                part = whole.without_environment_failures()
                 score = part.mean_score() if part.samples else None
                 point[split] = {
                     "success": score.value if score else None,
                     "low": score.low if score else None,
                     "high": score.high if score else None,
                     "per_task": {s.task_id: _reward(s) for s in part.samples},
-                    "environment_failures": failed,  # episodes the browser failed: not scored
+                    "environment_failures": whole.n_environment_failures,  # the browser failed: not scored
                 }
         if pool and settings.pool_samples:  # the policy as GRPO samples it, on the pool's seeds
             report = evaluate_student(
@@ -592,7 +591,7 @@ def run_arm(settings: Settings) -> dict[str, Any]:
                 "success": sum(rates.values()) / len(rates) if rates else None,
                 "per_task": rates,
                 "episodes": len(kept),
-                "environment_failures": len(report.samples) - len(kept),
+                "environment_failures": report.n_environment_failures,
             }
         results["checkpoints"].append(point)
         shown = {
