@@ -4,10 +4,11 @@
 
 Per run: greedy pool success at the start, after SFT and after GRPO; sampled success per GRPO
 step (step 0: the SFT student); the paired difference of the last two steps' sampled success and
-step 0's per pool seed, with its bootstrap interval over the 8 seeds; where the run scored 8
-sampled episodes per seed at its checkpoints (``--pool-samples``), that success after SFT and
-after GRPO and their paired difference. Then the differences over every run's seeds together,
-resampled within each run (``paired_difference`` with the run as the stratum).
+step 0's per pool seed, with its bootstrap interval over the 8 seeds; where the run scored k
+sampled episodes per seed at its checkpoints (``--pool-samples k``: 8 until 2026-11-27 13:00
+UTC, 16 since), that success after SFT and after GRPO and their paired difference. Then the
+differences over every run's seeds together, resampled within each run (``paired_difference``
+with the run as the stratum).
 """
 
 import json
@@ -18,7 +19,7 @@ from tapekit.evaluate import paired_difference
 
 HEAD = (
     "| run | seed | GRPO lr | greedy pool: start → SFT → GRPO | sampled success per GRPO step "
-    "| last 2 − step 0 [95 %] | 8 samples per seed: SFT → GRPO, difference [95 %] |"
+    "| last 2 − step 0 [95 %] | k samples per seed: SFT → GRPO, difference [95 %] |"
 )
 
 
@@ -38,7 +39,7 @@ for folder in map(Path, sys.argv[1:]):
     gain = results.get("pool_sampled_gain")
     if gain:
         before, after = points[gain["from"]]["pool_sampled"], points[gain["to"]]["pool_sampled"]
-        checked = f"{before['success']:.2f} → {after['success']:.2f}: " + interval(
+        checked = f"k={s['pool_samples']}: {before['success']:.2f} → {after['success']:.2f}: " + interval(
             gain["value"], gain["low"], gain["high"]
         )
         for t in before["per_task"]:
