@@ -224,9 +224,12 @@ async def aevaluate_iter(
     scorers = _named_scorers(scorer)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int (attempts per task), got {k!r}")
-    retries = environment_retries
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ValueError(f"environment_retries must be an int >= 0, got {retries!r}")
+    if (
+        isinstance(environment_retries, bool)
+        or not isinstance(environment_retries, int)
+        or environment_retries < 0
+    ):
+        raise ValueError(f"environment_retries must be an int >= 0, got {environment_retries!r}")
     starts, owners = [], []
     for task in items:
         start = task.start_tape()
@@ -252,7 +255,7 @@ async def aevaluate_iter(
     # round r runs the attempts the environment failed in round r - 1, under ids of their own
     # ("t#j~r"), so a resumed evaluation reads every round back instead of running it again
     todo = list(range(len(starts)))
-    for round_ in range(retries + 1):
+    for round_ in range(environment_retries + 1):
         if not todo:
             break
         again: list[int] = []
@@ -260,7 +263,7 @@ async def aevaluate_iter(
         async for result in abatch(agent, environment, ids, store=store, name=name, **batch_options):
             index = todo[result.index]
             failure = environment_failure(result.tape)
-            if failure is not None and round_ < retries:
+            if failure is not None and round_ < environment_retries:
                 again.append(index)
                 continue
             yield await _attempt_record(
