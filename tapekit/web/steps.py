@@ -216,6 +216,10 @@ ACTION_CLASSES: dict[str, type[WebAction]] = {
 }
 """BrowserGym's function names and the action classes they parse to."""
 
+class _ArgumentError(Exception):
+    """A call whose arguments do not fit the function (raised as ``ValueError``)."""
+
+
 # BrowserGym's own keyword names, accepted as aliases
 _ALIASES = {"value": "text", "delta_x": "dx", "delta_y": "dy"}
 
@@ -226,7 +230,8 @@ def parse_action(text: str) -> WebAction:
 
     Arguments must be literals; BrowserGym's keyword names (``value``, ``delta_x``) are
     accepted. Raises ``ValueError`` saying what is wrong (not a call, unknown function,
-    missing or extra arguments), for an agent to show the model.
+    missing, extra or repeated arguments: ``click('1', bid='2')`` is an error, not a click on
+    ``'2'``), for an agent to show the model.
     """
     source = text.strip()
     try:
@@ -250,11 +255,14 @@ def parse_action(text: str) -> WebAction:
         for keyword in call.keywords:
             key = _ALIASES.get(keyword.arg or "", keyword.arg or "")
             if key not in params:
-                raise ValueError(f"{name} has no argument {keyword.arg!r}; it takes {', '.join(params)}")
+                raise _ArgumentError(f"{name} has no argument {keyword.arg!r}; it takes {', '.join(params)}")
+            if key in values:  # click('1', bid='2'), fill('1', text='a', value='b'): which one?
+                spelled = keyword.arg if keyword.arg == key else f"{keyword.arg} (= {key})"
+                raise _ArgumentError(f"{name} got argument {spelled!r} twice")
             values[key] = ast.literal_eval(keyword.value)
+    except _ArgumentError as e:
+        raise ValueError(str(e)) from None
     except (ValueError, SyntaxError) as e:
-        if "has no argument" in str(e):
-            raise
         raise ValueError(f"{name}: arguments must be literals ({e})") from None
     for key in ("bid",):
         if key in values and isinstance(values[key], int):

@@ -90,6 +90,11 @@ def test_parse_accepts_browsergym_spellings() -> None:
         ("fill('1')", "fill:"),
         ("click(bid=x)", "arguments must be literals"),
         ("click(target='1')", "has no argument 'target'"),
+        # an argument given twice is an error, never the last value silently (issue 46, item 3)
+        ("click('1', bid='2')", "click got argument 'bid' twice"),
+        ("fill('1', 'a', value='b')", r"fill got argument 'value \(= text\)' twice"),
+        ("fill('1', text='a', value='b')", r"fill got argument 'value \(= text\)' twice"),
+        ("scroll(0, 1, dx=3)", "scroll got argument 'dx' twice"),
     ],
 )
 def test_parse_errors_say_what_is_wrong(text: str, message: str) -> None:
