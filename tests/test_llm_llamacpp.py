@@ -153,3 +153,37 @@ def test_unsupported_parameters_are_named() -> None:
 
     with pytest.raises(LLMError, match=r"unsupported parameters \['stop'\]"):
         _settings({"stop": ["x"], "temperature": 0.1}, "m")
+
+
+def test_thread_defaults_leave_cpus_free_and_every_cpu_warns(monkeypatch: pytest.MonkeyPatch) -> None:
+    # llama.cpp's threads spin-wait: a count taking every CPU collapses ~20x when anything else
+    # runs, so the default is half the usable CPUs and asking for all of them warns
+    import warnings
+
+    import tapekit._cpu as cpu
+    from tapekit.llm import llamacpp
+
+    monkeypatch.setattr(cpu, "usable_cpus", lambda: 2)
+    assert llamacpp.default_threads() == 1
+    monkeypatch.setattr(cpu, "usable_cpus", lambda: 16)
+    assert llamacpp.default_threads() == 8
+    with pytest.warns(UserWarning, match="takes every CPU"):
+        llamacpp._warn_if_every_cpu(16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        llamacpp._warn_if_every_cpu(8)
+        monkeypatch.setattr(cpu, "usable_cpus", lambda: 1)
+        llamacpp._warn_if_every_cpu(1)  # one CPU: nothing to leave free
+
+
+@needs_local_model
+def test_an_explicit_thread_count_of_every_cpu_warns_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tapekit._cpu as cpu
+
+    monkeypatch.setattr(cpu, "usable_cpus", lambda: 2)
+    model = LlamaCppLLM(n_threads=2, parameters={"temperature": 0.0, "max_tokens": 4})
+    with pytest.warns(UserWarning, match="n_threads=2 takes every CPU"):
+        model.load()
+    assert model.load().n_threads == 2
+    default = LlamaCppLLM(parameters={"temperature": 0.0, "max_tokens": 4})
+    assert default.load().n_threads == 1 and default.load().n_threads_batch == 1

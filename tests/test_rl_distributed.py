@@ -105,7 +105,8 @@ def _part(rank: int, rewards: list[float], tokens: int, loss: float) -> dict[str
         "record": record,
         "rewards": rewards,
         "scores": {"strict": [float(r > 0.5) for r in rewards]},
-        "tasks": [(f"t{rank}", "a")] * len(rewards),
+        "tasks": [(f"t{rank}", "a")] * max(1, len(rewards)),  # drawn, even when every rollout failed
+        "kept_tasks": [f"t{rank}"] if rewards else [],
         "zero_groups": rank,
         "n_groups": 1,
         "output_tokens": 50,
@@ -129,6 +130,7 @@ def test_merge_records_is_the_whole_steps_record() -> None:
     hung = merge_records([_part(0, [], 0, 0.0), _part(1, [], 0, 0.0)])
     assert hung["reward_mean"] is None and hung["reward_std"] is None and hung["score_strict"] is None
     assert hung["scored_rollouts"] == 0
+    assert hung["groups"] == 0 and hung["categories"] == {"a": 2}  # two tasks drawn, none trained
     diverged = _part(1, [1.0], 10, 0.0)
     diverged["record"]["sampler_values"] = {"a": 0.2}
     with pytest.raises(RuntimeError, match=r"rank 1 disagrees.*sampler_values"):

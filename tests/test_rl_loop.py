@@ -229,8 +229,10 @@ def test_a_step_whose_every_rollout_the_environment_failed_reports_no_reward_not
     assert hung["environment_failures"] == hung["rollouts"] == 4 and hung["scored_rollouts"] == 0
     assert hung["reward_mean"] is None and hung["reward_std"] is None and hung["score_steps"] is None
     assert hung["zero_adv_share"] == 1.0  # no group, nothing to train on
+    assert hung["groups"] == 0 and hung["categories"]  # two tasks drawn, no group to train on
     half = record(1, {tasks[0].question})
     assert half["environment_failures"] == 2 and half["scored_rollouts"] == 2
+    assert half["groups"] == 1  # the failed task's group is not counted as trained
     assert half["reward_mean"] == 1.0 and half["score_steps"] == 1.0  # the oracle solves what ran
     store.close()
 

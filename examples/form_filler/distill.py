@@ -125,7 +125,7 @@ class StudentConfig:
     max_tokens: int = 200
     packing: bool = False
     seed: int = 0
-    dtype: str = "float32"  # "bfloat16": autocast (SmolLM2 on a CPU with AVX-512 BF16)
+    dtype: str = "float32"  # "auto": bf16 autocast on a CPU with bf16 instructions (AVX-512 BF16, AMX)
 
 
 def tiny_student(config: StudentConfig, texts: list[str]) -> tuple[Any, Any, Path]:
@@ -186,7 +186,6 @@ def student_llm(config: StudentConfig, model_path: str | None, adapter_path: str
         return LlamaCppLLM(
             model_name=f"{config.kind}-student",
             lora_path=lora,
-            n_threads=2,
             parameters={"temperature": 0.0, "max_tokens": config.max_tokens},
         )
     from tapekit.llm.transformers import TransformersLLM

