@@ -175,6 +175,41 @@ def test_export_and_import_round_trip(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "choose jsonl or otlp" in bad.stderr
 
 
+def test_run_replay_and_export_check_files_and_stores_before_any_work(tmp_path: Path) -> None:
+    """The eval command's rule for every command: a bad input file, an output path that cannot be
+    written and a store that cannot be opened are an ``error: ...`` with exit code 2, found
+    before the agent runs or a store file is created."""
+    team = "tapekit.testing.analyst:team"
+    (tmp_path / "latin1.json").write_bytes(b'{"steps": [], "metadata": {"id": "caf\xe9"}}')
+    cases = {
+        ("run", team, "Tell me about Vulcan", "--out", "missing/t.json", "--db", "r.db"): (
+            "--out missing/t.json: the folder missing does not exist"
+        ),
+        ("run", team, "--tape", "latin1.json", "--db", "r.db"): (
+            "latin1.json, line 1: not valid UTF-8 (byte 0xe9 at column 38)"
+        ),
+        ("replay", team, "latin1.json"): "latin1.json, line 1: not valid UTF-8",
+        ("replay", team, "latest", "--db", "r.db"): "--db r.db: no such store",
+        ("export", "--db", "r.db", "--out", "x.jsonl"): "--db r.db: no such store",
+        (
+            "run",
+            team,
+            "Tell me about Vulcan",
+            "--db",
+            "missing/r.db",
+        ): "cannot open the SQLite store missing/r.db",
+    }
+    for args, message in cases.items():
+        out = tapekit(*args, cwd=tmp_path)
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+        assert "Traceback" not in out.stderr and out.stdout == "", (args, out.stdout)  # nothing ran
+        assert not (tmp_path / "r.db").exists(), args
+    ran = tapekit("run", team, "Tell me about Vulcan", "--db", "r.db", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    out = tapekit("export", "--db", "r.db", "--out", "missing/x.jsonl", cwd=tmp_path)
+    assert out.returncode == 2 and "--out missing/x.jsonl: the folder missing does not exist" in out.stderr
+
+
 def test_import_reference_from_the_command_line(tmp_path: Path) -> None:
     data = SHARED / "reference-data"
     if not data.is_dir():

@@ -91,6 +91,63 @@ def test_eval_explains_bad_input(tmp_path: Path) -> None:
         assert "Traceback" not in out.stderr
 
 
+BAD_INPUT = {  # the arguments after TARGET, and the error they must give
+    "not-utf8": (
+        ["--tasks", "latin1.jsonl"],
+        "--tasks latin1.jsonl, line 2: not valid UTF-8 (byte 0xe9 at column 29)",
+    ),
+    "duplicate-ids-file": (
+        ["--tasks", "dup.jsonl"],
+        "--tasks dup.jsonl: line 3 repeats task id 'a' of line 1",
+    ),
+    "duplicate-ids-module": (
+        ["--tasks", "tasks:TWICE"],
+        "tasks:TWICE: tasks[1] repeats task id 'x' of tasks[0]",
+    ),
+    "tasks-function-raises": (
+        ["--tasks", "tasks:broken"],
+        "tasks:broken: calling it failed: RuntimeError: no tasks",
+    ),
+    "no-question": (["--tasks", "noq.jsonl"], "line 2: task 'b' has neither a question nor a start tape"),
+    "out-in-missing-folder": (
+        ["--tasks", TASKS, "--out", "missing/r.json"],
+        "--out missing/r.json: the folder missing does not exist",
+    ),
+    "out-is-a-folder": (["--tasks", TASKS, "--out", "."], "--out .: is a folder"),
+    "empty-scorer-name": (
+        ["--tasks", TASKS, "--scorer", "=exact"],
+        "--scorer =exact: the scorer's name is empty",
+    ),
+    "same-scorer-twice": (
+        ["--tasks", TASKS, "--scorer", "exact", "--scorer", "exact"],
+        "two scorers are named",
+    ),
+    "db-in-missing-folder": (
+        ["--tasks", TASKS, "--db", "missing/e.db"],
+        "cannot open the SQLite store missing/e.db",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_eval_checks_all_input_before_it_creates_the_store_or_runs(tmp_path: Path, case: str) -> None:
+    latin1 = b'{"id": "a", "question": "q"}\n{"id": "b", "question": "caf\xe9"}\n'
+    (tmp_path / "latin1.jsonl").write_bytes(latin1)
+    (tmp_path / "dup.jsonl").write_text('{"id": "a", "question": "q"}\n\n{"id": "a", "question": "r"}\n')
+    (tmp_path / "noq.jsonl").write_text('{"id": "a", "question": "q"}\n{"id": "b"}\n')
+    (tmp_path / "tasks.py").write_text(
+        "from tapekit.evaluate import Task\n"
+        "TWICE = [Task(id='x', question='q'), Task(id='x', question='r')]\n"
+        "def broken():\n    raise RuntimeError('no tasks today')\n"
+    )
+    args, message = BAD_INPUT[case]
+    out = tapekit("eval", TEAM, *args, *([] if "--db" in args else ["--db", "e.db"]), cwd=tmp_path)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    assert out.stdout == ""  # no report: no attempt ran
+    assert not (tmp_path / "e.db").exists()  # the store is made only after every check passed
+
+
 def test_each_eval_help_example_runs(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -1,4 +1,5 @@
-"""``tapekit batch``: run an agent over a JSONL file of tapes with a live progress display.
+"""``tapekit batch``: run an agent over a JSONL file of tapes with a live progress display
+(:func:`tapekit._cli.progress.live_progress`, shown on a terminal only).
 
 Only typer is imported with this module (``tapekit --help`` stays fast); tapekit's batch
 machinery, rich, the store and Ray are imported when the command runs.
@@ -110,7 +111,7 @@ def batch_command(
 
     from tapekit._cli.common import project_on_path
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # a summary line stays one line in a log
     project_on_path()  # TARGET may be the project's own module
     try:
         from tapekit.batch import BatchOptions, BatchStats, load_factory, load_object
@@ -186,39 +187,16 @@ async def _run(
     console: Any,
     options: BatchOptions,
 ) -> None:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        ProgressColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-    from rich.text import Text
-
+    from tapekit._cli.progress import live_progress
     from tapekit.batch import abatch
-
-    class StatsColumn(ProgressColumn):
-        """Live counters and rates, read from the batch's stats at every refresh."""
-
-        def render(self, task: Any) -> Text:
-            return Text.from_markup(_progress_text(stats))
 
     everything: BatchOptions = {**options, "store": store, "stats": stats}
     results = abatch(agent, environment, start_tapes, **everything)
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        StatsColumn(),
-    )
-    with Progress(*columns, console=console, refresh_per_second=4) as progress:
-        task = progress.add_task(options["name"], total=len(start_tapes))
+    with live_progress(console, options["name"], len(start_tapes), lambda: _progress_text(stats)) as update:
         async for result in results:
             if not result.ok:
                 failures.append(result)
-            progress.update(task, completed=stats.finished)
+            update(stats.finished)
 
 
 def _summary(console: Any, stats: BatchStats, failures: list[BatchResult], name: str, db: str) -> None:

@@ -1,5 +1,12 @@
-"""Helpers shared by the ``tapekit`` commands: loading an agent target, reading a tape file,
-picking a stored tape. Only the standard library and typer at import time."""
+"""Helpers shared by the ``tapekit`` commands: loading an agent target, reading input files,
+checking output paths and opening stores before any work, picking a stored tape. Only the
+standard library and typer at import time.
+
+The rule for bad input: every command checks all of it (files readable and UTF-8, output
+folders present, ids distinct, the store reachable) before it creates or runs anything, and a
+mistake is a :class:`CliError`, printed as ``error: ...`` with exit code 2. The helpers here
+raise it, so each command reads a file with :func:`read_text`, checks an output path with
+:func:`check_writable` and opens a store with :func:`open_cli_store`."""
 
 from __future__ import annotations
 
@@ -19,7 +26,17 @@ if TYPE_CHECKING:
     from tapekit.environment import Environment
     from tapekit.store import TapeStore
 
-__all__ = ["CliError", "fail", "load_target", "pick_tape", "project_on_path", "read_tape_file"]
+__all__ = [
+    "CliError",
+    "check_writable",
+    "fail",
+    "load_target",
+    "open_cli_store",
+    "pick_tape",
+    "project_on_path",
+    "read_tape_file",
+    "read_text",
+]
 
 
 class CliError(TapekitError):
@@ -30,6 +47,55 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     """Print ``error: message`` to stderr and return the Exit to raise."""
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code)
+
+
+def read_text(path: Path, option: str = "") -> str:
+    """The text of the UTF-8 file ``path``. A file that is missing, unreadable or not UTF-8 is a
+    :class:`CliError` naming it (after ``option``, e.g. ``--tasks``, when given) and, for bad
+    UTF-8, the line, column and byte."""
+    where = f"{option} {path}" if option else str(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise CliError(f"cannot read {where}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise CliError(
+            f"{where}, line {line}: not valid UTF-8 (byte {data[e.start]:#04x} at column {column}); "
+            "save the file as UTF-8"
+        ) from None
+
+
+def check_writable(path: Path, option: str) -> None:
+    """Fail now, before any work, when ``path`` (the value of ``option``, e.g. ``--out``) could
+    not be written later: its folder is missing or read-only, or it is a folder. Nothing is
+    created."""
+    folder = path.parent
+    if path.is_dir():
+        raise CliError(f"{option} {path}: is a folder; give a file path")
+    if not folder.is_dir():
+        raise CliError(f"{option} {path}: the folder {folder} does not exist (make it first)")
+    target = path if path.exists() else folder
+    if not os.access(target, os.W_OK):
+        raise CliError(f"{option} {path}: {target} is not writable")
+
+
+def open_cli_store(db: str, *, existing: bool = False) -> TapeStore:
+    """The store at ``db`` (an SQLite file or a ``postgresql://`` URL); one that cannot be opened
+    (a missing folder, no server, no driver installed) is a :class:`CliError`. With
+    ``existing`` (a command that only reads the store) a missing SQLite file is one too, rather
+    than a new empty store."""
+    from tapekit.store import open_store
+
+    if existing and not db.startswith(("postgresql://", "postgres://")) and not Path(db).is_file():
+        raise CliError(f"--db {db}: no such store (no file there)")
+    try:
+        return open_store(db)
+    except (ValueError, ConnectionError, ImportError) as e:
+        raise CliError(str(e) if db in str(e) else f"--db {db}: {e}") from None
 
 
 def project_on_path() -> None:
@@ -72,10 +138,7 @@ def read_tape_file(path: Path) -> Tape[Any, Any]:
 
     from tapekit.core import Tape
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise CliError(f"cannot read {path}: {e.strerror or e}") from None
+    text = read_text(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError:

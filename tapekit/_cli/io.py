@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from tapekit._cli.common import CliError, fail, pick_tape
+from tapekit._cli.common import CliError, check_writable, fail, open_cli_store, pick_tape
 
 __all__ = ["export_command", "import_app"]
 
@@ -62,15 +62,15 @@ def export_command(
 def _export(
     db: str, out: Path | None, tapes: list[str], fmt: str, llm_calls: bool, endpoint: str | None
 ) -> None:
-    from tapekit.store import open_store
-
     if fmt not in ("jsonl", "otlp"):
         raise CliError(f"--format {fmt!r}: choose jsonl or otlp")
     if fmt == "jsonl" and (out is None or endpoint):
         raise CliError("--format jsonl writes a file: give --out FILE (--endpoint is for otlp)")
     if fmt == "otlp" and (out is None) == (endpoint is None):
         raise CliError("--format otlp: give either --out FILE (OTLP JSON) or --endpoint URL (send the spans)")
-    with open_store(db) as store:
+    if out is not None:
+        check_writable(out, "--out")
+    with open_cli_store(db, existing=True) as store:
         ids = [pick_tape(store, t) for t in tapes] or None
         if fmt == "jsonl":
             assert out is not None

@@ -8,7 +8,15 @@ from typing import Annotated
 
 import typer
 
-from tapekit._cli.common import CliError, fail, load_target, pick_tape, read_tape_file
+from tapekit._cli.common import (
+    CliError,
+    check_writable,
+    fail,
+    load_target,
+    open_cli_store,
+    pick_tape,
+    read_tape_file,
+)
 
 __all__ = ["replay_command", "run_command"]
 
@@ -59,17 +67,18 @@ def _run(
     from tapekit.llm.base import LLMCall
     from tapekit.orchestrator import main_loop
     from tapekit.rendering import render_tape
-    from tapekit.store import open_store
 
     if (question is None) == (tape_file is None):
         raise CliError("give either a QUESTION or --tape FILE")
-    agent, environment = load_target(target)
+    if out is not None:
+        check_writable(out, "--out")
     start = (
         read_tape_file(tape_file) if tape_file is not None else Tape(steps=[UserStep(content=question or "")])
     )
+    agent, environment = load_target(target)
     calls: dict[str, LLMCall] = {}
     final = start
-    store = open_store(db) if db else None
+    store = open_cli_store(db) if db else None
     try:
         tags = ["run"] if store is not None else []
         loop = main_loop(agent, start, environment, max_loops, store=store, tags=tags)
@@ -81,14 +90,18 @@ def _run(
     finally:
         if store is not None:
             store.close()
-    if out is not None:
-        out.write_text(final.model_dump_json(indent=2), encoding="utf-8")
     if as_json:
         typer.echo(final.model_dump_json(indent=2))
     else:
         typer.echo(render_tape(final, llm_calls=calls))
     if db:
         typer.echo(f"stored as tape {start.metadata.id} in {db} ({len(calls)} LLM calls)", err=True)
+    if out is not None:
+        try:
+            out.write_text(final.model_dump_json(indent=2), encoding="utf-8")
+        except OSError as e:  # checked before the run; the folder went away since
+            typer.echo(f"error: cannot write the tape to {out}: {e.strerror or e}", err=True)
+            return 1
     return 1 if final.metadata.error else 0
 
 
@@ -126,12 +139,11 @@ def replay_command(
 def _replay(target: str, tape_arg: str, db: str | None) -> int:
     from tapekit.llm.base import LLMCall
     from tapekit.orchestrator import replay_tape
-    from tapekit.store import open_store
 
     agent, _ = load_target(target)
     calls: list[LLMCall] | None = None
     if db:
-        with open_store(db) as store:
+        with open_cli_store(db, existing=True) as store:
             recorded = store.get_tape(pick_tape(store, tape_arg))
             pids = dict.fromkeys(s.metadata.prompt_id for s in recorded.steps if s.metadata.prompt_id)
             found = [store.get_llm_call(pid) for pid in pids]
