@@ -17,11 +17,14 @@ See docs/web.md.
 
 from tapekit.web.agent import (
     DEFAULT_INSTRUCTION,
+    TEXT_MAX_CHARS,
+    THOUGHT_MAX_CHARS,
     EpisodeView,
     WebAbort,
     WebAgentNode,
     answer_schema,
     episode_view,
+    llm_max_tokens,
     render_observation,
     web_agent,
 )
@@ -51,6 +54,8 @@ __all__ = [
     "CHROMIUM_ARGS",
     "DEFAULT_CHROMIUM",
     "DEFAULT_INSTRUCTION",
+    "TEXT_MAX_CHARS",
+    "THOUGHT_MAX_CHARS",
     "AXLine",
     "Click",
     "EpisodeView",
@@ -76,6 +81,7 @@ __all__ = [
     "answer_schema",
     "episode_view",
     "flatten_axtree",
+    "llm_max_tokens",
     "parse_action",
     "parse_axtree",
     "render_observation",

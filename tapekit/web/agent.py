@@ -28,6 +28,7 @@ the same steps (:class:`~tapekit.web.steps.WebThought` and an action after an ob
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from pydantic import Field
 
 from tapekit.agent import Agent, Node, node_run_steps
 from tapekit.core import LLMOutput, Prompt, SetNextNode, Step, StopStep, Tape, Thought, ToolCallRequest
+from tapekit.errors import AgentError
 from tapekit.frameworks.demo import Demo
 from tapekit.llm.base import LLM, LLMStream
 from tapekit.structured import LLMOutputParsingFailure
@@ -53,11 +55,14 @@ from tapekit.web.steps import (
 
 __all__ = [
     "DEFAULT_INSTRUCTION",
+    "TEXT_MAX_CHARS",
+    "THOUGHT_MAX_CHARS",
     "EpisodeView",
     "WebAbort",
     "WebAgentNode",
     "answer_schema",
     "episode_view",
+    "llm_max_tokens",
     "render_observation",
     "web_agent",
 ]
@@ -74,7 +79,33 @@ DEFAULT_INSTRUCTION = (
 # the functions an answer may use, in the order the schema lists them
 _FUNCTIONS = ("click", "fill", "select_option", "press", "hover", "scroll", "send_msg_to_user")
 _BID_ONLY = ("click", "hover")
-_TEXT = r"[^'\"\\\n]{0,80}"  # a quoted argument: no quotes, backslashes or newlines (grammar-safe)
+# What the page grammar lets the model write: printable ASCII only (one byte, so at most one
+# token, per character: see answer_schema), no character a grammar or a JSON string would have
+# to escape. A thought leaves out " and \; a quoted argument leaves out ' as well.
+_THOUGHT_CHAR = r"[ !#-\[\]-~]"
+_TEXT_CHAR = r"[ !#-&(-\[\]-~]"
+THOUGHT_MAX_CHARS = 100
+"""The longest thought the page schema allows, whatever the token budget."""
+TEXT_MAX_CHARS = 80
+"""The longest text argument (``fill``, ``select_option``, ``send_msg_to_user``) the page schema
+allows, whatever the token budget."""
+_MIN_CHARS = 16  # a smaller budget than this leaves a thought or a text: no guarantee, a warning
+_KEYS = ("Enter", "Tab", "Escape", "Backspace", "ArrowDown", "ArrowUp")  # what press may press
+# Each action form of the page grammar: its function, its call with the bid and the text as
+# placeholders (the fixed part's length is counted from it), its regex (BID and TEXT filled in).
+_FORMS: tuple[tuple[str, str, str], ...] = (
+    ("click", "click('{bid}')", r"click\({bid}\)"),
+    ("hover", "hover('{bid}')", r"hover\({bid}\)"),
+    ("fill", "fill('{bid}', '{text}')", r"fill\({bid}, '{text}'\)"),
+    ("select_option", "select_option('{bid}', '{text}')", r"select_option\({bid}, '{text}'\)"),
+    ("press", f"press('{{bid}}', '{max(_KEYS, key=len)}')", r"press\({bid}, '(" + "|".join(_KEYS) + r")'\)"),
+    ("scroll", "scroll(0, -9999)", r"scroll\(0, -?[0-9]{{1,4}}\)"),
+    ("noop", "noop(9999)", r"noop\([0-9]{{1,4}}\)"),
+    ("send_msg_to_user", "send_msg_to_user('{text}')", r"send_msg_to_user\('{text}'\)"),
+)
+_WITHOUT_BIDS = ("scroll", "noop", "send_msg_to_user")  # a page that shows no bid
+_warned: set[tuple[int, bool, int]] = set()
+logger = logging.getLogger(__name__)
 
 
 class WebAbort(Thought):
@@ -153,27 +184,111 @@ def call_text(action: WebAction) -> str:
     return action.call(quote="'")
 
 
-def answer_schema(bids: list[str] | None, rationale: bool = True) -> dict[str, Any]:
-    """The JSON schema of an answer. With ``bids``, the action is a pattern that admits only the
-    agent's functions applied to those bids (a grammar for llama.cpp); without, any string."""
+@dataclass(frozen=True)
+class _Bounds:
+    """How long each free part of a page answer may be, in characters, and the longest answer."""
+
+    thought: int
+    texts: dict[str, int]
+    longest: int
+
+
+def _layout(rationale: bool) -> int:
+    """The characters of an answer's JSON around its strings, in the widest layout a grammar
+    allows: llama-cpp-python's converter puts an optional space after every token of the object
+    (``{ "thought" : "" , "action" : "" }``); llguidance's layout is ``json.dumps``'s (3 fewer).
+    The optional space after the closing brace comes once the answer is complete."""
+    keys = ("thought", "action") if rationale else ("action",)
+    return len("{ " + " , ".join(f'"{k}" : ""' for k in keys) + " }")
+
+
+def _forms(bids: list[str]) -> list[tuple[str, str, str]]:
+    """The action forms of a page with ``bids``: the agent's functions (``_FUNCTIONS``); on a
+    page without bids, those that name no element and ``noop``."""
+    wanted = _FUNCTIONS if bids else _WITHOUT_BIDS
+    return [form for form in _FORMS if form[0] in wanted]
+
+
+def _answer_bounds(bids: list[str], rationale: bool, max_tokens: int | None) -> _Bounds:
+    """The thought's and the text arguments' bounds (see :func:`answer_schema`)."""
+    forms = _forms(bids)
+    bid = "x" * max((len(b) for b in bids), default=0)
+    fixed = {name: len(call.format(bid=bid, text="")) for name, call, _ in forms}
+    takes_text = [name for name, call, _ in forms if "{text}" in call]
+    layout = _layout(rationale)
+    if max_tokens is None:
+        thought = THOUGHT_MAX_CHARS if rationale else 0
+        texts = dict.fromkeys(takes_text, TEXT_MAX_CHARS)
+    else:
+        room = max_tokens - layout - max(fixed.values())
+        thought = min(THOUGHT_MAX_CHARS, max(_MIN_CHARS, room // 2)) if rationale else 0
+        texts = {
+            name: min(TEXT_MAX_CHARS, max(_MIN_CHARS, max_tokens - layout - thought - fixed[name]))
+            for name in takes_text
+        }
+    longest = layout + thought + max(fixed[name] + texts.get(name, 0) for name in fixed)
+    return _Bounds(thought=thought, texts=texts, longest=longest)
+
+
+def answer_schema(
+    bids: list[str] | None, rationale: bool = True, max_tokens: int | None = None
+) -> dict[str, Any]:
+    """The JSON schema of an answer. With ``bids`` (the page's), the action is a pattern that
+    admits only the agent's functions applied to those bids (a grammar for llama.cpp and
+    llguidance); without (``None``), any string.
+
+    **A page with no bids** (``bids=[]``): the pattern admits only the actions that name no
+    element, ``scroll(0, n)``, ``noop(ms)`` (wait for the page) and ``send_msg_to_user('...')``
+    (give up), never a bid the page does not show.
+
+    **A complete answer always fits in** ``max_tokens`` (the LLM's limit on the answer's
+    tokens): the thought is cut to ``maxLength`` characters and each text argument to its own
+    bound, derived from ``max_tokens``, so that the longest answer the schema admits has at most
+    ``max_tokens`` characters. The argument that characters bound tokens: every character the
+    page schema admits (in the thought, the text arguments, the bids, the fixed parts, the JSON
+    around them) is printable ASCII, one byte in UTF-8; every token a grammar lets the model
+    sample adds at least one byte to the answer (llama.cpp's grammar sampler rejects tokens with
+    an empty piece, and llguidance only allows a special token where the grammar ends); so an
+    answer of n characters takes at most n tokens, however the model splits it. The longest
+    answer is counted in the widest JSON layout the grammars allow (llama-cpp-python's optional
+    space after every token of the object, :func:`_layout`). What is left of ``max_tokens`` after
+    that layout and the longest action with empty texts is split: half (at most
+    :data:`THOUGHT_MAX_CHARS`) to the thought, the rest to each text argument (at most
+    :data:`TEXT_MAX_CHARS`; ``fill`` gets more than ``select_option``, whose name is longer).
+    Below that, a budget too small for 16-character thoughts and texts keeps 16 and logs a
+    warning naming the ``max_tokens`` that would suffice. Without ``max_tokens`` the caps are
+    100 and 80 characters. The bound is in the pattern (``{0,n}``: llama-cpp-python's converter
+    ignores ``maxLength`` beside a ``pattern``) and in ``maxLength`` (llguidance honours both).
+
+    The page schema writes printable ASCII only: a goal that needs other characters typed
+    cannot be met under it (``constrain="json"`` or ``"none"`` can). ``bids=None`` gives the
+    object's shape only, a thought of at most 100 characters (of any kind: no token bound).
+    """
     action: dict[str, Any] = {"type": "string"}
+    thought: dict[str, Any] = {"type": "string", "maxLength": THOUGHT_MAX_CHARS}
     if bids is not None:
-        ids = "|".join(re.escape(b) for b in sorted(set(bids), key=lambda b: (len(b), b))) or "0"
-        bid = f"'({ids})'"
-        forms = [
-            rf"(click|hover)\({bid}\)",
-            rf"fill\({bid}, '{_TEXT}'\)",
-            rf"select_option\({bid}, '{_TEXT}'\)",
-            rf"press\({bid}, '(Enter|Tab|Escape|Backspace|ArrowDown|ArrowUp)'\)",
-            r"scroll\(0, -?[0-9]{1,4}\)",
-            rf"send_msg_to_user\('{_TEXT}'\)",
+        bounds = _answer_bounds(bids, rationale, max_tokens)
+        if max_tokens is not None and bounds.longest > max_tokens:
+            key = (max_tokens, rationale, max((len(b) for b in bids), default=0))
+            if key not in _warned:
+                _warned.add(key)
+                logger.warning(
+                    "max_tokens=%d cannot hold a complete web answer at one token per character "
+                    "with %d-character texts%s: the longest takes %d; give the LLM max_tokens=%d",
+                    max_tokens, _MIN_CHARS, " and thought" if rationale else "", bounds.longest,
+                    bounds.longest,
+                )  # fmt: skip
+        ids = "|".join(re.escape(b) for b in sorted(set(bids), key=lambda b: (len(b), b)))
+        alternatives = [
+            regex.format(bid=f"'({ids})'", text=f"{_TEXT_CHAR}{{0,{bounds.texts.get(name, 0)}}}")
+            for name, _call, regex in _forms(bids)
         ]
-        action["pattern"] = "^(" + "|".join(forms) + ")$"
+        action["pattern"] = "^(" + "|".join(alternatives) + ")$"
+        # one line, nothing a grammar would have to escape, at most bounds.thought characters
+        n = bounds.thought
+        thought = {"type": "string", "maxLength": n, "pattern": f"^{_THOUGHT_CHAR}{{0,{n}}}$"}
     properties: dict[str, Any] = {}
     if rationale:
-        thought: dict[str, Any] = {"type": "string", "maxLength": 100}
-        if bids is not None:  # one line, nothing a grammar would have to escape
-            thought = {"type": "string", "pattern": r"^[^\"\\\n]{0,100}$"}
         properties["thought"] = thought
     properties["action"] = action
     return {
@@ -182,6 +297,29 @@ def answer_schema(bids: list[str] | None, rationale: bool = True) -> dict[str, A
         "required": list(properties),
         "additionalProperties": False,
     }
+
+
+def llm_max_tokens(llm: Any) -> int | None:
+    """The most tokens ``llm`` writes per answer, when it says: ``parameters["max_tokens"]``
+    (llama.cpp, OpenAI-compatible servers; ``max_completion_tokens``, ``max_new_tokens`` too), a
+    ``max_tokens`` field (the transformers backends), through wrappers (``.llm``) and server
+    pools (their first server). None when it does not say."""
+    for _ in range(8):  # wrappers of wrappers, never a cycle
+        parameters = getattr(llm, "parameters", None)
+        if isinstance(parameters, dict):
+            for key in ("max_new_tokens", "max_tokens", "max_completion_tokens"):
+                value = parameters.get(key)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    return value
+        value = getattr(llm, "max_tokens", None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        servers = getattr(llm, "servers", None)
+        inner = getattr(llm, "llm", None) or (servers[0] if isinstance(servers, list) and servers else None)
+        if inner is None:
+            return None
+        llm = inner
+    return None
 
 
 def _tools() -> list[dict[str, Any]]:
@@ -215,6 +353,9 @@ class WebAgentNode(Node):
     are shown; the tree is cut to ``max_axtree_chars``; ``rationale`` asks for a one-line
     thought before the action; ``max_retries`` answers in a row may fail to parse before the
     episode stops; ``repeat_limit`` identical actions in a row stop it (0: never).
+    ``max_tokens`` is the token budget the page schema keeps every answer within (see
+    :func:`answer_schema`); None takes the LLM's own limit when it states one
+    (:func:`llm_max_tokens`), 0 bounds nothing beyond the 100- and 80-character caps.
     """
 
     instruction: str = DEFAULT_INSTRUCTION
@@ -226,6 +367,7 @@ class WebAgentNode(Node):
     max_axtree_chars: int = 2000
     max_retries: int = 2
     repeat_limit: int = 3
+    max_tokens: int | None = None
 
     # ------------------------------------------------------------------ the prompt
 
@@ -264,8 +406,19 @@ class WebAgentNode(Node):
         schema = None
         if self.constrain != "none":
             bids = [line.bid for line in parse_axtree(view.observation.axtree) if line.bid]
-            schema = answer_schema(bids if self.constrain == "page" else None, self.rationale)
+            schema = answer_schema(
+                bids if self.constrain == "page" else None, self.rationale, self.answer_tokens(agent)
+            )
         return Prompt(messages=messages, response_schema=schema)
+
+    def answer_tokens(self, agent: Agent) -> int | None:
+        """The token budget of an answer: ``max_tokens``, else the LLM's (None: unknown or 0)."""
+        if self.max_tokens is not None:
+            return self.max_tokens or None
+        try:
+            return llm_max_tokens(agent.llm_for(self))
+        except AgentError:  # no LLM to ask
+            return None
 
     # ------------------------------------------------------------------ the answer
 

