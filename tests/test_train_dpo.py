@@ -190,6 +190,29 @@ def test_dpo_input_errors_are_named(tmp_path: Path) -> None:
         train_dpo(PairSet(pairs=sum_pairs(tok, 2)).to_dataset(), model, tokenizer=tok, config=config)
 
 
+def test_dpo_a_tracker_not_installed_or_unknown_is_a_training_error_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers.integrations.integration_utils as integrations
+
+    import tapekit.training.dpo as dpo
+
+    monkeypatch.setattr(integrations, "is_wandb_available", lambda: False)  # as if wandb were missing
+    loaded: list[Any] = []
+    load = dpo.load_model_and_tokenizer
+    monkeypatch.setattr(dpo, "load_model_and_tokenizer", lambda *a: loaded.append(a) or load(*a))
+    model, tok = make_model()
+    pairs = PairSet(pairs=sum_pairs(tok, 2)).to_dataset()
+    for report_to, message in (
+        (["wandb"], r"report_to 'wandb' needs its package installed .*pip install wandb"),
+        (["madeup"], "report_to: madeup is not supported"),
+    ):
+        config = DPOConfig(output_dir=str(tmp_path), max_steps=1, device="cpu", report_to=report_to)
+        with pytest.raises(TrainingError, match=message):
+            train_dpo(pairs, model, tokenizer=tok, config=config)
+    assert loaded == [] and list(tmp_path.iterdir()) == []  # no model loaded, nothing written
+
+
 def test_tapekit_train_dpo_cli(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -174,6 +174,37 @@ def test_bad_samples_and_configs_are_named(tmp_path: Path) -> None:
     assert loaded.model == str(tmp_path / "m")
 
 
+def test_a_tracker_not_installed_or_unknown_is_a_training_error_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers.integrations.integration_utils as integrations
+
+    import tapekit.training.sft as sft
+
+    monkeypatch.setattr(integrations, "is_wandb_available", lambda: False)  # as if wandb were missing
+    loaded: list[Any] = []
+    load = sft.load_model_and_tokenizer
+    monkeypatch.setattr(sft, "load_model_and_tokenizer", lambda *a: loaded.append(a) or load(*a))
+    model, tok = make_model()
+    rows = sum_rows(tok, 3)
+    with pytest.raises(
+        TrainingError, match=r"report_to 'wandb' needs its package installed .*pip install wandb"
+    ):
+        train_sft(rows, model, tokenizer=tok, config=config(tmp_path, report_to=["wandb"]))
+    with pytest.raises(TrainingError, match="report_to: madeup is not supported"):
+        train_sft(rows, model, tokenizer=tok, config=config(tmp_path, report_to=["madeup"]))
+    assert loaded == [] and list(tmp_path.iterdir()) == []  # no model loaded, nothing written
+
+
+def test_check_report_to_reads_none_and_all_as_transformers_does() -> None:
+    from tapekit.training.callbacks import check_report_to
+
+    for fine in ([], ["none"], ["all"]):  # "all": every installed tracker (none is, here)
+        check_report_to(fine)
+    with pytest.raises(TrainingError, match="a list of tracker names, not the string 'wandb'"):
+        check_report_to("wandb")
+
+
 def test_group_by_length_batches_have_less_padding(tmp_path: Path) -> None:
     model, tok = make_model()
     rows = sum_rows(tok, 48)

@@ -30,6 +30,7 @@ __all__ = [
     "StepCallback",
     "StepRecord",
     "StopAfter",
+    "check_report_to",
     "hf_adapter",
     "notify",
     "split_callbacks",
@@ -216,24 +217,9 @@ class ReportTo(StepCallback):
 
     def __init__(self, report_to: Sequence[str], output_dir: str, run_name: str | None = None) -> None:
         from transformers import TrainerControl, TrainerState, TrainingArguments
-        from transformers.integrations import get_reporting_integration_callbacks
 
-        from tapekit.training._common import TrainingError
-
+        self.trackers: list[Any] = [tracker for _, tracker in _trackers(report_to)]
         names = list(report_to)
-        try:
-            classes = get_reporting_integration_callbacks(names)
-        except ValueError as e:
-            raise TrainingError(f"report_to: {e}") from None
-        self.trackers: list[Any] = []
-        for name, cls in zip(names, classes, strict=True):
-            try:
-                self.trackers.append(cls())
-            except (ImportError, RuntimeError) as e:
-                raise TrainingError(
-                    f"report_to {name!r} needs its package installed ({e}); install it "
-                    f"(for example `pip install {name}`) or leave {name!r} out of report_to"
-                ) from None
         self.args = TrainingArguments(output_dir=output_dir, run_name=run_name, report_to=names)
         self.state, self.control = TrainerState(), TrainerControl()
 
@@ -254,6 +240,49 @@ class ReportTo(StepCallback):
         """Close the trackers' runs."""
         for tracker in self.trackers:
             tracker.on_train_end(self.args, self.state, self.control)
+
+
+def _trackers(report_to: Sequence[str]) -> list[tuple[str, Any]]:
+    """``(name, callback)`` for each tracker ``report_to`` names, each callback made once (which
+    is where transformers' integrations check that their package is installed). ``[]`` and
+    ``["none"]`` name none, ``["all"]`` every installed one, as ``TrainingArguments`` reads
+    them. An unknown name or a missing package is a ``TrainingError`` naming it."""
+    from tapekit.training._common import TrainingError
+
+    if isinstance(report_to, str):
+        raise TrainingError(f"report_to must be a list of tracker names, not the string {report_to!r}")
+    names = list(report_to)
+    if names in ([], ["none"]):
+        return []  # nothing to check, and nothing of transformers to import
+    from transformers.integrations import (
+        get_available_reporting_integrations,
+        get_reporting_integration_callbacks,
+    )
+
+    if names == ["all"]:
+        names = list(get_available_reporting_integrations())
+    try:
+        classes = get_reporting_integration_callbacks(names)
+    except ValueError as e:
+        raise TrainingError(f"report_to: {e}") from None
+    trackers: list[tuple[str, Any]] = []
+    for name, cls in zip(names, classes, strict=True):
+        try:
+            trackers.append((name, cls()))
+        except (ImportError, RuntimeError) as e:
+            raise TrainingError(
+                f"report_to {name!r} needs its package installed ({e}); install it "
+                f"(for example `pip install {name}`) or leave {name!r} out of report_to"
+            ) from None
+    return trackers
+
+
+def check_report_to(report_to: Sequence[str]) -> None:
+    """Check, before any work, that every tracker ``report_to`` names exists and has its
+    package installed: an unknown name or a missing package is a ``TrainingError`` naming it.
+    SFT and DPO call it before they load data or a model (transformers would fail later, with a
+    ``RuntimeError``); RL checks through :class:`ReportTo`."""
+    _trackers(report_to)
 
 
 def notify(callbacks: Sequence[StepCallback], record: StepRecord) -> str | None:

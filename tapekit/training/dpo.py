@@ -34,6 +34,7 @@ from tapekit.training._common import (
     training_arguments,
     write_result,
 )
+from tapekit.training.callbacks import check_report_to
 from tapekit.training.config import DPOConfig
 
 __all__ = ["PairSet", "PreferencePair", "diverging_pair", "preference_pairs", "train_dpo"]
@@ -231,6 +232,7 @@ def build_dpo_trainer(
             return dataset
 
     config = config or DPOConfig()
+    check_report_to(config.report_to)  # before any data or model is loaded
     pairs = _checked_pairs(load_dataset_source(dataset if dataset is not None else config.dataset), config)
     model, tokenizer = load_model_and_tokenizer(model, tokenizer, config)
     model.config.use_cache = False

@@ -37,6 +37,7 @@ from tapekit.training._common import (
     weights_hash,
     write_result,
 )
+from tapekit.training.callbacks import check_report_to
 from tapekit.training.config import SFTConfig
 
 __all__ = ["build_sft_trainer", "labelled", "train_sft"]
@@ -116,6 +117,7 @@ def build_sft_trainer(
     from trl import SFTTrainer
 
     config = config or SFTConfig()
+    check_report_to(config.report_to)  # before any data or model is loaded
     data = labelled(load_dataset_source(dataset if dataset is not None else config.dataset), config)
     model, tokenizer = load_model_and_tokenizer(model, tokenizer, config)
     model.config.use_cache = False  # a KV cache would switch off the packed-sequence attention mask
