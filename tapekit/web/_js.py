@@ -4,8 +4,10 @@
   pending short ``setTimeout`` callbacks and when each is due, so the environment can wait
   until a page has settled instead of sleeping a fixed time after every action.
 - :data:`SETTLE_AND_MARK` waits for that (bounded), then gives every element of a standard HTML
-  tag a ``bid`` attribute, numbering them in document order with a per-page counter, so bids stay
-  stable across steps and equal BrowserGym's for the same page.
+  tag a ``bid`` attribute, numbering them in document order (the elements of an open shadow root
+  right after its host; frames get letters, ``a``, ``b``, ...) with a per-page counter, so bids
+  stay stable across steps and equal BrowserGym's for the same page (its marking script, run on
+  the same pages, gives the same bids: tests/web/test_browsergym_equivalence.py).
 """
 
 from __future__ import annotations
@@ -72,12 +74,31 @@ async ([maxMs, tagList]) => {
   const waited = performance.now() - t0;
   if (!window.__tk_tags) window.__tk_tags = new Set(tagList.split(' '));
   if (window.__tk_next_bid === undefined) window.__tk_next_bid = 0;
+  if (window.__tk_next_frame === undefined) window.__tk_next_frame = [0];
+  // BrowserGym's frame ids: a, b, ..., z, aA, aB, ... (the first letter lower case)
+  const frameId = () => {
+    const digits = window.__tk_next_frame;
+    const chars = 'abcdefghijklmnopqrstuvwxyz';
+    const id = digits.map((d, i) => (i < digits.length - 1 ? chars[d].toUpperCase() : chars[d]));
+    for (let i = 0; i <= digits.length; i++) {
+      if (i === digits.length) { digits.push(0); break; }
+      if (++digits[i] < chars.length) break;
+      digits[i] = 0;
+    }
+    return id.reverse().join('');
+  };
   const seen = new Set();
-  for (const el of document.querySelectorAll('*')) {
-    if (!window.__tk_tags.has(el.tagName.toLowerCase())) continue;
+  // document order, each open shadow root's elements right after its host (as BrowserGym)
+  const elements = Array.from(document.querySelectorAll('*'));
+  for (let i = 0; i < elements.length; i++) {
+    const el = elements[i];
+    if (el.shadowRoot) elements.splice(i + 1, 0, ...el.shadowRoot.querySelectorAll('*'));
+    const tag = el.tagName ? el.tagName.toLowerCase() : '';
+    if (!window.__tk_tags.has(tag)) continue;
     let bid = el.getAttribute('bid');
     if (bid === null || seen.has(bid)) {  // new, or a copy of a marked element
-      bid = String(window.__tk_next_bid++);
+      // frames take letters and leave the counter alone, as in BrowserGym
+      bid = (tag === 'iframe' || tag === 'frame') ? frameId() : String(window.__tk_next_bid++);
       el.setAttribute('bid', bid);
     }
     seen.add(bid);

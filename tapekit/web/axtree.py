@@ -68,15 +68,25 @@ class AXLine:
         return None if value is None else str(value)
 
 
+# <input> types whose inner fields (a date's month, day and year spin buttons, its picker
+# button) Chromium builds in a user-agent shadow tree and describes with the input's own
+# aria-description, which is where BrowserGym reads a bid: in its tree they carry the input's bid
+_FIELD_INPUT_TYPES = frozenset({"date", "time", "datetime-local", "month", "week"})
+
+
 @dataclass
 class DomInfo:
     """What the DOM adds to the accessibility tree: the bid of each backend node id, the bids
-    of elements that take clicks, and a hint for each bid, ``("class", ...)`` or ``("id", ...)``
-    (what a nameless icon shows is often only in its class: ``star``, ``trash``)."""
+    of elements that take clicks, a hint for each bid, ``("class", ...)`` or ``("id", ...)``
+    (what a nameless icon shows is often only in its class: ``star``, ``trash``), the bids of
+    date and time inputs (``field_hosts``: their inner fields take their bid) and every backend
+    node id of the snapshot (``known``: a node not among them is in a user-agent shadow tree)."""
 
     bids: dict[int, str] = field(default_factory=dict)
     clickable: set[str] = field(default_factory=set)
     hints: dict[str, tuple[str, str]] = field(default_factory=dict)
+    field_hosts: set[str] = field(default_factory=set)
+    known: set[int] = field(default_factory=set)
 
 
 def snapshot_bids(snapshot: Mapping[str, Any]) -> DomInfo:
@@ -93,13 +103,17 @@ def snapshot_bids(snapshot: Mapping[str, Any]) -> DomInfo:
         return info
     class_name = strings.index("class") if "class" in strings else -1
     id_name = strings.index("id") if "id" in strings else -1
+    type_name = strings.index("type") if "type" in strings else -1
+    for document in snapshot["documents"]:
+        info.known.update(document["nodes"]["backendNodeId"])
     for document in snapshot["documents"][:1]:  # the main frame only (MiniWob has no iframes)
         nodes = document["nodes"]
+        names = nodes.get("nodeName", [])
         index_bid: dict[int, str] = {}
         for i, (backend, attributes) in enumerate(
             zip(nodes["backendNodeId"], nodes["attributes"], strict=False)
         ):
-            bid = css = ident = None
+            bid = css = ident = kind = None
             for j in range(0, len(attributes), 2):
                 if attributes[j] == bid_name:
                     bid = strings[attributes[j + 1]]
@@ -107,12 +121,16 @@ def snapshot_bids(snapshot: Mapping[str, Any]) -> DomInfo:
                     css = " ".join(strings[attributes[j + 1]].split()[:2])
                 elif attributes[j] == id_name:
                     ident = strings[attributes[j + 1]].strip()
+                elif attributes[j] == type_name:
+                    kind = strings[attributes[j + 1]].strip().lower()
             if bid is not None:
                 index_bid[i] = info.bids[backend] = bid
                 if css:
                     info.hints[bid] = ("class", css)
                 elif ident:
                     info.hints[bid] = ("id", ident)
+                if kind in _FIELD_INPUT_TYPES and i < len(names) and strings[names[i]].upper() == "INPUT":
+                    info.field_hosts.add(bid)
         for i in nodes.get("isClickable", {}).get("index", []):
             if i in index_bid:
                 info.clickable.add(index_bid[i])
@@ -184,30 +202,42 @@ def flatten_axtree(
     dom = dom or DomInfo()
     lines: list[str] = []
 
-    def bid_of(node: Mapping[str, Any]) -> str:
+    def bid_of(node: Mapping[str, Any], role: str, host: str) -> str:
         if "browsergym_id" in node:
             return str(node["browsergym_id"])
         backend = node.get("backendDOMNodeId")
-        return dom.bids.get(backend, "") if isinstance(backend, int) else ""
+        if not isinstance(backend, int):
+            return ""
+        if backend in dom.bids:
+            return dom.bids[backend]
+        # a control of a date or time input's user-agent shadow tree (a spin button, the
+        # picker button): the input's bid, as in BrowserGym (see _FIELD_INPUT_TYPES)
+        if host and backend not in dom.known and role in _CONTROL_ROLES:
+            return host
+        return ""
 
-    def visit(node_id: str, depth: int, parent_name: str) -> None:
+    def visit(node_id: str, depth: int, parent_name: str, host: str = "") -> None:
         node = nodes.get(node_id)
         if node is None:
             return
         role = str(node.get("role", {}).get("value", ""))
         children = [str(c) for c in node.get("childIds", []) if str(c) != node_id]
+        backend = node.get("backendDOMNodeId")
+        own = dom.bids.get(backend, "") if isinstance(backend, int) else ""
+        if own:  # the nearest element with a bid: a date or time input's fields take its bid
+            host = own if own in dom.field_hosts else ""
         if node.get("ignored") or role in _SKIPPED_ROLES:
             for child in children:
-                visit(child, depth, parent_name)
+                visit(child, depth, parent_name, host)
             return
         name = " ".join(str(node.get("name", {}).get("value", "")).split())
         if role == "StaticText" or (role == "LabelText" and name):
             if name and name not in parent_name:
                 lines.append(f"{' ' * depth}text {json.dumps(name, ensure_ascii=False)}")
             for child in children if role == "LabelText" else ():
-                visit(child, depth, name)
+                visit(child, depth, name, host)
             return
-        bid = bid_of(node)
+        bid = bid_of(node, role, host)
         takes_clicks = bool(bid) and bid in dom.clickable and role != "LabelText"
         if takes_clicks and role in _CONTAINER_ROLES and _holds_control(node_id, nodes):
             takes_clicks = False  # a wrapper (a dialog's title bar): its control is what to click
@@ -216,7 +246,7 @@ def flatten_axtree(
             name = _text_of(node_id, nodes)
         if not name and not show_bid and role not in _CONTROL_ROLES:  # a nameless container
             for child in children:
-                visit(child, depth, parent_name)
+                visit(child, depth, parent_name, host)
             return
         parts = [f"[{bid}] {role}" if show_bid else role]
         if name or role in _CONTROL_ROLES:
@@ -237,7 +267,7 @@ def flatten_axtree(
         lines.append(" " * depth + " ".join(parts))
         shown = f"{name} {value}" if value not in (None, "") else name
         for child in children:
-            visit(child, depth + 1, shown)
+            visit(child, depth + 1, shown, host)
 
     visit(str(nodes_list[0]["nodeId"]), 0, "")
     text = "\n".join(lines)

@@ -213,6 +213,51 @@ def test_snapshot_bids_reads_bids_clicks_and_pointer_cursors() -> None:
     assert dom.hints == {"1": ("class", "row")}
 
 
+def test_a_date_inputs_fields_take_its_bid_as_in_browsergym() -> None:
+    """The month/day/year spin buttons and the picker button of a date input live in Chromium's
+    user-agent shadow tree (not in the DOM snapshot): they show the input's bid, as BrowserGym's
+    tree does; its wrappers stay nameless containers, and a text input's inner nodes get none."""
+    strings = ["bid", "14", "15", "16", "type", "date", "INPUT", "BUTTON", "text"]
+    snapshot = {
+        "strings": strings,
+        "documents": [
+            {
+                "nodes": {
+                    "backendNodeId": [114, 115, 116],
+                    "parentIndex": [-1, -1, -1],
+                    "nodeName": [6, 7, 6],
+                    "attributes": [[0, 1, 4, 5], [0, 2], [0, 3, 4, 8]],
+                    "isClickable": {"index": [0, 1, 2]},
+                },
+            }
+        ],
+    }
+    dom = snapshot_bids(snapshot)
+    assert dom.field_hosts == {"14"} and dom.known == {114, 115, 116}
+    tree = [
+        _node(1, "RootWebArea", "Task", (14, 15, 16)),
+        _node(14, "Date", "", (20,)),
+        _node(20, "generic", "", (21, 22, 23, 24)),  # the shadow tree's wrapper: no bid
+        _node(21, "spinbutton", "Month", value={"value": "0"}),
+        _node(22, "spinbutton", "Day", value={"value": "0"}),
+        _node(23, "spinbutton", "Year", value={"value": "0"}),
+        _node(24, "button", "Show date picker"),
+        _node(15, "button", "Submit"),
+        _node(16, "textbox", "", (30,)),
+        _node(30, "button", "inner"),  # not in the snapshot, but the host is no date input
+    ]
+    assert flatten_axtree(tree, dom).splitlines() == [
+        "[14] Date",
+        ' [14] spinbutton "Month" value="0"',
+        ' [14] spinbutton "Day" value="0"',
+        ' [14] spinbutton "Year" value="0"',
+        ' [14] button "Show date picker"',
+        '[15] button "Submit"',
+        '[16] textbox ""',
+        ' button "inner"',
+    ]
+
+
 # --------------------------------------------------------------------------- the split
 
 
