@@ -210,6 +210,17 @@ def test_run_replay_and_export_check_files_and_stores_before_any_work(tmp_path: 
     assert out.returncode == 2 and "--out missing/x.jsonl: the folder missing does not exist" in out.stderr
 
 
+def test_train_names_a_config_file_that_is_not_utf8(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    config = tmp_path / "c.yaml"
+    config.write_bytes(b"max_steps: 3\nmodel: caf\xe9\n")
+    for kind in ("sft", "dpo", "rl"):
+        out = CliRunner().invoke(app, ["train", kind, str(config)], env={"COLUMNS": "250"})
+        assert out.exit_code == 2, (kind, out.output)
+        assert f"{config}, line 2: not valid UTF-8 (byte 0xe9 at column 11)" in out.output, (kind, out.output)
+
+
 def test_import_reference_from_the_command_line(tmp_path: Path) -> None:
     data = SHARED / "reference-data"
     if not data.is_dir():

@@ -49,11 +49,23 @@ def _overrides(
     return out
 
 
+def _check_config_file(config_file: Path | None) -> None:
+    """Fail with a message naming the file (and the line, for bad UTF-8) before the config is
+    parsed: a config file that is there but cannot be read as UTF-8 text."""
+    from tapekit._cli.common import read_text
+
+    if config_file is not None and config_file.is_file():
+        read_text(config_file)
+
+
 def _run(kind: str, config_file: Path | None, overrides: dict[str, Any]) -> None:
+    from tapekit._cli.common import CliError
+
     try:
         from tapekit.training._common import TrainingError
         from tapekit.training.config import DPOConfig, SFTConfig, load_config
 
+        _check_config_file(config_file)
         cls = SFTConfig if kind == "sft" else DPOConfig
         config = load_config(cls, config_file, overrides)
         if config.dataset is None:
@@ -69,7 +81,7 @@ def _run(kind: str, config_file: Path | None, overrides: dict[str, Any]) -> None
     except ImportError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    except (TrainingError, ValueError, FileNotFoundError) as e:
+    except (CliError, TrainingError, ValueError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     finally:  # a failed run exits next as well, so it leaves the group too
@@ -121,6 +133,8 @@ def dpo_command(
 
 
 def _rl(config_file: Path | None, overrides: dict[str, Any]) -> None:
+    from tapekit._cli.common import CliError
+
     try:
         import inspect
 
@@ -130,6 +144,7 @@ def _rl(config_file: Path | None, overrides: dict[str, Any]) -> None:
         from tapekit.training.config import load_config
         from tapekit.training.rl_loop import RLRunConfig, RLSetup, train_rl
 
+        _check_config_file(config_file)
         config = load_config(RLRunConfig, config_file, overrides)  # type: ignore[type-var]
         if config.setup is None or config.model is None:
             raise TrainingError(
@@ -163,7 +178,7 @@ def _rl(config_file: Path | None, overrides: dict[str, Any]) -> None:
     except ImportError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    except (TrainingError, ValueError, FileNotFoundError) as e:
+    except (CliError, TrainingError, ValueError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"saved {final} ({len(result.history)} steps, policy version {result.policy_version})")
