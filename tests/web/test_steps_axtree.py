@@ -258,6 +258,24 @@ def test_a_date_inputs_fields_take_its_bid_as_in_browsergym() -> None:
     ]
 
 
+def test_fill_problem_says_when_a_field_did_not_take_the_text() -> None:
+    """What the environment reports after a fill (issue 46, item 14), from the field's value."""
+    from tapekit.web.environment import fill_problem
+
+    date = fill_problem("11/07/2016", {"value": "", "type": "date", "maxLength": -1})
+    assert date == (
+        'the date field holds "", not the text given; a date input takes YYYY-MM-DD (e.g. 2016-11-07)'
+    )
+    assert fill_problem("2016-11-07", {"value": "2016-11-07", "type": "date", "maxLength": -1}) == ""
+    assert "at most 3 characters" in fill_problem("abcdef", {"value": "abc", "type": "text", "maxLength": 3})
+    # the browser's own clean-up is no problem
+    assert fill_problem("a\nb", {"value": "ab", "type": "text", "maxLength": -1}) == ""
+    assert fill_problem(" a@b.c ", {"value": "a@b.c", "type": "email", "maxLength": -1}) == ""
+    assert fill_problem("a\r\nb", {"value": "a\nb", "type": "textarea", "maxLength": -1}) == ""
+    assert fill_problem("x", None) == ""  # a contenteditable: not checked
+    assert 'holds "x"' in fill_problem("y", {"value": "x", "type": "textarea", "maxLength": -1})
+
+
 # --------------------------------------------------------------------------- the split
 
 
