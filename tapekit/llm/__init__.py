@@ -26,6 +26,7 @@ _BACKENDS = {
     "OpenAICompatibleLLM": "tapekit.llm.openai_compat",
     "TransformersLLM": "tapekit.llm.transformers",
     "export_lora_gguf": "tapekit.llm.gguf_lora",
+    "export_model_gguf": "tapekit.llm.gguf_model",
 }
 
 
@@ -67,4 +68,5 @@ __all__ = [
     "TransformersLLM",
     "WrapperLLM",
     "export_lora_gguf",
+    "export_model_gguf",
 ]
