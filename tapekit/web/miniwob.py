@@ -20,6 +20,7 @@ validation seeds to choose settings on, **test seeds nobody tunes on**, and
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 from collections.abc import Iterable, Sequence
@@ -40,10 +41,12 @@ __all__ = [
     "MiniWobSplit",
     "MiniWobTask",
     "all_tasks",
+    "check_tasks",
     "episodes",
     "eval_tasks",
     "miniwob_html_dir",
     "reward_scorer",
+    "split_of",
     "start_tape",
 ]
 
@@ -244,41 +247,99 @@ def start_tape(task: str, seed: int, max_steps: int | None = None) -> Tape[Any, 
     return Tape(steps=StepSequence([OpenTask(task=name, seed=seed, max_steps=max_steps)]))
 
 
+def split_of(task: str, seed: int) -> SplitName | None:
+    """The part of :data:`SPLIT` the episode ``(task, seed)`` belongs to, or None when it is
+    outside the split (a task the split does not name, or a seed outside its part's range)."""
+    task = task.removeprefix("miniwob.")
+    if task in SPLIT.train_tasks:
+        for part, seeds in (
+            ("train", SPLIT.train_seeds),
+            ("validation", SPLIT.validation_seeds),
+            ("test", SPLIT.test_seeds),
+        ):
+            if seed in seeds:
+                return part  # type: ignore[return-value]
+    elif task in SPLIT.held_out_tasks and seed in SPLIT.test_seeds:
+        return "held_out"
+    return None
+
+
+def check_tasks(tasks: Iterable[str]) -> list[str]:
+    """The task names without ``miniwob.``; ``ValueError`` naming any that is not a task of the
+    installed ``miniwob`` wheel (with the closest names). The split's tasks need no wheel."""
+    names = [t.removeprefix("miniwob.") for t in tasks]
+    others = [t for t in names if t not in SPLIT.train_tasks and t not in SPLIT.held_out_tasks]
+    if others:
+        known = set(all_tasks())
+        for name in others:
+            if name not in known:
+                close = difflib.get_close_matches(name, sorted(known), n=3)
+                hint = f" (all_tasks() lists the {len(known)})"
+                if close:
+                    hint = f"; did you mean {', '.join(close)}?"
+                raise ValueError(f"{name!r} is not a MiniWob++ task of the installed miniwob wheel{hint}")
+    return names
+
+
 def episodes(
-    split: SplitName, n_seeds: int | None = None, tasks: Iterable[str] | None = None
+    split: SplitName | None = None,
+    n_seeds: int | None = None,
+    tasks: Iterable[str] | None = None,
+    *,
+    seeds: Iterable[int] | None = None,
 ) -> list[tuple[str, int]]:
     """The (task, seed) pairs of ``split``: ``train`` (the first ``n_seeds`` training seeds,
     default 20), ``validation``, ``test`` (training tasks) or ``held_out`` (held-out tasks on the
-    test seeds); ``tasks`` narrows the task list."""
+    test seeds); ``tasks`` names the tasks instead, any task of the ``miniwob`` wheel (one the
+    split does not name runs on the part's seeds, outside the split).
+
+    ``seeds`` instead of a split: exactly those seeds, for ``tasks`` (default the training
+    tasks), e.g. ``episodes(tasks=["enter-date"], seeds=range(300_000, 300_010))``; which of
+    them fall in the split says :func:`split_of`. A name that is no MiniWob++ task is a
+    ``ValueError``.
+    """
+    if seeds is not None:
+        if split is not None or n_seeds is not None:
+            raise ValueError("give either a split (and n_seeds) or seeds, not both")
+        chosen = [int(s) for s in seeds]
+        names = check_tasks(tasks) if tasks is not None else list(SPLIT.train_tasks)
+        return [(task, seed) for task in names for seed in chosen]
     if split == "train":
-        seeds: Sequence[int] = SPLIT.train_seeds[: n_seeds or 20]
+        part: Sequence[int] = SPLIT.train_seeds[: n_seeds or 20]
     elif split == "validation":
-        seeds = SPLIT.validation_seeds[:n_seeds] if n_seeds else SPLIT.validation_seeds
+        part = SPLIT.validation_seeds[:n_seeds] if n_seeds else SPLIT.validation_seeds
     elif split in ("test", "held_out"):
-        seeds = SPLIT.test_seeds[:n_seeds] if n_seeds else SPLIT.test_seeds
+        part = SPLIT.test_seeds[:n_seeds] if n_seeds else SPLIT.test_seeds
     else:
-        raise ValueError(f"unknown split {split!r}; use train, validation, test or held_out")
-    if n_seeds is not None and n_seeds > len(seeds):
+        raise ValueError(f"unknown split {split!r}; use train, validation, test or held_out (or seeds=...)")
+    if n_seeds is not None and n_seeds > len(part):
         # never fewer episodes than asked for without a word
-        raise ValueError(f"the {split} split has {len(seeds)} seeds per task, {n_seeds} were asked for")
-    names = SPLIT.held_out_tasks if split == "held_out" else SPLIT.train_tasks
+        raise ValueError(f"the {split} split has {len(part)} seeds per task, {n_seeds} were asked for")
+    names = list(SPLIT.held_out_tasks if split == "held_out" else SPLIT.train_tasks)
     if tasks is not None:
-        wanted = [t.removeprefix("miniwob.") for t in tasks]
-        unknown = [t for t in wanted if t not in names]
-        if unknown:
-            raise ValueError(f"{', '.join(unknown)} not in the {split} tasks ({', '.join(names)})")
-        names = tuple(wanted)
-    return [(task, seed) for task in names for seed in seeds]
+        names = check_tasks(tasks)
+    return [(task, seed) for task in names for seed in part]
 
 
 def eval_tasks(
-    split: SplitName, n_seeds: int | None = None, tasks: Iterable[str] | None = None
+    split: SplitName | None = None,
+    n_seeds: int | None = None,
+    tasks: Iterable[str] | None = None,
+    *,
+    seeds: Iterable[int] | None = None,
 ) -> list[Task]:
     """:class:`tapekit.Task` objects for :func:`tapekit.evaluate` (id ``task/seed``, category the
-    task), each starting from :func:`start_tape`; score them with :func:`reward_scorer`."""
+    task), each starting from :func:`start_tape`; score them with :func:`reward_scorer`. The
+    arguments are :func:`episodes`'s; each task's metadata holds its ``seed`` and ``split``
+    (:func:`split_of`: None marks an episode outside the split)."""
     return [
-        Task(id=f"{task}/{seed}", start=start_tape(task, seed), category=task, metadata={"seed": seed})
-        for task, seed in episodes(split, n_seeds, tasks)
+        Task(
+            id=f"{task}/{seed}",
+            start=start_tape(task, seed),
+            category=task,
+            metadata={"seed": seed, "split": split_of(task, seed)},
+        )
+        for task, seed in episodes(split, n_seeds, tasks, seeds=seeds)
     ]
 
 

@@ -306,8 +306,32 @@ def test_eval_tasks_start_from_open_task() -> None:
     assert [s.llm_dict() for s in start.steps] == [
         OpenTask(task="miniwob.click-button", seed=100000).llm_dict()
     ]
-    with pytest.raises(ValueError, match="not in the test tasks"):
-        episodes("test", tasks=["click-button-sequence"])
+    assert tasks[0].metadata == {"seed": 100000, "split": "validation"}
+
+
+def test_any_miniwob_task_and_any_seed_can_be_evaluated_marked_outside_the_split() -> None:
+    """Issue 46, item 15a: tasks the split does not name and seeds outside it, without building
+    tasks by hand; an episode outside the split says so (``split`` None)."""
+    pytest.importorskip("miniwob")
+    tasks = eval_tasks(tasks=["enter-date", "miniwob.click-widget"], seeds=range(300_000, 300_002))
+    assert [t.id for t in tasks] == [
+        "enter-date/300000",
+        "enter-date/300001",
+        "click-widget/300000",
+        "click-widget/300001",
+    ]
+    assert all(t.metadata["split"] is None for t in tasks)
+    start = tasks[0].start_tape().steps[0]
+    assert start.llm_dict() == OpenTask(task="miniwob.enter-date", seed=300000).llm_dict()
+    # a task outside the split on a part's seeds, and a split task on explicit seeds
+    assert episodes("validation", 1, ["grid-coordinate"]) == [("grid-coordinate", 100_000)]
+    marked = eval_tasks(tasks=["click-button"], seeds=[5, 100_001, 200_000, 300_000])
+    assert [t.metadata["split"] for t in marked] == ["train", "validation", "test", None]
+    assert eval_tasks("test", 1, ["click-button-sequence"])[0].metadata["split"] == "held_out"
+    with pytest.raises(ValueError, match=r"'enter-dat' is not a MiniWob\+\+ task .*did you mean enter-date"):
+        eval_tasks(tasks=["enter-dat"], seeds=[1])
+    with pytest.raises(ValueError, match=r"either a split .* or seeds"):
+        episodes("test", seeds=[1])
 
 
 def test_reward_scorer_reads_the_last_observation() -> None:
