@@ -172,6 +172,9 @@ def test_bad_samples_and_configs_are_named(tmp_path: Path) -> None:
     loaded = load_config(SFTConfig, cfg_file, parse_overrides(["lora.alpha=8", "max_length=64"]))
     assert (loaded.max_steps, loaded.lora.r, loaded.lora.alpha, loaded.max_length) == (3, 4, 8, 64)
     assert loaded.model == str(tmp_path / "m")
+    cfg_file.write_bytes(b"max_steps: 3\nmodel: caf\xe9\n")  # latin-1, not UTF-8
+    with pytest.raises(ValueError, match=r"c\.yaml, line 2: not valid UTF-8 \(byte 0xe9\)"):
+        load_config(SFTConfig, cfg_file)
 
 
 def test_a_tracker_not_installed_or_unknown_is_a_training_error_before_any_work(

@@ -156,7 +156,12 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 def _read(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"config file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        bad = e.object[e.start]
+        raise ValueError(f"config file {path}, line {line}: not valid UTF-8 (byte {bad:#04x})") from None
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
