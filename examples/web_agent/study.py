@@ -58,7 +58,7 @@ from tapekit.training import (
     train_rl,
     train_sft,
 )
-from tapekit.web import WebEnvironment, WebThought, web_agent
+from tapekit.web import WebEnvironment, web_agent, without_thoughts
 from tapekit.web.miniwob import SPLIT, eval_tasks, reward_scorer, start_tape
 from tapekit.web.teacher import teacher_agent
 
@@ -175,15 +175,7 @@ def teacher_tapes(settings: Settings, env: WebEnvironment, store: Any, ledger: L
     ledger.add("teacher", time.perf_counter() - started, episodes=len(tasks))
     solved = {s.tape_id for s in report.samples if _reward(s) > 0}
     # the student writes no rationale: the teacher's thoughts are not part of what it learns
-    return [
-        type(tape)(
-            context=tape.context,
-            steps=[s for s in tape.steps if not isinstance(s, WebThought)],
-            metadata=tape.metadata.model_copy(update={"id": f"{tape.metadata.id}-nothought"}),
-        )
-        for tape_id, tape in report.tapes.items()
-        if tape_id in solved
-    ]
+    return [without_thoughts(tape) for tape_id, tape in report.tapes.items() if tape_id in solved]
 
 
 class Budget(StepCallback):

@@ -27,6 +27,7 @@ from tapekit.web.agent import (
     llm_max_tokens,
     render_observation,
     web_agent,
+    without_thoughts,
 )
 from tapekit.web.axtree import AXLine, flatten_axtree, parse_axtree
 from tapekit.web.environment import CHROMIUM_ARGS, DEFAULT_CHROMIUM, WebEnvironment, WebEnvironmentError
@@ -86,4 +87,5 @@ __all__ = [
     "parse_axtree",
     "render_observation",
     "web_agent",
+    "without_thoughts",
 ]

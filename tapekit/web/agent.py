@@ -65,6 +65,7 @@ __all__ = [
     "llm_max_tokens",
     "render_observation",
     "web_agent",
+    "without_thoughts",
 ]
 
 DEFAULT_INSTRUCTION = (
@@ -505,8 +506,22 @@ class WebAgentNode(Node):
 
     def make_llm_output(self, agent: Agent, tape: Tape[Any, Any], index: int) -> LLMOutput:
         """The answer that makes exactly the run at ``tape.steps[index]`` (any node's run that
-        wrote a thought and an action, e.g. the teacher's)."""
+        wrote a thought and an action, e.g. the teacher's).
+
+        A node without a rationale cannot make a run that holds a thought: ``ValueError`` says
+        so, and that :func:`without_thoughts` makes such tapes (the teacher's) its own."""
         run = node_run_steps(tape, index)
+        if not self.rationale and any(isinstance(s, WebThought) for s in run):
+            raise ValueError(
+                f"the run at step {index} holds a WebThought and node {self.name!r} writes no "
+                "rationale (rationale=False); strip the thoughts from the tapes first: "
+                "tapekit.web.without_thoughts(tape), e.g. make_samples([without_thoughts(t) for t "
+                "in tapes], reuse_with=student, ...)"
+            )
+        return self._answer(run, index)
+
+    def _answer(self, run: list[Step], index: int) -> LLMOutput:
+        """The answer of ``run`` in this node's format (a thought only with a rationale)."""
         for step in run:
             if isinstance(step, LLMOutputParsingFailure | WebAbort):
                 return LLMOutput(content=step.raw)
@@ -527,8 +542,23 @@ class WebAgentNode(Node):
         view = episode_view(tape, index)
         if view.observation is None:
             raise ValueError(f"no observation before step {index}")
-        output = self.make_llm_output(agent, tape, index)
+        output = self._answer(node_run_steps(tape, index), index)  # without a rationale: the action
         return Demo.chat(self.user_message(view), output.content or "")
+
+
+def without_thoughts(tape: Tape[Any, Any]) -> Tape[Any, Any]:
+    """``tape`` without its :class:`~tapekit.web.steps.WebThought` steps (id ``<id>-nothought``):
+    what a student that writes no rationale (``rationale=False``) would have written. The
+    teacher's tapes hold a thought before each action; ``make_samples(reuse_with=student)``
+    needs them stripped for such a student::
+
+        samples = make_samples([without_thoughts(t) for t in tapes], reuse_with=student, tokenizer=tok)
+    """
+    return type(tape)(
+        context=tape.context,
+        steps=[s for s in tape.steps if not isinstance(s, WebThought)],
+        metadata=tape.metadata.model_copy(update={"id": f"{tape.metadata.id}-nothought"}),
+    )
 
 
 def web_agent(

