@@ -6,45 +6,25 @@ pydantic model of LLMs, templates, nodes and subagents; ``agent.arun(tape)`` pic
 steps, and repeats until a node run produces an action. The agent never looks at anything but
 the tape, so any tape is a resume point.
 
-This module holds the agent's turn; forks run in :mod:`tapekit.forks`, the LLM call and the finishing
-of an interrupted node run in :mod:`tapekit._node_run`, and training text, replay
-support and ``reuse`` (tapes as data) in :mod:`tapekit.reconstruction`.
+This module says what an agent *is* (nodes, LLMs, subagents, lookups); the turn itself, forks
+and the loop run in the engine (:mod:`tapekit._engine`), and training text, replay support and
+``reuse`` (tapes as data) in :mod:`tapekit.reconstruction`.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny
 
 from tapekit import reconstruction
-from tapekit._engine import next_move
-from tapekit._node_run import Called, Finished, call_llm, finish_open_run
-from tapekit._runs import (
-    attributed,
-    closes_branch,
-    ends_turn,
-    node_run_steps,
-    with_last,
-)
-from tapekit.core import (
-    Call,
-    Fork,
-    LLMOutput,
-    PartialStep,
-    Prompt,
-    Respond,
-    Step,
-    Tape,
-    TapeMetadata,
-    new_id,
-)
+from tapekit._engine.loop import turn
+from tapekit._engine.runs import node_run_steps
+from tapekit.core import LLMOutput, PartialStep, Prompt, Step, Tape
 from tapekit.errors import AgentError, ReconstructionError
 from tapekit.events import AgentEvent, AgentStream, AsyncAgentStream
-from tapekit.forks import ForkOutcome, run_fork
 from tapekit.llm.base import LLM, LLMCall, LLMStream, TrainingText
 from tapekit.reconstruction import NodeRun
 from tapekit.views import TapeView, TapeViewStack
@@ -63,8 +43,6 @@ __all__ = [
     "ReconstructionError",
     "node_run_steps",
 ]
-
-logger = logging.getLogger(__name__)
 
 
 class Node(BaseModel):
@@ -285,108 +263,11 @@ class Agent(BaseModel):
         run concurrently within this turn (the main loop passes its own); without one, a branch
         that makes an action is an error.
         """
-        self._check_root()
-        return AsyncAgentStream(self._arun(tape, environment), tape)
+        return AsyncAgentStream(turn(self, tape, environment), tape)
 
     def run(self, tape: Tape[Any, Any], environment: Environment | None = None) -> AgentStream:
         """Sync version of :meth:`arun`."""
-        self._check_root()
-        return AgentStream(self._arun(tape, environment), tape)
-
-    def _check_root(self) -> None:
-        """Raise :class:`AgentError` unless this is a root agent (only a team's root runs)."""
-        if _manager_of(self) is not None:
-            raise AgentError(
-                f"run the root agent {self.root.name!r}, not its subagent {self.full_name!r} "
-                "(or run a .clone() of the subagent on its own)"
-            )
-
-    async def _arun(
-        self, start: Tape[Any, Any], environment: Environment | None = None, branch_len: int = 0
-    ) -> AsyncIterator[AgentEvent]:
-        """The agent's turn. ``branch_len`` > 0 runs one fork branch: the turn also ends when
-        the branch's subagent responds (the view stack is back to ``branch_len`` views), and
-        only forks made inside the branch are this turn's to run."""
-        tape = start
-        seq = tape.steps  # the steps made so far, ahead of `tape` within a node run
-        where = ""
-        try:
-            iterations = 0
-            move = next_move(tape, self.name, branch_len)
-            if move.finishing:
-                top = move.stack.top
-                where = f"finishing the interrupted run of {top.agent_name}.{top.last_node}"
-                finished = Finished(tape)
-                async for event in finish_open_run(self, tape, move.stack, branch_len, finished):
-                    yield event
-                tape = finished.tape
-                if finished.stop:
-                    yield AgentEvent(final_tape=self._final(start, tape))
-                    return
-            while True:
-                move = next_move(tape, self.name, branch_len)
-                stack, fork_at = move.stack, move.fork_at
-                if fork_at is not None:
-                    where = f"the fork of {stack.views[fork_at].agent_name}"
-                    joined = ForkOutcome()
-                    async for event in run_fork(self, tape, stack, fork_at, environment, joined):
-                        yield event
-                    assert joined.tape is not None
-                    tape = joined.tape
-                    if joined.error is not None:
-                        raise AgentError(joined.error)
-                    continue
-                if iterations >= self.max_iterations:
-                    raise AgentError(
-                        f"agent {self.name!r} ran {self.max_iterations} node runs (max_iterations) "
-                        "without making an action"
-                    )
-                iterations += 1
-                seq = tape.steps
-                closing = closes_branch(stack, branch_len)
-                agent, node = move.runner(self)
-                where = f"node {agent.full_name}.{node.name}"
-                prompt = node.make_prompt(agent, tape)
-                called = Called()
-                if prompt is not None:
-                    async for event in call_llm(agent, node, prompt, called):
-                        yield event
-                prompt_id = prompt.id if prompt is not None else new_id()
-                stop = False
-                for step, is_last in with_last(node.generate_steps(agent, tape, called.stream), where):
-                    if isinstance(step, PartialStep):
-                        yield AgentEvent(partial_step=step)
-                        continue
-                    if isinstance(step, Call | Respond | Fork) and not is_last:
-                        raise AgentError(
-                            f"{where} made a {step.kind} that is not the last step of its node run; "
-                            "put SetNextNode and other steps before it"
-                        )
-                    step = attributed(step, agent.full_name, node.name, prompt_id, is_last)
-                    seq = seq.appended([step])
-                    yield AgentEvent(step=step)
-                    stop = stop or ends_turn(step, agent is self, closing)
-                tape = tape.model_copy(update={"steps": seq})
-                if stop:
-                    break
-        except Exception as e:  # recorded on the tape; CancelledError is not an Exception
-            if len(seq) > len(tape):
-                tape = tape.model_copy(update={"steps": seq})
-            message = f"{type(e).__name__}: {e}" + (f" (in {where})" if where else "")
-            logger.warning("agent %s failed: %s", self.name, message)
-            logger.debug("traceback of the failure of agent %s", self.name, exc_info=True)
-            yield AgentEvent(final_tape=self._final(start, tape, error=message))
-            return
-        yield AgentEvent(final_tape=self._final(start, tape))
-
-    def _final(self, start: Tape[Any, Any], tape: Tape[Any, Any], error: str | None = None) -> Tape[Any, Any]:
-        meta = TapeMetadata(
-            parent_id=start.metadata.id,
-            author=self.name,
-            n_added_steps=len(tape) - len(start),
-            error=error,
-        )
-        return tape.model_copy(update={"metadata": meta})
+        return AgentStream(turn(self, tape, environment), tape)
 
     # ------------------------------------------------------------------ tapes as data (see reconstruction)
 

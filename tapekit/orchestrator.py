@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tapekit._diff import diff_text, first_divergence, signatures
-from tapekit._engine import alternate
+from tapekit._engine.loop import alternate
 from tapekit._sync import run_sync
 from tapekit.agent import Agent
 from tapekit.core import Action, Observation, Step, Tape

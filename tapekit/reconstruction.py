@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from tapekit._engine import next_move
-from tapekit._runs import attributed, content_diff, node_run_steps, tape_of
+from tapekit._engine.moves import next_move
+from tapekit._engine.runs import attributed, content_diff, node_run_steps, tape_of
 from tapekit.core import Fork, LLMOutput, Prompt, SetNextNode, Step, StepSequence, Tape, TapeMetadata, new_id
 from tapekit.errors import ReconstructionError
 from tapekit.llm.base import LLMCall, LLMStream, TrainingText

@@ -26,7 +26,7 @@ from tapekit import (
     async_main_loop,
     main_loop,
 )
-from tapekit._engine import next_move
+from tapekit._engine.moves import next_move
 from tapekit.core import LLMOutput, StepMetadata, ToolCallRequest
 from tapekit.dialog import AssistantStep, tool_calls_from_output
 from tests.test_fork import InFlightLLM

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from tapekit._engine import next_move
+from tapekit._engine.moves import next_move
 from tapekit.agent import Agent
 from tapekit.core import Step, StepMetadata, Tape, TapeMetadata, new_id, step_kinds
 from tapekit.environment import Environment, unanswered_actions
