@@ -33,7 +33,7 @@ from tapekit.evaluate import EvalReport, Task
 from tapekit.llm import LlamaCppLLM, OpenAICompatibleLLM
 from tapekit.optimize import BootstrapFewShot, optimize
 from tapekit.web import WebEnvironment, WebObservation, web_agent
-from tapekit.web.miniwob import SPLIT, eval_tasks, reward_scorer
+from tapekit.web.miniwob import SPLIT, eval_tasks, raw_reward_mean, reward_scorer
 from tapekit.web.teacher import teacher_agent
 
 QUICK_TASKS = ["click-button", "focus-text"]
@@ -131,12 +131,17 @@ class Timed:
 
 
 def row(name: str, report: EvalReport, minutes: float | None) -> dict[str, Any]:
+    """One agent's figures. ``success`` is the binary reward's mean (MiniWob's raw reward > 0);
+    ``raw_reward`` the raw reward's mean (in [-1, 1]), beside it because binary success counts
+    partial credit (a click-checkboxes page with no box ticked passes when most should stay
+    empty)."""
     est = report.mean_score()
     return {
         "agent": name,
         "success": est.value,
         "low": est.low,
         "high": est.high,
+        "raw_reward": raw_reward_mean(report.tapes.values()),
         "episodes": len(report.samples),
         "episodes_per_min": len(report.samples) / minutes if minutes else None,
         "tokens_per_episode": report.tokens_per_attempt,
@@ -231,6 +236,7 @@ def print_table(results: dict[str, Any], diff: Any) -> None:
     for col in (
         "agent",
         "success [95% CI]",
+        "raw reward",
         "episodes",
         "episodes/min",
         "tokens/episode",
@@ -242,12 +248,16 @@ def print_table(results: dict[str, Any], diff: Any) -> None:
         table.add_row(
             r["agent"],
             f"{r['success']:.3f} [{r['low']:.3f}, {r['high']:.3f}]",
+            "-" if r["raw_reward"] is None else f"{r['raw_reward']:+.3f}",
             str(r["episodes"]),
             rate,
             f"{r['tokens_per_episode']:,.0f}",
             f"{r['browser_s_per_episode']:.2f}",
         )
-    table.caption = f"optimised - zero-shot on the test seeds (paired, task-stratified bootstrap): {diff}"
+    table.caption = (
+        f"optimised - zero-shot on the test seeds (paired, task-stratified bootstrap): {diff}\n"
+        "success: MiniWob's raw reward > 0 (partial credit passes); raw reward: its mean, in [-1, 1]"
+    )
     Console(width=160).print(table)
 
 

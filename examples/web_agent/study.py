@@ -59,7 +59,7 @@ from tapekit.training import (
     train_sft,
 )
 from tapekit.web import WebEnvironment, web_agent, without_thoughts
-from tapekit.web.miniwob import SPLIT, eval_tasks, reward_scorer, start_tape
+from tapekit.web.miniwob import SPLIT, eval_tasks, raw_reward_mean, reward_scorer, start_tape
 from tapekit.web.teacher import teacher_agent
 
 ARMS = ("sft", "sft_rl", "rl")
@@ -290,6 +290,12 @@ def sft_run(settings: Settings, model: Any, tokenizer: Any, tapes: list[Any], bu
 def _reward(sample: Any) -> float:
     """A sample's reward (the one scorer's value)."""
     return float(next(iter(sample.scores.values())).value)
+
+
+def raw_of(report: EvalReport, samples: Iterable[Any]) -> float | None:
+    """The mean of MiniWob's raw reward over ``samples``' episodes (in [-1, 1]): reported
+    beside success, the binary reward, which counts partial credit as a pass."""
+    return raw_reward_mean(report.tapes[s.tape_id] for s in samples if s.tape_id in report.tapes)
 
 
 def rl_tasks(settings: Settings) -> list[Task]:
@@ -569,6 +575,8 @@ def run_arm(settings: Settings) -> dict[str, Any]:
                     "success": score.value if score else None,
                     "low": score.low if score else None,
                     "high": score.high if score else None,
+                    # beside binary success, which counts MiniWob's partial credit as a pass
+                    "raw_reward": raw_of(report, part.samples),
                     "per_task": {s.task_id: _reward(s) for s in part.samples},
                     "environment_failures": whole.n_environment_failures,  # the browser failed: not scored
                 }
@@ -581,6 +589,7 @@ def run_arm(settings: Settings) -> dict[str, Any]:
             rates = success_by_seed((sample.task_id, _reward(sample)) for sample in kept)
             point["pool_sampled"] = {
                 "success": sum(rates.values()) / len(rates) if rates else None,
+                "raw_reward": raw_of(report, kept),
                 "per_task": rates,
                 "episodes": len(kept),
                 "environment_failures": report.n_environment_failures,

@@ -4,6 +4,7 @@ the embedded SmolLM2 through llama.cpp, the programmatic teacher; the figures it
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,27 @@ def test_quick_run_prints_the_table_and_writes_the_figures(tmp_path: Path) -> No
     diff = figures["test_difference"]
     assert diff["low"] <= diff["value"] <= diff["high"]
     assert figures["browser"]["crashes"] == 0 and figures["browser"]["hangs"] == 0
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(bool(missing_for_web()), reason="needs " + ", ".join(missing_for_web()))
+def test_the_figures_show_the_raw_reward_beside_success() -> None:
+    """Issue 46, item 16: an agent that clicks Submit at once on click-checkboxes pages whose
+    goals name boxes passes the binary reward on some (partial credit); the row's raw reward
+    says how partial."""
+    from examples.web_agent import run
+    from tapekit import FunctionLLM, evaluate
+    from tapekit.web import WebEnvironment, web_agent
+    from tapekit.web.miniwob import eval_tasks, reward_scorer
+
+    def submit_at_once(prompt: object) -> str:
+        user = prompt.messages[-1]["content"]  # type: ignore[attr-defined]
+        bid = re.search(r'\[(\d+)\] button "Submit"', user).group(1)  # type: ignore[union-attr]
+        return json.dumps({"thought": "submit", "action": f"click('{bid}')"})
+
+    tasks = eval_tasks(tasks=["click-checkboxes"], seeds=[300_003, 300_011])
+    with WebEnvironment(max_concurrent=2, timeout_s=30) as env:
+        report = evaluate(web_agent(FunctionLLM(fn=submit_at_once)), env, tasks, reward_scorer)
+    figures = run.row("submit at once", report, None)
+    assert figures["success"] == 1.0
+    assert figures["raw_reward"] == pytest.approx((0.5 + 0.2) / 2)

@@ -197,6 +197,25 @@ def test_a_fill_the_page_ignores_is_an_error_naming_the_format(env: WebEnvironme
     assert observations(right)[-1].reward == 1.0
 
 
+@pytest.mark.parametrize(("seed", "raw"), [(300_003, 0.5), (300_011, 0.2)])
+def test_the_binary_reward_passes_partial_credit_the_raw_reward_does_not(
+    env: WebEnvironment, seed: int, raw: float
+) -> None:
+    """Issue 46, item 16: on click-checkboxes, Submit at once (no box ticked, though the goal
+    names boxes) is a success under the binary reward whenever most boxes should stay empty;
+    MiniWob's raw reward, kept in ``info`` and read by ``raw_reward``, says it was partial."""
+    from tapekit.web.miniwob import raw_reward
+
+    tape = env.react(start_tape("click-checkboxes", seed))
+    first = observations(tape)[-1]
+    assert first.goal != "Select nothing and click Submit."
+    submit = next(x.bid for x in parse_axtree(first.axtree) if x.role == "button")
+    tape = env.react(tape.append(Click(bid=submit)))
+    last = observations(tape)[-1]
+    assert last.done and last.reward == 1.0 and reward_scorer(tape).passed
+    assert raw_reward(tape) == pytest.approx(raw) and last.info["raw_reward"] == pytest.approx(raw)
+
+
 def test_several_actions_in_one_turn_get_one_observation_each(env: WebEnvironment) -> None:
     tape = env.react(start_tape("enter-text", 3))
     first = observations(tape)[-1]

@@ -343,6 +343,20 @@ def test_reward_scorer_reads_the_last_observation() -> None:
     assert not reward_scorer(Tape()).passed
 
 
+def test_raw_reward_reads_minwobs_raw_figure_beside_the_binary_one() -> None:
+    from tapekit.web.miniwob import raw_reward, raw_reward_mean
+
+    partial = WebObservation(
+        task="t", seed=1, episode_id="e", goal="g", reward=1.0, done=True, info={"raw_reward": 0.2}
+    )
+    assert reward_scorer(Tape(steps=[partial])).value == 1.0 and raw_reward(Tape(steps=[partial])) == 0.2
+    failed = partial.model_copy(update={"reward": 0.0, "info": {"raw_reward": -1}})
+    assert raw_reward(Tape(steps=[partial, failed])) == -1.0
+    assert raw_reward(Tape()) is None
+    assert raw_reward_mean([Tape(steps=[partial]), Tape(steps=[failed]), Tape()]) == pytest.approx(-0.4)
+    assert raw_reward_mean([]) is None
+
+
 # --------------------------------------------------------------------------- lazy imports
 
 
