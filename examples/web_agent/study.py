@@ -178,6 +178,75 @@ def teacher_tapes(settings: Settings, env: WebEnvironment, store: Any, ledger: L
     return [without_thoughts(tape) for tape_id, tape in report.tapes.items() if tape_id in solved]
 
 
+class StudyProgress:
+    """A live status line for a long run, on a terminal only: the stage, the step, the last
+    loss (SFT) or mean reward (GRPO), and the budget spent and left. Silent when the output is
+    not a terminal (a log file, CI): the run's own lines (checkpoints, GRPO steps) say enough
+    there. ``with progress:`` (or ``start``/``stop``) brackets the run; ``update`` changes what
+    the line says."""
+
+    def __init__(self, budget_seconds: float, console: Any = None) -> None:
+        from rich.console import Console
+
+        self.budget = budget_seconds
+        self.console = console if console is not None else Console()
+        self.enabled = bool(self.console.is_terminal)
+        self._live: Any = None
+        self._started = time.perf_counter()
+
+    def start(self) -> None:
+        """Show the line (on a terminal)."""
+        if self.enabled and self._live is None:
+            from rich.live import Live
+
+            self._live = Live("", console=self.console, transient=True, refresh_per_second=4)
+            self._live.start()
+
+    def stop(self) -> None:
+        """Take the line away."""
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def line(
+        self,
+        stage: str,
+        spent: float,
+        *,
+        step: int | None = None,
+        of: float | None = None,
+        loss: float | None = None,
+        reward: float | None = None,
+    ) -> str:
+        """What the line says: ``stage``, ``step`` (of ``of`` for a stage counted in steps), the
+        loss or reward, the budget's seconds spent and left, and the wall time so far."""
+        parts = [stage]
+        if step is not None:
+            parts.append(f"step {step}" + (f" of {of:.0f}" if of else ""))
+        if loss is not None:
+            parts.append(f"loss {loss:.3f}")
+        if reward is not None:
+            parts.append(f"reward {reward:.2f}")
+        left = max(self.budget - spent, 0.0)
+        parts.append(f"budget {spent:.0f} of {self.budget:.0f} s spent, {left:.0f} s left")
+        parts.append(f"{time.perf_counter() - self._started:.0f} s wall")
+        return " · ".join(parts)
+
+    def __enter__(self) -> StudyProgress:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def update(self, stage: str, spent: float, **figures: Any) -> None:
+        """Say where the run is now (see :meth:`line`)."""
+        if self._live is not None:
+            from rich.text import Text
+
+            self._live.update(Text(self.line(stage, spent, **figures)), refresh=True)
+
+
 class Budget(StepCallback):
     """Charges a training run's steps to the ledger and runs the checkpoints on the way.
 
@@ -201,6 +270,7 @@ class Budget(StepCallback):
         at_point: Callable[[int], object],
         clock: Callable[[], float] = time.perf_counter,
         unit: str = "seconds",
+        progress: StudyProgress | None = None,
     ) -> None:
         if not ends or sorted(ends) != list(ends):
             raise ValueError(f"Budget needs end points in increasing order, got {ends}")
@@ -208,9 +278,11 @@ class Budget(StepCallback):
             raise ValueError(f"Budget counts 'seconds' or 'steps', got {unit!r}")
         self.ledger, self.stage, self.ends, self.at_point, self.clock = ledger, stage, ends, at_point, clock
         self.unit = unit
+        self.progress = progress
         self.done = 0  # end points passed
         self.steps = 0  # the stage's steps so far
         self.tokens_seen = 0
+        self.loss: float | None = None  # the last loss the trainer logged (SFT)
         self.start()
         self._reason = ""
 
@@ -244,6 +316,16 @@ class Budget(StepCallback):
             seen = int(record.tokens or self.tokens_seen)
             self.ledger.add(f"{self.stage}-step{record.step}", seconds, trained=seen - self.tokens_seen)
             self.tokens_seen = seen
+            if record.loss is not None:
+                self.loss = record.loss
+        if self.progress is not None:
+            of = self.ends[-1] if self.unit == "steps" else None
+            figures: dict[str, Any] = {"step": record.step, "of": of}
+            if record.trainer == "rl":
+                figures["reward"] = record.metrics.get("reward_mean")
+            else:
+                figures["loss"] = self.loss
+            self.progress.update(self.stage, self.ledger.seconds, **figures)
         while self.done < len(self.ends) and self._progress() >= self.ends[self.done]:
             began = self.clock()
             self.at_point(self.done)
@@ -557,7 +639,10 @@ def run_arm(settings: Settings) -> dict[str, Any]:
     def save() -> None:
         (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
 
+    progress = StudyProgress(settings.budget_seconds)
+
     def checkpoint(label: str) -> dict[str, Any]:
+        progress.update(f"evaluating {label} ({len(val + test + pool)} episodes)", ledger.seconds)
         point: dict[str, Any] = {"label": label, **ledger.totals()}
         # both splits in one evaluation: 200 episodes decode in bigger batches than 40 + 160
         started = time.perf_counter()
@@ -606,13 +691,15 @@ def run_arm(settings: Settings) -> dict[str, Any]:
 
     budget, n = settings.budget_seconds, settings.checkpoints
     branch_at = budget * settings.sft_fraction
-    with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
+    with progress, WebEnvironment(max_concurrent=32, timeout_s=30) as env:
         if settings.start_eval:
             checkpoint("start")
         if settings.branch_from:
             results["checkpoints"].append(load_branch(settings, model, ledger))
             save()
         elif settings.arm in ("sft", "sft_rl"):
+            episodes = len(settings.tasks) * settings.teacher_seeds
+            progress.update(f"teacher ({episodes} episodes)", ledger.seconds)
             tapes = teacher_tapes(settings, env, store, ledger)
             if settings.sft_steps:  # the budget in steps: the branch point, then the rest in proportion
                 unit, ends = "steps", [float(settings.sft_steps)]
@@ -628,14 +715,18 @@ def run_arm(settings: Settings) -> dict[str, Any]:
                 if i == 0 and settings.arm == "sft":
                     save_branch(out, model, ledger, point, settings)
 
-            sft_run(settings, model, tokenizer, tapes, Budget(ledger, "sft", ends, sft_point, unit=unit))
+            progress.update("sft: starting", ledger.seconds)
+            sft_budget = Budget(ledger, "sft", ends, sft_point, unit=unit, progress=progress)
+            sft_run(settings, model, tokenizer, tapes, sft_budget)
         if settings.arm in ("sft_rl", "rl"):
             parts = n if settings.arm == "rl" else max(n - 1, 1)
             if settings.rl_steps:
                 unit, ends = "steps", _stage_ends(0, settings.rl_steps, parts)
             else:
                 unit, ends = "seconds", _stage_ends(ledger.seconds, budget, parts)
-            rl_budget = Budget(ledger, "rl", ends, lambda i: checkpoint(f"rl{i}"), unit=unit)
+            progress.update("rl: starting", ledger.seconds)
+            rl_point: Callable[[int], object] = lambda i: checkpoint(f"rl{i}")  # noqa: E731
+            rl_budget = Budget(ledger, "rl", ends, rl_point, unit=unit, progress=progress)
             rl_run(settings, model, tokenizer, env, store, rl_budget)
             results["rl_sampled"] = sampled_success(store, "rl", rl_budget.steps)
             # GRPO's start (the branch point; for rl the untrained student, when evaluated) to its end

@@ -45,6 +45,44 @@ def test_the_ledger_counts_flops_as_the_paper_does(tmp_path: Path) -> None:
     assert [x["stage"] for x in lines] == ["sft", "rl"] and lines[-1]["flops"] == ledger.flops
 
 
+def test_long_runs_show_live_progress_on_a_terminal_only(tmp_path: Path) -> None:
+    """Issue 46, item 17: the stage, the step, the loss or the reward and the budget left, as a
+    live line on a terminal; nothing at all when the output is not a terminal."""
+    import io
+
+    from rich.console import Console
+
+    from examples.web_agent import study
+    from tapekit.training import StepRecord
+
+    def run(terminal: bool) -> str:
+        out = io.StringIO()
+        progress = study.StudyProgress(100.0, Console(file=out, force_terminal=terminal, width=200))
+        ledger = study.Ledger(tmp_path / f"ledger-{terminal}.jsonl", n_params=10)
+        clock = iter([0.0, 30.0, 60.0, 70.0, 80.0]).__next__
+        sft = study.Budget(ledger, "sft", [50.0], lambda i: None, clock=clock, progress=progress)
+        with progress:
+            sft.on_step(StepRecord(trainer="sft", step=1, seconds=30.0, loss=0.5, tokens=100))
+            rl = study.Budget(
+                ledger, "rl", [2.0], lambda i: None, clock=clock, unit="steps", progress=progress
+            )
+            metrics = {"train_input_tokens": 5, "rollout_prompt_tokens": 3, "rollout_output_tokens": 2}
+            rl.on_step(
+                StepRecord(
+                    trainer="rl",
+                    step=1,
+                    seconds=10.0,
+                    metrics={**metrics, "reward_mean": 0.25, "rollouts": 4},
+                )
+            )
+        return out.getvalue()
+
+    shown = run(terminal=True)
+    assert "sft · step 1 · loss 0.500 · budget 30 of 100 s spent, 70 s left" in shown
+    assert "rl · step 1 of 2 · reward 0.25 · budget 40 of 100 s spent, 60 s left" in shown
+    assert run(terminal=False) == ""  # quiet in logs and CI
+
+
 def test_arguments_are_checked() -> None:
     from examples.web_agent import study
 
