@@ -96,7 +96,7 @@ class Settings:
     curriculum: str = "sec"
     resample_rounds: int = 0  # > 0: dynamic sampling, groups without signal replaced by new draws
     scale_rewards: bool = False
-    max_tokens: int = 32
+    max_tokens: int = 64  # the answer's cap; the page schema keeps every answer within it
     threads: int = 2
     start_eval: bool = True  # evaluate the untrained student first (the same for every arm and seed)
     branch_from: str | None = None  # sft_rl: the sft arm's run whose first checkpoint to continue
@@ -459,13 +459,15 @@ def evaluate_student(
     *,
     temperature: float = 0.0,
     k: int = 1,
+    max_tokens: int = Settings.max_tokens,
 ) -> EvalReport:
     """Episodes of the current weights, greedy by default (``k`` sampled attempts per task at
-    ``temperature`` otherwise), decoded in batches of at most 32 episodes. An episode the
+    ``temperature`` otherwise), answers of at most ``max_tokens`` (the page schema keeps every
+    answer within it), decoded in batches of at most 32 episodes. An episode the
     browser failed (a page that never loaded) is run once more after the others; one that
     fails again is marked (``environment_failure``), and the study leaves it out of its figures
     and counts it, as GRPO does."""
-    llm = BatchedTransformersLLM.from_model(model, tokenizer, temperature=temperature, max_tokens=32)
+    llm = BatchedTransformersLLM.from_model(model, tokenizer, temperature=temperature, max_tokens=max_tokens)
     llm.batcher.max_wait_s = 0.5  # the episodes' next requests arrive within a browser step
     return evaluate(
         student_agent(llm),
@@ -647,8 +649,9 @@ def run_arm(settings: Settings) -> dict[str, Any]:
         # both splits in one evaluation: 200 episodes decode in bigger batches than 40 + 160
         started = time.perf_counter()
         report = evaluate_student(
-            model, tokenizer, env, val + test + pool, f"{settings.arm}-s{settings.seed}-{label}", store
-        )
+            model, tokenizer, env, val + test + pool, f"{settings.arm}-s{settings.seed}-{label}", store,
+            max_tokens=settings.max_tokens,
+        )  # fmt: skip
         point["eval_seconds"] = round(time.perf_counter() - started, 1)
         for split, tasks in (("validation", val), ("test", test), ("pool", pool)):
             if tasks:
@@ -668,7 +671,7 @@ def run_arm(settings: Settings) -> dict[str, Any]:
         if pool and settings.pool_samples:  # the policy as GRPO samples it, on the pool's seeds
             report = evaluate_student(
                 model, tokenizer, env, pool, f"{settings.arm}-s{settings.seed}-{label}-sampled", store,
-                temperature=settings.temperature, k=settings.pool_samples,
+                temperature=settings.temperature, k=settings.pool_samples, max_tokens=settings.max_tokens,
             )  # fmt: skip
             kept = report.without_environment_failures().samples
             rates = success_by_seed((sample.task_id, _reward(sample)) for sample in kept)

@@ -272,7 +272,7 @@ def test_the_rl_arm_runs_through_tapekit_train_rl_and_resumes_after_a_kill(tmp_p
         "steps": 3,
         "tasks_per_step": 2,
         "group_size": 2,
-        "max_tokens": 32,
+        "max_tokens": 64,  # the student answer schema's guarantee (docs/web.md)
         "max_loops": None,
         "learning_rate": 1e-5,
         "scale_rewards": False,
