@@ -170,7 +170,8 @@ def test_bootstrap_is_seeded_and_brackets_the_value() -> None:
         str(a)
     }
     single = evaluate(*make({})[:2], tasks[:1], exact, k=2)
-    assert single.pass_at_1().low == single.pass_at_1().high == 1.0
+    # one task, passed: the exact interval of 1/1 ([0.025, 1]), not a zero-width [1, 1]
+    assert single.pass_at_1().high == 1.0 and single.pass_at_1().low == pytest.approx(0.025)
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "memory"])

@@ -14,7 +14,7 @@ agreement per criterion.
 API (stable; ``run.py`` calls it):
 
 - ``greadth_report(tapes_by_agent, judge=None, prices=None, *, llm_calls=None,
-  priced_as=None, last_only=False, seed=0, n_bootstrap=1000, confidence=0.95) ->
+  priced_as=None, last_only=False, seed=0, n_bootstrap=10000, confidence=0.95) ->
   GreadthReport``: ``tapes_by_agent`` maps an agent's label ("teacher", "student (tuned)")
   to its tapes; ``judge`` is a tapekit LLM or a :class:`~examples.form_filler.judge.GreadthJudge`;
   ``prices`` maps a model name to a :class:`~examples.form_filler.costs.Price` (or a pair of
@@ -142,7 +142,7 @@ class GreadthReport(JsonReport):
     priced_as: dict[str, str] = Field(default_factory=dict)
     tokens_measured: bool = False
     seed: int = 0
-    n_bootstrap: int = 1000
+    n_bootstrap: int = 10_000
     confidence: float = 0.95
     _cache: dict[tuple[str, str, str | None], Estimate] = PrivateAttr(default_factory=dict)
 
@@ -499,7 +499,7 @@ def greadth_report(
     priced_as: Mapping[str, str] | None = None,
     last_only: bool = False,
     seed: int = 0,
-    n_bootstrap: int = 1000,
+    n_bootstrap: int = 10_000,
     confidence: float = 0.95,
 ) -> GreadthReport:
     """Label every agent turn of every agent's tapes and gather the report (see the module doc)."""

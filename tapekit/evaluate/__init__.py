@@ -14,6 +14,13 @@ breakdown. With a store the tapes are stored as the batch stores them, tagged wi
 evaluation's name and each attempt's task and sample index (:func:`eval_tags`), and running the
 same evaluation again resumes it. :func:`rescore` scores stored tapes again with new scorers and
 makes no LLM call.
+
+The statistics (:mod:`tapekit.evaluate._stats`, formulas there) are exported here too:
+:func:`bootstrap_mean`, :func:`paired_difference` and :func:`mcnemar_exact` for one run of each
+system, :func:`seed_paired_difference` when each arm was trained with several training seeds
+(the seed is the unit: an item bootstrap inside tasks and a seed-level Student-t interval), and
+the exact helpers :func:`clopper_pearson`, :func:`student_t_interval` and
+:func:`student_t_quantile`. Every bootstrap defaults to 10,000 resamples.
 """
 
 from __future__ import annotations
@@ -29,7 +36,18 @@ from tapekit._sync import run_sync
 from tapekit.core import StepSequence, Tape
 from tapekit.evaluate._report import EvalReport, JsonReport, SampleResult, Score, pass_at_k, pass_hat_k
 from tapekit.evaluate._scorers import contains_answer, exact_answer, final_answer
-from tapekit.evaluate._stats import Estimate, bootstrap_mean, mcnemar_exact, paired_difference
+from tapekit.evaluate._stats import (
+    DEFAULT_RESAMPLES,
+    Estimate,
+    SeedPairedDifference,
+    bootstrap_mean,
+    clopper_pearson,
+    mcnemar_exact,
+    paired_difference,
+    seed_paired_difference,
+    student_t_interval,
+    student_t_quantile,
+)
 from tapekit.llm.base import LLMCall, llm_calls_of
 from tapekit.store.base import TapeFilter, TapeStore
 
@@ -40,11 +58,13 @@ __all__ = [
     "SampleResult",
     "Score",
     "Scorer",
+    "SeedPairedDifference",
     "Task",
     "aevaluate",
     "aevaluate_iter",
     "arescore",
     "bootstrap_mean",
+    "clopper_pearson",
     "contains_answer",
     "eval_tags",
     "evaluate",
@@ -55,6 +75,9 @@ __all__ = [
     "pass_at_k",
     "pass_hat_k",
     "rescore",
+    "seed_paired_difference",
+    "student_t_interval",
+    "student_t_quantile",
 ]
 
 Scorer = Callable[[Tape[Any, Any], "Task"], Score | bool | Awaitable[Score | bool]]
@@ -331,7 +354,7 @@ async def aevaluate(
     name: str = "eval",
     store: TapeStore | None = None,
     seed: int = 0,
-    n_bootstrap: int = 1000,
+    n_bootstrap: int = DEFAULT_RESAMPLES,
     confidence: float = 0.95,
     on_sample: Callable[[SampleResult], None] | None = None,
     environment_retries: int = 0,
@@ -345,7 +368,8 @@ async def aevaluate(
       same name resumes (finished attempts are read back, not run again).
     - ``store``: a tapekit store; every attempt's tape and LLM calls are stored and tagged
       (:func:`eval_tags`).
-    - ``seed``, ``n_bootstrap``, ``confidence``: the bootstrap intervals of the report.
+    - ``seed``, ``n_bootstrap``, ``confidence``: the bootstrap intervals of the report
+      (10,000 resamples by default).
     - ``on_sample``: called with each scored attempt as it finishes (for progress displays).
     - ``environment_retries``: an attempt the environment ended by failing (a page that never
       loaded, a browser that crashed: :func:`tapekit.environment.environment_failure`) is run
@@ -393,7 +417,7 @@ def evaluate(
     name: str = "eval",
     store: TapeStore | None = None,
     seed: int = 0,
-    n_bootstrap: int = 1000,
+    n_bootstrap: int = DEFAULT_RESAMPLES,
     confidence: float = 0.95,
     on_sample: Callable[[SampleResult], None] | None = None,
     environment_retries: int = 0,
@@ -440,7 +464,7 @@ async def arescore(
     name: str | None = None,
     k: int | None = None,
     seed: int = 0,
-    n_bootstrap: int = 1000,
+    n_bootstrap: int = DEFAULT_RESAMPLES,
     confidence: float = 0.95,
 ) -> EvalReport:
     """Score the tapes of an evaluation again with new scorers; no agent runs and no LLM is
@@ -521,7 +545,7 @@ def rescore(
     name: str | None = None,
     k: int | None = None,
     seed: int = 0,
-    n_bootstrap: int = 1000,
+    n_bootstrap: int = DEFAULT_RESAMPLES,
     confidence: float = 0.95,
 ) -> EvalReport:
     """The synchronous form of :func:`arescore`."""

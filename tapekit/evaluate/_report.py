@@ -24,7 +24,7 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from tapekit.evaluate._stats import Estimate, bootstrap_mean, paired_difference
+from tapekit.evaluate._stats import DEFAULT_RESAMPLES, Estimate, bootstrap_mean, paired_difference
 
 __all__ = ["Estimate", "EvalReport", "JsonReport", "SampleResult", "Score", "pass_at_k", "pass_hat_k"]
 
@@ -155,7 +155,7 @@ class EvalReport(JsonReport):
     scorers: list[str] = Field(default_factory=list)
     samples: list[SampleResult] = Field(default_factory=list)
     seed: int = 0
-    n_bootstrap: int = 1000
+    n_bootstrap: int = DEFAULT_RESAMPLES
     confidence: float = 0.95
     _tapes: dict[str, Any] = PrivateAttr(default_factory=dict)
     _calls: dict[str, Any] = PrivateAttr(default_factory=dict)
