@@ -7,12 +7,15 @@ curriculum each, the same budget). Writes into ``--out``:
 
 - ``curricula.json``: one row per run (test success at the branch point and at the end of
   GRPO, GRPO steps, rollouts, groups with a signal, seconds) and the paired differences of test
-  success between the curricula, and of each against the branch point, pooled over the seeds
-  both ran (task-stratified paired bootstrap, exact McNemar test);
+  success between the curricula, and of each against the branch point, over the seeds both ran
+  with the **training seed as the unit** (``tapekit.evaluate.seed_paired_difference``: the mean
+  over seeds of each seed's mean difference, an item-bootstrap interval within tasks and a
+  seed-level Student-t interval and p-value; the pooled McNemar p-value stays in the JSON only,
+  labelled as ignoring the seeds' variance);
 - ``curricula.png``: per run, the curriculum's task probabilities and the share of
   zero-advantage groups at each GRPO step; below, groups with a signal (rewards that differ)
   gathered against GRPO seconds, one line per run;
-- the table in Markdown, on standard output.
+- ``table.md``: the table in Markdown (also printed).
 
     python scripts/plot_web_curricula.py docs/experiments/web-training/curricula \
         --out docs/experiments/web-training/curricula
@@ -25,7 +28,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from plot_web_study import paired, rl_logs  # scripts/: the study's own comparison and log reader
+from plot_web_study import _columns, rl_logs, seed_difference  # scripts/: the study's comparison
 
 CURRICULA = ("uniform", "dynamic", "sec")
 COLOURS = {"uniform": "tab:grey", "dynamic": "tab:green", "sec": "tab:purple"}
@@ -106,18 +109,9 @@ def _drawn(records: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def difference(pairs: list[tuple[dict[str, float], dict[str, float]]], seeds: list[int]) -> dict[str, Any]:
-    """Paired difference a − b over the (task, test seed) items of each seed's pair of runs."""
-    xs: list[float] = []
-    ys: list[float] = []
-    items: list[str] = []
-    per_seed = {}
-    for seed, (a, b) in zip(seeds, pairs, strict=True):
-        shared = [item for item in sorted(a) if item in b]
-        xs += [a[i] for i in shared]
-        ys += [b[i] for i in shared]
-        items += shared
-        per_seed[seed] = sum(a[i] - b[i] for i in shared) / len(shared) if shared else None
-    return {"seeds": seeds, **paired(xs, ys, items), "per_seed": per_seed}
+    """Paired difference a − b over the (task, test seed) items of each seed's pair of runs,
+    the training seed as the unit (``plot_web_study.seed_difference``)."""
+    return seed_difference(dict(zip(seeds, pairs, strict=True)))
 
 
 def differences(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -154,15 +148,12 @@ def markdown(rows: list[dict[str, Any]], diffs: list[dict[str, Any]]) -> str:
         )
     lines += [
         "",
-        "| difference | seeds | pairs | mean [95 % CI] | McNemar p | per seed |",
-        "|---|---|---|---|---|---|",
+        "| difference | seeds | pairs | mean over seeds [95 % items, task-stratified] "
+        "| 95 % seeds (t, df = seeds − 1) | seed p | wins / losses | per seed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for d in diffs:
-        per_seed = ", ".join(f"{v:+.3f}" for v in d["per_seed"].values() if v is not None)
-        lines.append(
-            f"| {d['a']} − {d['b']} | {len(d['seeds'])} | {d['items']} | {d['difference']:+.3f} "
-            f"[{d['low']:+.3f}, {d['high']:+.3f}] | {d['mcnemar_p']:.2g} | {per_seed} |"
-        )
+        lines.append(f"| {d['a']} − {d['b']} | {len(d['seeds'])} | {d['items']} | {_columns(d)}")
     return "\n".join(lines)
 
 
@@ -237,7 +228,9 @@ def main() -> None:
     diffs = differences(runs)
     (a.out / "curricula.json").write_text(json.dumps({"runs": rows, "differences": diffs}, indent=1) + "\n")
     plot(runs, a.out / "curricula.png")
-    print(markdown(rows, diffs))
+    table = markdown(rows, diffs)
+    (a.out / "table.md").write_text(table + "\n")
+    print(table)
 
 
 if __name__ == "__main__":
