@@ -10,7 +10,11 @@ with ``result.json`` and ``rl/rl_log.jsonl``, and ``summary.json``).
 - ``zero_adv.png``: the share of zero-advantage groups per step, per arm (mean over seeds),
   and each run's test success with its 95 % interval (the SFT student's as a dashed line);
 - ``table.md``: every run (``sft``: the SFT student, no RL), each arm's mean over seeds, SEC
-  minus each control and each RL arm minus the SFT student.
+  minus each control and each RL arm minus the SFT student, the training seed as the unit
+  (``summary.json``, from ``sec_study summary``: the mean over seeds of each seed's mean
+  difference with its item-bootstrap interval, problems resampled within levels, and beside it
+  the seed-level Student-t interval and p-value, df = seeds − 1; per seed, the McNemar test of
+  that seed's pairs).
 """
 
 from __future__ import annotations
@@ -45,6 +49,19 @@ def _pct(e: dict[str, float]) -> str:
     return f"{100 * e['value']:.1f} [{100 * e['low']:.1f}, {100 * e['high']:.1f}]"
 
 
+def _seed_pct(e: dict[str, Any] | None) -> str:
+    """A seed-level interval in points, or why there is none."""
+    if e is None or e.get("low") is None:
+        return "undefined (one seed)"
+    return f"[{100 * e['low']:.1f}, {100 * e['high']:.1f}]"
+
+
+def _signed_points(low: float | None, high: float | None) -> str:
+    if low is None or high is None:
+        return "undefined (one seed)"
+    return f"[{100 * low:+.1f}, {100 * high:+.1f}]"
+
+
 def table(data: dict[str, Any]) -> str:
     """Markdown: the runs, the arms over seeds and the paired comparisons."""
     lines = [
@@ -66,30 +83,37 @@ def table(data: dict[str, Any]) -> str:
     if arms:
         lines += [
             "",
-            "| arm | seeds | test strict, mean over seeds [95 %] | zero-adv groups | steps |",
-            "|---|---|---|---|---|",
+            "| arm | seeds | test strict, mean over seeds [95 % problems] | 95 % seeds (t) "
+            "| zero-adv groups | steps |",
+            "|---|---|---|---|---|---|",
         ]
         for arm in sorted(arms, key=lambda a: order.get(a, 99)):
             a = arms[arm]
             zero = "–" if a["zero_adv_share"] is None else f"{a['zero_adv_share']:.2f}"
-            lines.append(f"| {arm} | {len(a['seeds'])} | {_pct(a['test'])} | {zero} | {a['steps']:.0f} |")
+            lines.append(
+                f"| {arm} | {len(a['seeds'])} | {_pct(a['test'])} | {_seed_pct(a.get('test_seeds'))} "
+                f"| {zero} | {a['steps']:.0f} |"
+            )
     comparisons = data["summary"].get("comparisons", {})
     if comparisons:
         lines += [
             "",
-            "| comparison | seeds | difference, points [95 %, paired by problem, by level] |"
-            " per seed (McNemar p) |",
-            "|---|---|---|---|",
+            "| comparison | seeds | difference, points: mean over seeds [95 % problems, by level] "
+            "| 95 % seeds (t, df = seeds − 1) | seed p | per seed (McNemar p of the seed's pairs) |",
+            "|---|---|---|---|---|---|",
         ]
         for name, c in comparisons.items():
             per_seed = ", ".join(
                 f"{100 * v['difference']:+.1f} (p {v['mcnemar_p']:.2f})"
                 for _, v in sorted(c["per_seed"].items())
             )
-            d = c["difference"]
+            d, seeds = c["difference"], c.get("seed_level", {})
+            p = seeds.get("p")
             lines.append(
                 f"| {name.replace('-', ' − ')} | {len(c['seeds'])} | "
-                f"{100 * d['value']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] | {per_seed} |"
+                f"{100 * d['value']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] | "
+                f"{_signed_points(seeds.get('low'), seeds.get('high'))} | "
+                f"{'–' if p is None else f'{p:.2g}'} | {per_seed} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -135,7 +135,6 @@ def evaluate_agent(agent: Any, tasks: list[Task], store: Any, name: str, max_con
         k=1,
         name=name,
         store=store,
-        n_bootstrap=1000,
         max_loops=MAX_LOOPS,
         max_concurrency=max_concurrency,
     )

@@ -27,7 +27,7 @@ Commands (``python -m examples.math_study.sec_study CMD --out DIR``): ``sft`` tr
 student (``examples/math_distill.py --quick``), ``probe`` measures the levels it reaches,
 ``baseline`` scores the SFT student itself (arm ``sft``: no RL), ``run --arm A --seed N``
 makes one run, ``summary`` writes ``summary.json`` (per run, per arm, SEC minus each control
-and each RL arm minus ``sft``, paired by problem over the seeds).
+and each RL arm minus ``sft``, paired by problem, the training seed as the unit).
 """
 
 from __future__ import annotations
@@ -250,10 +250,13 @@ def _per_problem_mean(outcomes: list[dict[str, bool]], ids: list[str]) -> list[f
 
 
 def cmd_summary(out: Path) -> dict[str, Any]:
-    """Every run, each arm's mean over seeds, and SEC minus each control on the test problems:
-    each problem's success averaged over the seeds, paired by problem, bootstrap stratified by
-    level; per seed, the exact McNemar test."""
-    from tapekit.evaluate import bootstrap_mean, mcnemar_exact, paired_difference
+    """Every run, each arm's mean over seeds, and SEC minus each control on the test problems,
+    the training seed as the unit (``tapekit.evaluate.seed_paired_difference``): the mean over
+    seeds of each seed's mean difference, paired by problem, with an item-bootstrap interval
+    (problems resampled within levels, the seeds held fixed) and a seed-level Student-t interval
+    and p-value (df = seeds - 1; undefined with one seed); per seed, the exact McNemar test
+    (within one seed the problems are independent pairs)."""
+    from tapekit.evaluate import bootstrap_mean, mcnemar_exact, seed_paired_difference, student_t_interval
 
     runs = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/result.json"))]
     by_arm: dict[str, list[dict[str, Any]]] = {}
@@ -263,9 +266,11 @@ def cmd_summary(out: Path) -> dict[str, Any]:
     summary: dict[str, Any] = {"runs": [{k: v for k, v in r.items() if k != "test_strict"} for r in runs]}
     for arm, rs in sorted(by_arm.items()):
         means = _per_problem_mean([r["test_strict"] for r in rs], sorted(rs[0]["test_strict"]))
+        per_seed = [r["test"]["value"] for r in rs]
         summary.setdefault("arms", {})[arm] = {
             "seeds": sorted(r["seed"] for r in rs),
             "test": bootstrap_mean(means).model_dump(),
+            "test_seeds": student_t_interval(per_seed).model_dump() if len(rs) > 1 else None,
             "zero_adv_share": None if arm == "sft" else sum(r["zero_adv_share"] for r in rs) / len(rs),
             "steps": sum(r["steps"] for r in rs) / len(rs),
         }
@@ -280,14 +285,15 @@ def cmd_summary(out: Path) -> dict[str, Any]:
             b_runs = dict.fromkeys(a_runs, next(iter(b_runs.values())))
         seeds = sorted(a_runs.keys() & b_runs.keys())
         ids = sorted(a_runs[seeds[0]])
-        a = _per_problem_mean([a_runs[s] for s in seeds], ids)
-        b = _per_problem_mean([b_runs[s] for s in seeds], ids)
+        scored = {s: {i: (float(a_runs[s][i]), float(b_runs[s][i])) for i in ids} for s in seeds}
+        d = seed_paired_difference(scored, strata=level_of)
         comparisons[f"{first}-{second}"] = {
             "seeds": seeds,
-            "difference": paired_difference(a, b, strata=[level_of[i] for i in ids]).model_dump(),
+            "difference": d.item_interval().model_dump(),
+            "seed_level": {"low": d.seed_low, "high": d.seed_high, "p": d.seed_p, "df": d.df},
             "per_seed": {
                 str(s): {
-                    "difference": (sum(a_runs[s].values()) - sum(b_runs[s].values())) / len(ids),
+                    "difference": d.per_seed[str(s)],
                     "mcnemar_p": mcnemar_exact([a_runs[s][i] for i in ids], [b_runs[s][i] for i in ids]),
                 }
                 for s in seeds
