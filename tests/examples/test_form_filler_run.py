@@ -123,12 +123,15 @@ SMOLLM2_CI_ARGS = [
 
 
 @needs_local_model
-def test_smollm2_tuned_on_the_teacher_tapes_beats_its_zero_shot_self_on_held_out_turns(
+def test_smollm2_tuned_beats_its_zero_shot_self_on_the_validation_turns_its_setting_was_chosen_on(
     tmp_path: Path,
 ) -> None:
-    """The paper's claim in small, asserted: SmolLM2 tuned on the teacher's tapes passes GREADTH on
-    held-out turns where the same model zero-shot passes none, and the paired exact test says the
-    difference is real (p < 0.05 needs at least 6 turns won and none lost)."""
+    """A regression check of the CI setting, not a held-out claim: SmolLM2 tuned on the teacher's
+    tapes passes GREADTH on the 19 validation turns where the same model zero-shot passes none,
+    and the paired exact test says the difference is real (p < 0.05 needs at least 6 turns won
+    and none lost). The setting (60 steps, lr 2e-3) was chosen on these same validation turns,
+    so this does not measure generalisation; the test-split figure is in
+    docs/experiments/form-filler-smollm2.md."""
     pytest.importorskip("torch")
     pytest.importorskip("peft")
     from examples.form_filler import run

@@ -267,6 +267,33 @@ def test_scorers_strict_and_lenient() -> None:
     assert not any(isinstance(s, ToolResult) for s in tape.steps)
 
 
+def _outcomes(problem: Problem, reply: str) -> tuple[bool, bool]:
+    (task,) = tasks_for([problem])
+    student = make_student(FunctionLLM(fn=lambda p: LLMOutput(content=reply)))
+    tape = main_loop(student, start_tape(problem), calculator_environment()).get_final_tape()
+    return strict(tape, task).passed, lenient(tape, task).passed
+
+
+def test_an_exact_answer_always_passes_lenient_and_lenient_also_takes_other_formats() -> None:
+    """The relation the two scorers must satisfy, tape by tape: strict passes => lenient passes
+    (so lenient >= exact over any set of problems, by construction); lenient also takes the
+    right number in another format, and not a number copied out of the question."""
+    problems = make_problems(200, seed=0)
+    plain = problems[0]  # "Nia has 26 shells. She sells 2. ...": 24 is not in the question
+    copied = next(p for p in problems if f" {p.answer} " in f" {p.question} ")  # 25 / 5 ... = 5
+    assert str(plain.answer) not in plain.question.split()
+    cases = {
+        (plain, f"Answer: {plain.answer}"): (True, True),
+        (plain, f"The answer is {plain.answer}"): (False, True),  # lenient counts what exact rejects
+        (plain, f"Answer: {plain.answer + 1}"): (False, False),
+        (copied, f"Answer: {copied.answer}"): (True, True),
+        (copied, f"I got {copied.answer}"): (False, True),  # in the final answer: counted
+    }
+    seen = {case: _outcomes(*case) for case in cases}
+    assert seen == cases
+    assert all(lenient_ok for strict_ok, lenient_ok in seen.values() if strict_ok)
+
+
 def test_step_credit_counts_the_right_calls_in_order_plus_the_answer() -> None:
     problems = [p for p in make_problems(30, seed=2) if p.category == "level3"][:3]
     scorer = step_credit(problems)
@@ -323,7 +350,11 @@ def test_quick_run_shows_the_tiny_student_improving(tmp_path: Path) -> None:
     # measured 0.49 on one machine and 0.58-0.62 on another on the 45 validation problems
     # (95 % intervals about +-14 points); 0.4 leaves a margin for that spread
     assert stages["sft"][0] >= 0.4, done.stdout
-    assert stages["sft"][1] >= stages["sft"][0]
+    # SFT taught the answer format: lenient (the right number anywhere) exceeds exact (the
+    # right number as "Answer: <n>") by at most 0.15, i.e. 7 of 45 problems; measured 0.02 on
+    # validation and 0.04 on test. (lenient >= exact cannot fail: an exact answer always holds
+    # its number; the per-tape relation is checked in the test above.)
+    assert stages["sft"][1] - stages["sft"][0] <= 0.15, done.stdout
     assert "math distillation" in done.stdout  # the table
     assert (tmp_path / "tapes.db").is_file()
     assert {r["split"] for r in json.loads((tmp_path / "results.json").read_text())} == {"val"}
