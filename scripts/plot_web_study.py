@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable
 from functools import partial
 from itertools import combinations
@@ -215,8 +216,12 @@ def _p(p: float | None) -> str:
 
 
 def _f(value: float) -> str:
-    """``+0.123``; a sum that cancels to within rounding prints ``+0.000``, not ``-0.000``."""
-    return f"{0.0 if abs(value) < 1e-12 else value:+.3f}"
+    """``+0.123``; a sum that cancels to within rounding prints ``+0.000``, not ``-0.000``, and
+    a mean that is a half in the fourth decimal up to float error (−0.1375 computed as
+    −0.13749999…) rounds away from zero, as the per-seed figures it averages do."""
+    if abs(value) < 1e-12:
+        return "+0.000"
+    return f"{value + math.copysign(1e-12, value):+.3f}"
 
 
 def _columns(d: dict[str, Any]) -> str:
