@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from plot_web_study import _columns, rl_logs, seed_difference  # scripts/: the study's comparison
+from plot_web_study import _columns, rl_logs, seed_difference, success  # scripts/: the study's
 
 CURRICULA = ("uniform", "dynamic", "sec")
 COLOURS = {"uniform": "tab:grey", "dynamic": "tab:green", "sec": "tab:purple"}
@@ -76,15 +76,16 @@ def load(root: Path) -> list[dict[str, Any]]:
 
 def row(run: dict[str, Any]) -> dict[str, Any]:
     records = run["records"]
+    final = success(run["final"]) or {}
     live = [live_groups(r) for r in records]
     groups = sum(r["groups"] for r in records)
     return {
         "curriculum": run["curriculum"],
         "seed": run["seed"],
         "branch_test": run["branch"]["success"],
-        "test": run["final"]["success"],
-        "test_low": run["final"]["low"],
-        "test_high": run["final"]["high"],
+        "test": final["success"],
+        "test_low": final["low"],
+        "test_high": final["high"],
         "test_pairs": len(run["final"]["per_task"]),
         "grpo_steps": len(records),
         "rollouts": sum(r["rollouts"] for r in records),
