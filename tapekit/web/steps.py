@@ -217,10 +217,6 @@ ACTION_CLASSES: dict[str, type[WebAction]] = {
 """BrowserGym's function names and the action classes they parse to."""
 
 
-class _ArgumentError(Exception):
-    """A call whose arguments do not fit the function (raised as ``ValueError``)."""
-
-
 # BrowserGym's own keyword names, accepted as aliases
 _ALIASES = {"value": "text", "delta_x": "dx", "delta_y": "dy"}
 
@@ -249,20 +245,20 @@ def parse_action(text: str) -> WebAction:
     params = cls.arguments
     if len(call.args) > len(params):
         raise ValueError(f"{name} takes {len(params)} arguments ({', '.join(params)}), got {len(call.args)}")
+    # which argument each value is for: the positions, then the keywords (never one twice)
+    given: list[tuple[str, ast.expr]] = list(zip(params, call.args, strict=False))
+    for keyword in call.keywords:
+        key = _ALIASES.get(keyword.arg or "", keyword.arg or "")
+        if key not in params:
+            raise ValueError(f"{name} has no argument {keyword.arg!r}; it takes {', '.join(params)}")
+        if any(key == seen for seen, _ in given):  # click('1', bid='2'): which one?
+            spelled = keyword.arg if keyword.arg == key else f"{keyword.arg} (= {key})"
+            raise ValueError(f"{name} got argument {spelled!r} twice")
+        given.append((key, keyword.value))
     values: dict[str, Any] = {}
     try:
-        for param, node in zip(params, call.args, strict=False):
-            values[param] = ast.literal_eval(node)
-        for keyword in call.keywords:
-            key = _ALIASES.get(keyword.arg or "", keyword.arg or "")
-            if key not in params:
-                raise _ArgumentError(f"{name} has no argument {keyword.arg!r}; it takes {', '.join(params)}")
-            if key in values:  # click('1', bid='2'), fill('1', text='a', value='b'): which one?
-                spelled = keyword.arg if keyword.arg == key else f"{keyword.arg} (= {key})"
-                raise _ArgumentError(f"{name} got argument {spelled!r} twice")
-            values[key] = ast.literal_eval(keyword.value)
-    except _ArgumentError as e:
-        raise ValueError(str(e)) from None
+        for key, node in given:
+            values[key] = ast.literal_eval(node)
     except (ValueError, SyntaxError) as e:
         raise ValueError(f"{name}: arguments must be literals ({e})") from None
     for key in ("bid",):
