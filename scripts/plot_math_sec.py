@@ -56,6 +56,10 @@ def _seed_pct(e: dict[str, Any] | None) -> str:
     return f"[{100 * e['low']:.1f}, {100 * e['high']:.1f}]"
 
 
+def _mcnemar(p: float) -> str:
+    return "< 0.01" if p < 0.01 else f"{p:.2f}"
+
+
 def _signed_points(low: float | None, high: float | None) -> str:
     if low is None or high is None:
         return "undefined (one seed)"
@@ -91,7 +95,8 @@ def table(data: dict[str, Any]) -> str:
             a = arms[arm]
             zero = "–" if a["zero_adv_share"] is None else f"{a['zero_adv_share']:.2f}"
             lines.append(
-                f"| {arm} | {len(a['seeds'])} | {_pct(a['test'])} | {_seed_pct(a.get('test_seeds'))} "
+                f"| {'sft (no RL)' if arm == 'sft' else arm} | {len(a['seeds'])} | {_pct(a['test'])} | "
+                f"{_seed_pct(a.get('test_seeds'))} "
                 f"| {zero} | {a['steps']:.0f} |"
             )
     comparisons = data["summary"].get("comparisons", {})
@@ -104,7 +109,7 @@ def table(data: dict[str, Any]) -> str:
         ]
         for name, c in comparisons.items():
             per_seed = ", ".join(
-                f"{100 * v['difference']:+.1f} (p {v['mcnemar_p']:.2f})"
+                f"{100 * v['difference']:+.1f} (p {_mcnemar(v['mcnemar_p'])})"
                 for _, v in sorted(c["per_seed"].items())
             )
             d, seeds = c["difference"], c.get("seed_level", {})
