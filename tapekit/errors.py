@@ -7,7 +7,7 @@ builtin base that describes it (a missing tape is a ``KeyError``, a bad configur
 
 from __future__ import annotations
 
-__all__ = ["AgentError", "ReconstructionError", "TapekitError"]
+__all__ = ["AgentError", "ReconstructionError", "TapekitError", "TrainingError"]
 
 
 class TapekitError(Exception):
@@ -20,3 +20,7 @@ class AgentError(TapekitError, RuntimeError):
 
 class ReconstructionError(TapekitError, ValueError):
     """A node's ``make_llm_output`` does not reproduce the steps on the tape (diff included)."""
+
+
+class TrainingError(TapekitError, ValueError):
+    """Bad training input (samples, model, config); the message says what and where."""

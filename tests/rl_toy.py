@@ -327,7 +327,7 @@ def make_setup(reward: str = "digits") -> Any:
     """The :class:`~tapekit.training.RLSetup` of the tests: the toy agent on :data:`PROBLEMS`
     (categories as the curriculum's arms), every scorer reported, ``reward`` trained on
     (``tapekit train rl`` loads it as ``tests.rl_toy:make_setup``)."""
-    from tapekit.training.rl_loop import RLSetup
+    from tapekit.training.rl import RLSetup
 
     # a task with a question starts from a tape of one UserStep holding it
     tasks = [Task(id=p.id, question=p.question, category=p.category, expected=p.answer) for p in PROBLEMS]
@@ -358,7 +358,7 @@ def oracle_llm() -> FunctionLLM:
 
 def make_model(path: Path | None = None) -> tuple[Any, Any]:
     """A tiny random model whose tokenizer knows the problems' words (saved to ``path``)."""
-    from tapekit.training.tiny import TinyConfig, make_tiny
+    from tapekit.testing.tiny import TinyConfig, make_tiny
 
     texts = ["system", "user", "assistant", "tool", SYSTEM, *(p.question for p in PROBLEMS)]
     texts += ["calculator: 12+7", "19", "calculator: 19*3", "Answer: 57"]

@@ -119,8 +119,7 @@ def test_rl_step_same_with_the_labelled_head() -> None:
     import copy
 
     from tapekit.training._head_loss import masked_token_logprobs
-    from tapekit.training.grpo_loss import token_logprobs
-    from tapekit.training.rl import RLConfig, grpo_step, make_rl_batch
+    from tapekit.training.rl import RLConfig, grpo_step, make_rl_batch, token_logprobs
 
     model, tok = make_model()
     batch = make_rl_batch(rl_rows(tok), RLConfig())

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tapekit.training.advantages import group_advantages, mean_abs_by_key
+from tapekit.training.rl import group_advantages, mean_abs_by_key
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (scripts/install-local.sh)")
@@ -60,7 +60,7 @@ def test_advantage_errors_and_category_means() -> None:
 def test_clipped_loss_values_and_gradients_by_hand(sign: float) -> None:
     import torch
 
-    from tapekit.training.grpo_loss import policy_loss
+    from tapekit.training.rl import policy_loss
 
     # token 0 is masked (prompt); the sampler gave each trained token p = 0.5; the policy now
     # gives 0.5, 1.0, 0.25: ratios 1, 2, 0.5. eps = 0.2, one trained sequence, token mean over 3.
@@ -89,7 +89,7 @@ def test_clipped_loss_values_and_gradients_by_hand(sign: float) -> None:
 def test_masked_tokens_get_exactly_zero_gradient() -> None:
     import torch
 
-    from tapekit.training.grpo_loss import policy_loss
+    from tapekit.training.rl import policy_loss
 
     # masked positions hold nonsense (old log-prob 0.0, the policy at -50: ratio e^-50)
     new = torch.tensor([[-50.0, -0.7, -50.0, -0.2]], requires_grad=True)
@@ -109,7 +109,7 @@ def test_masked_tokens_get_exactly_zero_gradient() -> None:
 def test_k3_kl_value_and_gradient_by_hand() -> None:
     import torch
 
-    from tapekit.training.grpo_loss import k3_kl, policy_loss
+    from tapekit.training.rl import k3_kl, policy_loss
 
     logp = torch.tensor([[0.0, math.log(0.5)]], requires_grad=True)
     ref = torch.tensor([[0.0, math.log(0.25)]])
@@ -131,7 +131,7 @@ def test_k3_kl_value_and_gradient_by_hand() -> None:
 def test_aggregations_by_hand() -> None:
     import torch
 
-    from tapekit.training.grpo_loss import aggregate
+    from tapekit.training.rl import aggregate
 
     values = torch.tensor([[1.0, 9.0, 0.0, 0.0], [2.0, 4.0, 6.0, 9.0]])
     mask = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
@@ -374,8 +374,8 @@ def _expected_reward(model: Any, prompt: list[int]) -> float:
 def test_grpo_steps_raise_the_expected_reward_of_a_tiny_model() -> None:
     import torch
 
+    from tapekit.testing.tiny import TinyConfig, make_tiny
     from tapekit.training.rl import RLConfig, grpo_step, make_rl_batch
-    from tapekit.training.tiny import TinyConfig, make_tiny
 
     texts = [f"<|im_start|>user\npick {i}<|im_end|>\n<|im_start|>assistant\n{i}<|im_end|>" for i in range(20)]
     tiny = TinyConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=1)

@@ -39,8 +39,8 @@ def _failed(done: subprocess.CompletedProcess[str]) -> str:
 
 @needs_train
 def test_two_processes_roll_out_disjoint_tasks_and_end_with_equal_weights(tmp_path: Path) -> None:
-    from tapekit.training._common import weights_hash
-    from tapekit.training.tiny import load_tiny
+    from tapekit.testing.tiny import load_tiny
+    from tapekit.training._trace import weights_hash
     from tests.rl_toy import make_model, rollout_results
 
     make_model(tmp_path / "base")
@@ -50,12 +50,9 @@ def test_two_processes_roll_out_disjoint_tasks_and_end_with_equal_weights(tmp_pa
         "model": "base",
         "output_dir": "out",
         "steps": steps,
-        "tasks_per_step": tasks_per_step,
-        "group_size": group,
-        "max_tokens": 12,
-        "max_loops": 2,
+        "rollouts": {"tasks_per_step": tasks_per_step, "group_size": group, "max_tokens": 12, "max_loops": 2},
         "learning_rate": 3e-3,
-        "curriculum": "sec",
+        "curriculum": {"kind": "sec"},
         "seed": 1,
     }
     path = tmp_path / "rl.yaml"
@@ -114,7 +111,8 @@ def _part(rank: int, rewards: list[float], tokens: int, loss: float) -> dict[str
 
 
 def test_merge_records_is_the_whole_steps_record() -> None:
-    from tapekit.training._rl_dist import merge_records
+    from tapekit.training.rl import RLStepRecord
+    from tapekit.training.rl._dist import merge_records
 
     merged = merge_records([_part(0, [0.0, 1.0], 30, 2.0), _part(1, [1.0, 1.0], 10, -2.0)])
     assert merged["reward_mean"] == pytest.approx(0.75)
@@ -126,6 +124,8 @@ def test_merge_records_is_the_whole_steps_record() -> None:
     assert merged["rollout_seconds"] == 2.0 and merged["rollout_tokens_per_s"] == 50.0
     assert merged["failed_rollouts"] == 1 and merged["processes"] == 2
     assert merged["scored_rollouts"] == 4
+    typed = RLStepRecord.from_log(merged)  # what the run keeps: the whole step's record, typed
+    assert typed.processes == 2 and typed.step == 3 and typed.to_log() == merged
     # every rollout of the step failed by the environment, on both ranks
     hung = merge_records([_part(0, [], 0, 0.0), _part(1, [], 0, 0.0)])
     assert hung["reward_mean"] is None and hung["reward_std"] is None and hung["score_strict"] is None
@@ -162,14 +162,14 @@ def _one_step(rows: list[dict[str, Any]], dist: Any = None) -> tuple[dict[str, A
     import torch
 
     from tapekit.training.rl import RLConfig
-    from tapekit.training.rl_loop import _train_on
+    from tapekit.training.rl._loop import train_on as one_process
     from tests.rl_toy import make_model
 
     torch.set_num_threads(1)
     model, _ = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     rl = RLConfig(max_grad_norm=0.0, pad_id=0)
-    train_on = dist.train_on if dist is not None else _train_on
+    train_on = dist.train_on if dist is not None else one_process
     _, _, arms = train_on(model, optimizer, rows, rl, 0, None)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, arms
 
@@ -178,7 +178,7 @@ def _rank_main(rank: int, rendezvous: str, out: str) -> None:
     import torch
     import torch.distributed
 
-    from tapekit.training._rl_dist import RLDist
+    from tapekit.training.rl._dist import RLDist
 
     torch.distributed.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2)
     try:
@@ -232,9 +232,11 @@ def test_two_processes_roll_out_on_a_vllm_like_server_that_rank_0_alone_publishe
     with VLLMLikeServer(tmp_path / "base", "tiny-base") as server:
         config = {
             "setup": "tests.rl_toy:make_setup", "model": "base", "output_dir": "out", "steps": steps,
-            "tasks_per_step": 2, "group_size": 4, "max_tokens": 12, "max_loops": 2,
             "learning_rate": 3e-3, "seed": 1, "lora": {"r": 4, "alpha": 8},
-            "rollout_servers": [server.url], "served_model": "tiny-base", "lora_name_prefix": "toy",
+            "rollouts": {
+                "tasks_per_step": 2, "group_size": 4, "max_tokens": 12, "max_loops": 2,
+                "servers": [server.url], "served_model": "tiny-base", "lora_name_prefix": "toy",
+            },
         }  # fmt: skip
         path = tmp_path / "rl.yaml"
         path.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in config.items()))
@@ -275,25 +277,25 @@ def test_two_processes_roll_out_on_a_vllm_like_server_that_rank_0_alone_publishe
 def test_settings_a_data_parallel_run_cannot_honour_are_refused() -> None:
     import torch
 
-    from tapekit.training._common import TrainingError
-    from tapekit.training._rl_dist import RLDist
-    from tapekit.training.rl_loop import RLRunConfig
+    from tapekit.errors import TrainingError
+    from tapekit.training.rl import RLRunConfig
+    from tapekit.training.rl._dist import RLDist
 
     two = RLDist(rank=1, world=2)
-    two.check(RLRunConfig(tasks_per_step=2))
+    two.check(RLRunConfig(rollouts={"tasks_per_step": 2}))
     with pytest.raises(TrainingError, match="mode='async' runs in one process"):
-        two.check(RLRunConfig(tasks_per_step=2, mode="async"))
+        two.check(RLRunConfig(rollouts={"tasks_per_step": 2}, mode="async"))
     with pytest.raises(TrainingError, match="tasks_per_step=1 is fewer than the 2 processes"):
-        two.check(RLRunConfig(tasks_per_step=1))
+        two.check(RLRunConfig(rollouts={"tasks_per_step": 1}))
     with pytest.raises(TrainingError, match="resample_rounds runs in one process"):
-        two.check(RLRunConfig(tasks_per_step=2, resample_rounds=1))
+        two.check(RLRunConfig(rollouts={"tasks_per_step": 2, "resample_rounds": 1}))
     assert two.share(list("abcde")) == ["b", "d"] and two.run_name("rl") == "rl-r1"
     assert RLDist().run_name("rl") == "rl" and RLDist().seed(5) == 5 != two.seed(5)
     if not torch.cuda.is_available():
         with pytest.raises(TrainingError, match="no CUDA device"):
-            two.device("cuda")
+            two.device(RLRunConfig(device="cuda"))
     else:
-        assert two.device("cuda") == "cuda:0"
+        assert two.device(RLRunConfig(device="cuda")) == "cuda:0"
 
 
 @needs_train
@@ -303,7 +305,7 @@ def test_close_leaves_only_a_process_group_the_run_joined() -> None:
     that one."""
     import torch.distributed as dist
 
-    from tapekit.training._rl_dist import RLDist
+    from tapekit.training.rl._dist import RLDist
 
     store = dist.HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)

@@ -38,7 +38,7 @@ def test_minibatches_keep_groups_whole_and_split_deterministically() -> None:
 def test_several_steps_per_batch_move_the_ratio_and_clip(tmp_path: Path) -> None:
     import torch
 
-    from tapekit.training.rl_loop import RLRunConfig, train_rl
+    from tapekit.training.rl import RLRunConfig, train_rl
     from tests.rl_toy import make_model, make_setup
 
     torch.set_num_threads(2)
@@ -48,25 +48,20 @@ def test_several_steps_per_batch_move_the_ratio_and_clip(tmp_path: Path) -> None
         config = RLRunConfig(
             output_dir=str(tmp_path / f"e{epochs}"),
             steps=2,
-            tasks_per_step=3,
-            group_size=4,
-            max_tokens=12,
-            max_loops=2,
+            rollouts={"tasks_per_step": 3, "group_size": 4, "max_tokens": 12, "max_loops": 2},
             learning_rate=3e-2,
-            clip_low=0.05,
-            ppo_epochs=epochs,
-            minibatches=2,
+            grpo={"clip_low": 0.05, "ppo_epochs": epochs, "minibatches": 2},
             seed=1,
             checkpoint=False,
         )
         records[epochs] = train_rl(make_setup(), model, tokenizer, config).history
-    trained = [r for r in records[3] if r["train_tokens"] > 0]
+    trained = [r for r in records[3] if r.tokens]
     assert trained, "no step had a group with signal"
-    one = [r for r in records[1] if r["train_tokens"] > 0]
+    one = [r for r in records[1] if r.tokens]
     # 3 epochs train every live token three times; the ratio moved off 1 and some tokens clipped
-    assert trained[0]["train_tokens"] == 3 * one[0]["train_tokens"]
-    assert any(r["clip_fraction"] > 0 for r in trained)
-    assert any(abs(r["ratio_mean"] - 1.0) > 1e-4 for r in trained)
+    assert trained[0].tokens == 3 * (one[0].tokens or 0)
+    assert any(r.clip_fraction > 0 for r in trained)
+    assert any(abs(r.ratio_mean - 1.0) > 1e-4 for r in trained)
 
 
 @needs_torch

@@ -35,7 +35,7 @@ def _mean_gap(model: Any, weights: dict[str, Any], calls: list[Any]) -> float:
     """Mean |sampling log-prob - ``weights``' log-prob| per sampled token (T = 1)."""
     import torch
 
-    from tapekit.training.grpo_loss import token_logprobs
+    from tapekit.training.rl import token_logprobs
 
     params = dict(model.named_parameters())
     gaps: list[float] = []
@@ -53,37 +53,42 @@ def _mean_gap(model: Any, weights: dict[str, Any], calls: list[Any]) -> float:
 def test_rl_samples_each_version_through_llamacpp_with_its_adapter(tmp_path: Path) -> None:
     from tapekit import open_store
     from tapekit.llm import TransformersLLM
+    from tapekit.training.callbacks import StepCallback, StepRecord
     from tapekit.training.config import LoraSettings
-    from tapekit.training.rl_loop import RLRunConfig, train_rl
+    from tapekit.training.rl import RLRunConfig, train_rl
     from tests.rl_toy import make_setup
 
     model, tokenizer = TransformersLLM(device="cpu", dtype="float32").load()  # de-quantised, plain
     config = RLRunConfig(
         output_dir=str(tmp_path / "out"),
         steps=2,
-        tasks_per_step=2,
-        group_size=2,
-        max_tokens=12,
-        max_loops=2,
+        rollouts={
+            "tasks_per_step": 2,
+            "group_size": 2,
+            "max_tokens": 12,
+            "max_loops": 2,
+            "engine": "llamacpp",
+            "threads": 2,
+        },
         learning_rate=5e-3,  # large, so that version 1 samples visibly differently from version 0
-        curriculum="uniform",
+        curriculum={"kind": "uniform"},
         lora=LoraSettings(r=8, alpha=16),
-        rollout_engine="llamacpp",
-        rollout_threads=2,
         checkpoint=False,
         seed=3,
     )
     store = open_store(str(tmp_path / "rollouts.db"))
     versions: dict[int, dict[str, Any]] = {}
 
-    def snapshot(record: dict[str, Any]) -> None:
-        lora = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
-        versions[record["step"] + 1] = lora
+    class Snapshot(StepCallback):
+        def on_step(self, record: StepRecord) -> bool | None:
+            lora = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+            versions[record.step] = lora
+            return None
 
-    result = train_rl(make_setup(), model, tokenizer, config, store=store, on_step=snapshot)
-    assert [r["rollout_version"] for r in result.history] == [0, 1]
-    assert [r["policy_lag"] for r in result.history] == [0, 0]
-    assert any(r["train_tokens"] > 0 for r in result.history)
+    result = train_rl(make_setup(), model, tokenizer, config, store=store, callbacks=[Snapshot()])
+    assert [r.rollout_version for r in result.history] == [0, 1]
+    assert [r.policy_lag for r in result.history] == [0, 0]
+    assert any(r.tokens for r in result.history)
     # only the newest adapter file is kept
     assert sorted(p.name for p in (tmp_path / "out" / "adapters").iterdir()) == ["v2.gguf"]
 

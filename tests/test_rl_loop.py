@@ -35,27 +35,24 @@ def _threads() -> None:
     torch.set_num_threads(2)
 
 
-def _config(tmp_path: Path, **changes: Any) -> Any:
-    from tapekit.training.rl_loop import RLRunConfig
+def _config(tmp_path: Path, rollouts: dict[str, Any] | None = None, **changes: Any) -> Any:
+    from tapekit.training.rl import RLRunConfig
 
     values: dict[str, Any] = {
         "output_dir": str(tmp_path / "out"),
         "steps": 3,
-        "tasks_per_step": 3,
-        "group_size": 4,
-        "max_tokens": 12,
-        "max_loops": 2,
         "learning_rate": 3e-3,
         "seed": 1,
     }
-    return RLRunConfig(**{**values, **changes})
+    sampled = {"tasks_per_step": 3, "group_size": 4, "max_tokens": 12, "max_loops": 2, **(rollouts or {})}
+    return RLRunConfig(**{**values, "rollouts": sampled, **changes})
 
 
 def test_batched_generate_records_the_sampling_logprobs_of_each_row() -> None:
     import torch
 
     from tapekit.llm.batched import BatchedTransformersLLM
-    from tapekit.training.grpo_loss import token_logprobs
+    from tapekit.training.rl import token_logprobs
     from tests.rl_toy import PROBLEMS, make_model
 
     model, tokenizer = make_model()
@@ -108,8 +105,7 @@ def test_the_batched_sampler_draws_from_the_warped_distribution_and_records_its_
 def test_rollouts_are_scored_stored_tagged_and_become_rl_rows(tmp_path: Path) -> None:
     from tapekit import open_store
     from tapekit.llm.batched import BatchedTransformersLLM
-    from tapekit.training.rl import RLConfig, grpo_step, make_rl_batch
-    from tapekit.training.rollouts import collect_rollouts, rollout_rows
+    from tapekit.training.rl import RLConfig, collect_rollouts, grpo_step, make_rl_batch, rollout_rows
     from tests.rl_toy import make_model, make_setup
 
     model, tokenizer = make_model()
@@ -177,7 +173,7 @@ def test_rollouts_the_environment_ended_by_failing_are_counted_and_left_out(tmp_
     # do): those rollouts are recorded and counted, but give no reward, no group and no rows
     from tapekit import open_store
     from tapekit.environment import environment_failure
-    from tapekit.training.rollouts import collect_rollouts, live_groups, rollout_rows
+    from tapekit.training.rl import collect_rollouts, live_groups, rollout_rows
     from tests.rl_toy import make_model, make_setup, oracle_llm
 
     setup = make_setup()
@@ -208,32 +204,36 @@ def test_a_step_whose_every_rollout_the_environment_failed_reports_no_reward_not
     # step's record says no reward (None), not a mean reward of 0 that reads as a policy that
     # failed every task; a step with one scored rollout reports it
     from tapekit import open_store
-    from tapekit.training.rl_loop import RLRunConfig, _record, make_sampler
-    from tapekit.training.rollouts import collect_rollouts
+    from tapekit.training.rl import RLRunConfig, RLStepRecord, collect_rollouts, make_sampler
+    from tapekit.training.rl._record import step_record
     from tests.rl_toy import make_setup, oracle_llm
 
     setup = make_setup()
     tasks = list(setup.tasks[:2])
-    sampler = make_sampler(RLRunConfig(output_dir="unused", curriculum="uniform"), tasks)
+    sampler = make_sampler(RLRunConfig(output_dir="unused", curriculum={"kind": "uniform"}), tasks)
     store = open_store(str(tmp_path / "rollouts.db"))
 
-    def record(step: int, hung: set[str]) -> dict[str, Any]:
+    def record(step: int, hung: set[str]) -> RLStepRecord:
         environment = _failing_on(setup, hung, "the task did not load within 30 s")
         batch = collect_rollouts(
             setup.agent_for(oracle_llm()), environment, tasks, setup.scorers, reward="steps",
             group_size=2, step=step, policy_version=step, max_loops=4, store=store,
         )  # fmt: skip
-        return _record(step, step, batch, None, None, sampler, 1.0, list(setup.scorers))
+        return step_record(
+            step, batch, None, None, sampler, seconds=1.0, step_seconds=1.0, scorer_names=list(setup.scorers)
+        )
 
     hung = record(0, {t.question for t in tasks})
-    assert hung["environment_failures"] == hung["rollouts"] == 4 and hung["scored_rollouts"] == 0
-    assert hung["reward_mean"] is None and hung["reward_std"] is None and hung["score_steps"] is None
-    assert hung["zero_adv_share"] == 1.0  # no group, nothing to train on
-    assert hung["groups"] == 0 and hung["categories"]  # two tasks drawn, no group to train on
+    assert hung.environment_failures == hung.rollouts == 4 and hung.scored_rollouts == 0
+    assert hung.reward is None and hung.reward_std is None and hung.scores["steps"] is None
+    assert hung.zero_adv_share == 1.0  # no group, nothing to train on
+    assert hung.groups == 0 and hung.categories  # two tasks drawn, no group to train on
+    line = hung.to_log()  # null in rl_log.jsonl, not 0
+    assert line["reward_mean"] is None and line["score_steps"] is None and "grad_norm" not in line
     half = record(1, {tasks[0].question})
-    assert half["environment_failures"] == 2 and half["scored_rollouts"] == 2
-    assert half["groups"] == 1  # the failed task's group is not counted as trained
-    assert half["reward_mean"] == 1.0 and half["score_steps"] == 1.0  # the oracle solves what ran
+    assert half.environment_failures == 2 and half.scored_rollouts == 2
+    assert half.groups == 1  # the failed task's group is not counted as trained
+    assert half.reward == 1.0 and half.scores["steps"] == 1.0  # the oracle solves what ran
     store.close()
 
 
@@ -250,7 +250,7 @@ def test_the_toy_setup_scores_a_calculator_solution_in_full_and_its_tapes_replay
     # turn at a time, then answers, gets the calculator's results and full marks on every task,
     # and its multi-turn tapes replay from the text the agent renders for each turn
     from tapekit import ToolResult, open_store, reconstruct_llm_calls, replay_tape
-    from tapekit.training.rollouts import collect_rollouts
+    from tapekit.training.rl import collect_rollouts
     from tests.rl_toy import PROBLEMS, make_setup, oracle_llm
 
     setup = make_setup()
@@ -314,7 +314,7 @@ def test_rollouts_do_not_depend_on_timing_even_with_a_task_drawn_twice(
 
     from tapekit import open_store
     from tapekit.llm.batched import BatchedTransformersLLM, RequestBatcher
-    from tapekit.training.rollouts import collect_rollouts, rollout_rows
+    from tapekit.training.rl import collect_rollouts, rollout_rows
     from tests.rl_toy import make_model, make_setup
 
     submit = RequestBatcher.submit
@@ -359,13 +359,13 @@ def test_rl_tapes_resume_and_replay_like_any_tape(tmp_path: Path) -> None:
     from tapekit import open_store, replay_tape
     from tapekit.batch import batch as run_batch
     from tapekit.llm import ReplayLLM
-    from tapekit.training.rl_loop import train_rl
+    from tapekit.training.rl import train_rl
     from tests.rl_toy import make_model, make_setup
 
     model, tokenizer = make_model()
     setup = make_setup()
     store = open_store(str(tmp_path / "rollouts.db"))
-    train_rl(setup, model, tokenizer, _config(tmp_path, steps=1, max_loops=4), store=store)
+    train_rl(setup, model, tokenizer, _config(tmp_path, {"max_loops": 4}, steps=1), store=store)
     ids = store.list_tapes(where=TapeFilter(tag="rl:rl:step:0"))
     tapes = [store.get_tape(i) for i in ids]
     tape = max(tapes, key=len)  # the longest rollout
@@ -389,35 +389,37 @@ def test_rl_tapes_resume_and_replay_like_any_tape(tmp_path: Path) -> None:
 def test_sync_runs_repeat_exactly_and_async_bounds_the_lag(tmp_path: Path) -> None:
     import torch
 
-    from tapekit.training.rl_loop import train_rl
+    from tapekit.training.rl import train_rl
     from tests.rl_toy import make_model, make_setup
 
     runs = []
     for name in ("a", "b"):
         model, tokenizer = make_model()
         result = train_rl(make_setup(), model, tokenizer, _config(tmp_path / name))
-        runs.append((model, [{k: v for k, v in r.items() if k not in TIMING} for r in result.history]))
+        runs.append(
+            (model, [{k: v for k, v in r.to_log().items() if k not in TIMING} for r in result.history])
+        )
     (model_a, records_a), (model_b, records_b) = runs
     assert records_a == records_b
     assert all(torch.equal(a, b) for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True))
     fresh, _ = make_model()
     assert not all(torch.equal(a, b) for a, b in zip(model_a.parameters(), fresh.parameters(), strict=True))
-    assert all(r["policy_lag"] == 0 for r in records_a)
+    assert all(r["policy_lag"] == 0 for r in records_a)  # the log lines
     assert {"reward_mean", "zero_adv_share", "clip_fraction", "kl", "sampler_probs", "score_strict"} <= set(
         records_a[0]
     )
     model, tokenizer = make_model()
     result = train_rl(make_setup(), model, tokenizer, _config(tmp_path / "c", steps=4, mode="async"))
-    assert [r["step"] for r in result.history] == [0, 1, 2, 3]
-    assert all(0 <= r["policy_lag"] <= 1 for r in result.history) and result.refused == 0
-    assert any(r["policy_lag"] == 1 for r in result.history)  # the producer ran ahead
+    assert [r.step for r in result.history] == [1, 2, 3, 4]
+    assert all(0 <= r.policy_lag <= 1 for r in result.history) and result.refused == 0
+    assert any(r.policy_lag == 1 for r in result.history)  # the producer ran ahead
 
 
 def test_resample_rounds_draw_as_many_tasks_as_the_step_lacks_groups_with_a_signal(tmp_path: Path) -> None:
     from dataclasses import replace
 
     from tapekit.store import open_store
-    from tapekit.training.rl_loop import train_rl
+    from tapekit.training.rl import train_rl
     from tests.rl_toy import digit_share, make_model, make_setup
 
     def one_op_only(tape: Any, task: Any) -> float:  # a signal on one category of three only
@@ -427,16 +429,16 @@ def test_resample_rounds_draw_as_many_tasks_as_the_step_lacks_groups_with_a_sign
     setup = replace(base, scorers={**base.scorers, "one_op": one_op_only}, reward="one_op")
     model, tokenizer = make_model()
     plain = train_rl(setup, model, tokenizer, _config(tmp_path / "plain", steps=2))
-    assert [r["rollouts"] for r in plain.history] == [12, 12]  # 3 tasks x 4, zero groups kept
+    assert [r.rollouts for r in plain.history] == [12, 12]  # 3 tasks x 4, zero groups kept
     model, tokenizer = make_model()
-    config = _config(tmp_path / "dyn", steps=3, resample_rounds=2)
+    config = _config(tmp_path / "dyn", {"resample_rounds": 2}, steps=3)
     result = train_rl(setup, model, tokenizer, config)
     store = open_store(str(tmp_path / "dyn" / "out" / "rollouts.db"))
     try:
         for record in result.history:
-            ids = store.list_tapes(where=TapeFilter(tag=f"rl:rl:step:{record['step']}"))
+            ids = store.list_tapes(where=TapeFilter(tag=f"rl:rl:step:{record.policy_version}"))
             tapes = [store.get_tape(i) for i in ids]
-            assert len(ids) == len(set(ids)) == record["rollouts"]  # no tape of a round overwrote another's
+            assert len(ids) == len(set(ids)) == record.rollouts  # no tape of a round overwrote another's
             # replay the rounds: position k of the step's draws is in each start tape's id (the parent)
             by_position: dict[int, list[Any]] = {}
             for tape in tapes:
@@ -456,11 +458,11 @@ def test_resample_rounds_draw_as_many_tasks_as_the_step_lacks_groups_with_a_sign
             assert end == len(by_position)  # each round drew exactly the groups the step lacked
     finally:
         store.close()
-    assert any(r["rollouts"] > 12 for r in result.history)  # some step did resample
+    assert any(r.rollouts > 12 for r in result.history)  # some step did resample
 
 
 def test_merge_batches_joins_rounds_of_one_step_and_refuses_others() -> None:
-    from tapekit.training.rollouts import RolloutBatch, live_groups, merge_batches
+    from tapekit.training.rl import RolloutBatch, live_groups, merge_batches
 
     first = RolloutBatch(3, 3, [], [], "strict", seconds=1.0, prompt_tokens=10, output_tokens=4, llm_calls=2)
     more = RolloutBatch(
@@ -499,30 +501,29 @@ def _records(out: Path) -> list[dict[str, Any]]:
 def test_train_rl_cli_killed_mid_step_resumes_to_the_same_result(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
+    from tapekit.testing.tiny import load_tiny
     from tapekit.training.config import load_config
-    from tapekit.training.rl_loop import RLRunConfig, train_rl
-    from tapekit.training.tiny import load_tiny
+    from tapekit.training.rl import RLRunConfig, train_rl
     from tests.rl_toy import make_model, make_setup
 
     make_model(tmp_path / "model")
-    settings = {
+    settings = {  # the nested shape
         "setup": "tests.rl_toy:make_setup",
         "model": "model",
         "steps": 5,
-        "tasks_per_step": 3,
-        "group_size": 4,
-        "max_tokens": 12,
-        "max_loops": 2,
+        "rollouts": {"tasks_per_step": 3, "group_size": 4, "max_tokens": 12, "max_loops": 2},
         "learning_rate": 3e-3,
         "seed": 2,
     }
-    for name in ("whole", "killed"):
-        (tmp_path / f"{name}.json").write_text(json.dumps({**settings, "output_dir": name}))
+    import yaml
+
+    (tmp_path / "whole.json").write_text(json.dumps({**settings, "output_dir": "whole"}))
+    (tmp_path / "killed.yaml").write_text(yaml.safe_dump({**settings, "output_dir": "killed"}))
     # the unbroken run, in this process (what the CLI does, without its start-up time)
     model, tokenizer = load_tiny(tmp_path / "model")
-    train_rl(make_setup(), model, tokenizer, load_config(RLRunConfig, tmp_path / "whole.json"))  # type: ignore[type-var]
+    train_rl(make_setup(), model, tokenizer, load_config(RLRunConfig, tmp_path / "whole.json"))
     model.save_pretrained(tmp_path / "whole" / "final")
-    killed = _cli(tmp_path / "killed.json")
+    killed = _cli(tmp_path / "killed.yaml")
     log = tmp_path / "killed" / "rl_log.jsonl"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 1):
@@ -533,7 +534,7 @@ def test_train_rl_cli_killed_mid_step_resumes_to_the_same_result(tmp_path: Path)
     assert killed.returncode == -signal.SIGKILL
     done = len(log.read_text().splitlines())
     assert 1 <= done < 5, "the run must be killed before its end"
-    resumed = _cli(tmp_path / "killed.json", "--resume")
+    resumed = _cli(tmp_path / "killed.yaml", "--resume")
     out, _ = resumed.communicate(timeout=120)
     assert resumed.returncode == 0, out.decode()
     assert _records(tmp_path / "killed") == _records(tmp_path / "whole")
@@ -563,7 +564,7 @@ def test_train_rl_cli_passes_setup_args_checks_them_and_closes_the_environment(t
 
     make_model(tmp_path / "model")
     base = {"setup": "tests.test_rl_loop:closing_setup", "model": str(tmp_path / "model"), "steps": 1}
-    base |= {"tasks_per_step": 2, "group_size": 2, "max_tokens": 8, "max_loops": 2}
+    base |= {"tasks_per_step": 2, "group_size": 2, "max_tokens": 8, "max_loops": 2}  # the old flat shape
     runner = CliRunner()
     wrong = tmp_path / "wrong.json"
     wrong.write_text(
@@ -578,6 +579,8 @@ def test_train_rl_cli_passes_setup_args_checks_them_and_closes_the_environment(t
     )
     done = runner.invoke(app, ["train", "rl", str(good)])
     assert done.exit_code == 0, done.output
+    assert "warning: RLRunConfig's flat keys are deprecated" in done.output  # loaded, and said so
+    assert "tasks_per_step -> rollouts.tasks_per_step" in done.output and "step=0 reward=" in done.output
     record = json.loads((tmp_path / "g" / "rl_log.jsonl").read_text().splitlines()[0])
     assert record["reward_mean"] == record["score_steps"]  # the setup was built with reward="steps"
     assert CLOSED == [True]
@@ -585,7 +588,7 @@ def test_train_rl_cli_passes_setup_args_checks_them_and_closes_the_environment(t
 
 def test_callbacks_get_typed_records_and_stop_the_run_on_a_budget(tmp_path: Path) -> None:
     from tapekit.training.callbacks import StepCallback, StepRecord, StopAfter
-    from tapekit.training.rl_loop import train_rl
+    from tapekit.training.rl import RLStepRecord, train_rl
     from tests.rl_toy import make_model, make_setup
 
     class Keep(StepCallback):
@@ -605,24 +608,32 @@ def test_callbacks_get_typed_records_and_stop_the_run_on_a_budget(tmp_path: Path
 
     keep = Keep()
     model, tokenizer = make_model()
-    config = _config(tmp_path / "steps", steps=10, tasks_per_step=2, group_size=2)
-    result = train_rl(make_setup(), model, tokenizer, config, callbacks=[StopAfter(steps=2), keep])
+    config = _config(tmp_path / "steps", {"tasks_per_step": 2, "group_size": 2}, steps=10)
+    lines: list[dict[str, Any]] = []  # the deprecated on_step: each record's log line, as before
+    with pytest.warns(DeprecationWarning, match=r"on_step=\.\.\.\) is deprecated"):
+        result = train_rl(
+            make_setup(), model, tokenizer, config, callbacks=[StopAfter(steps=2), keep], on_step=lines.append
+        )
     assert len(result.history) == 2 and result.policy_version == 2
+    assert lines == [r.to_log() for r in result.history]
     assert result.stopped is not None and "2 steps" in result.stopped
     assert keep.events == ["begin rl", "end"]
     assert [r.step for r in keep.records] == [1, 2] and all(r.trainer == "rl" for r in keep.records)
-    for typed, logged in zip(keep.records, result.history, strict=True):
-        assert typed.reward == logged["reward_mean"] and typed.loss == logged["loss"]
-        assert typed.step_seconds == logged["step_seconds"] and typed.metrics["step"] == typed.step - 1
-    assert len((tmp_path / "steps" / "out" / "rl_log.jsonl").read_text().splitlines()) == 2
+    for typed, kept in zip(keep.records, result.history, strict=True):
+        assert typed is kept and isinstance(typed, RLStepRecord)  # one record: the callbacks', the result's
+        assert typed.metrics == typed.to_log() and typed.metrics["step"] == typed.step - 1
+        assert typed.value("reward_mean") == typed.reward
+        assert typed.value("score_strict") == typed.scores["strict"]
+    written = (tmp_path / "steps" / "out" / "rl_log.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in written] == lines  # two lines, as on_step got them
     # a time budget spent by the first step stops the asynchronous run too (the producer is let go)
     model, tokenizer = make_model()
-    config = _config(tmp_path / "time", steps=10, tasks_per_step=2, group_size=2, mode="async")
+    config = _config(tmp_path / "time", {"tasks_per_step": 2, "group_size": 2}, steps=10, mode="async")
     result = train_rl(make_setup(), model, tokenizer, config, callbacks=[StopAfter(seconds=1e-6)])
     assert len(result.history) == 1 and result.stopped is not None and "s of training" in result.stopped
     # without callbacks the run does its steps
     model, tokenizer = make_model()
-    config = _config(tmp_path / "all", steps=2, tasks_per_step=2, group_size=2)
+    config = _config(tmp_path / "all", {"tasks_per_step": 2, "group_size": 2}, steps=2)
     result = train_rl(make_setup(), model, tokenizer, config, callbacks=[StopAfter(steps=5)])
     assert len(result.history) == 2 and result.stopped is None
 
@@ -648,19 +659,20 @@ def test_rl_reports_each_step_to_the_trackers_of_report_to(
 ) -> None:
     import transformers.integrations.integration_utils as integrations
 
-    from tapekit.training.rl_loop import train_rl
+    from tapekit.training.rl import train_rl
     from tests.rl_toy import make_model, make_setup
 
     monkeypatch.setitem(integrations.INTEGRATION_TO_CALLBACK, "tensorboard", _Tracker)
     _Tracker.logged, _Tracker.events = [], []
     model, tokenizer = make_model()
-    config = _config(tmp_path, steps=2, tasks_per_step=2, group_size=2, report_to=["tensorboard"])
+    config = _config(tmp_path, {"tasks_per_step": 2, "group_size": 2}, steps=2, report_to=["tensorboard"])
     result = train_rl(make_setup(), model, tokenizer, config)
     assert _Tracker.events == [f"begin {tmp_path / 'out'}", "end"]
     assert [step for step, _ in _Tracker.logged] == [1, 2]
     for (_, logs), record in zip(_Tracker.logged, result.history, strict=True):
-        assert logs["reward"] == record["reward_mean"] and logs["score_strict"] == record["score_strict"]
-        assert logs["loss"] == record["loss"] and "sampler_probs/one-op" in logs
+        assert logs["reward"] == logs["reward_mean"] == record.reward
+        assert logs["score_strict"] == record.scores["strict"] and logs["loss"] == record.loss
+        assert "sampler_probs/one-op" in logs and logs == record.scalars()
 
 
 def test_report_to_names_a_missing_tracker_package_or_an_unknown_tracker(tmp_path: Path) -> None:

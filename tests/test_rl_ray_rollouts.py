@@ -16,7 +16,7 @@ import pytest
 from tapekit.core import Prompt
 from tapekit.llm.scripted import FunctionLLM
 from tapekit.store import SQLiteStore, TapeFilter
-from tapekit.training.rollouts import collect_rollouts
+from tapekit.training.rl import collect_rollouts
 from tests.rl_toy import make_setup
 
 ROOT = Path(__file__).resolve().parent.parent

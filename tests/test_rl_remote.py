@@ -50,26 +50,21 @@ def servers(model_dir: Path) -> Iterator[list[Any]]:
         server.stop()
 
 
-def _config(tmp_path: Path, urls: list[str], **changes: Any) -> Any:
+def _config(tmp_path: Path, urls: list[str], rollouts: dict[str, Any] | None = None, **changes: Any) -> Any:
     from tapekit.training.config import LoraSettings
-    from tapekit.training.rl_loop import RLRunConfig
+    from tapekit.training.rl import RLRunConfig
 
     values: dict[str, Any] = {
         "output_dir": str(tmp_path / "out"),
         "steps": 2,
-        "tasks_per_step": 3,
-        "group_size": 4,
-        "max_tokens": 12,
-        "max_loops": 2,
         "learning_rate": 3e-3,
         "seed": 1,
         "lora": LoraSettings(r=4, alpha=8),
-        "rollout_servers": urls,
-        "served_model": BASE,
-        "lora_name_prefix": "toy",
         "checkpoint": False,
     }
-    return RLRunConfig(**{**values, **changes})
+    sampled = {"tasks_per_step": 3, "group_size": 4, "max_tokens": 12, "max_loops": 2}
+    served = {"servers": urls, "served_model": BASE, "lora_name_prefix": "toy"}
+    return RLRunConfig(**{**values, "rollouts": {**sampled, **served, **(rollouts or {})}, **changes})
 
 
 def _calls(store: Any, tape: Any) -> list[Any]:
@@ -81,8 +76,8 @@ def test_lora_rl_with_rollouts_on_two_vllm_like_servers(
     tmp_path: Path, model_dir: Path, servers: list[Any]
 ) -> None:
     from tapekit import open_store
+    from tapekit.testing.tiny import load_tiny
     from tapekit.training.samples import make_samples
-    from tapekit.training.tiny import load_tiny
     from tests.rl_toy import make_setup
 
     model, tokenizer = load_tiny(model_dir)
@@ -90,11 +85,12 @@ def test_lora_rl_with_rollouts_on_two_vllm_like_servers(
     config = _config(tmp_path, [s.url for s in servers])
     versions: dict[int, dict[str, Any]] = {}  # the trainer's LoRA weights of each version
 
-    def snapshot(record: dict[str, Any]) -> None:
+    def snapshot(record: dict[str, Any]) -> None:  # the deprecated on_step: the record's log line
         lora = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
         versions[record["step"] + 1] = lora
 
-    result = train_rl_checked(make_setup(), model, tokenizer, config, store, on_step=snapshot)
+    with pytest.warns(DeprecationWarning, match=r"train_rl\(on_step=...\) is deprecated"):
+        result = train_rl_checked(make_setup(), model, tokenizer, config, store, on_step=snapshot)
 
     # every server loaded every version's adapter (v0 before step 0, ..., v2 after the last
     # step), in order, and unloaded those no longer used; the trained adapter changed
@@ -110,8 +106,8 @@ def test_lora_rl_with_rollouts_on_two_vllm_like_servers(
     assert any("lora_B" in n and p.abs().sum() > 0 for n, p in model.named_parameters())
     assert any(not versions[1][n].equal(versions[2][n]) for n in versions[1])
     assert sorted(p.name for p in (tmp_path / "out" / "adapters").iterdir()) == ["v2"]
-    assert [r["rollout_version"] for r in result.history] == [0, 1]
-    assert any(r["train_tokens"] > 0 for r in result.history)
+    assert [r.rollout_version for r in result.history] == [0, 1]
+    assert any(r.tokens for r in result.history)
 
     # the rollouts' calls name the version's adapter and carry the ids each server sent back;
     # each tape stayed on one server, and both servers served tapes
@@ -167,7 +163,7 @@ def _max_logprob_gap(model: Any, weights: dict[str, Any], calls: list[Any]) -> f
     """The largest gap between a call's sampling log-probs and ``weights``' log-probs."""
     import torch
 
-    from tapekit.training.grpo_loss import token_logprobs
+    from tapekit.training.rl import token_logprobs
 
     params = dict(model.named_parameters())
     with torch.no_grad():
@@ -184,16 +180,16 @@ def _max_logprob_gap(model: Any, weights: dict[str, Any], calls: list[Any]) -> f
 
 def train_rl_checked(setup: Any, model: Any, tokenizer: Any, config: Any, store: Any, **options: Any) -> Any:
     """``train_rl``, the run's records checked for lag 0 (the rollouts' version is the step)."""
-    from tapekit.training.rl_loop import train_rl
+    from tapekit.training.rl import train_rl
 
     result = train_rl(setup, model, tokenizer, config, store=store, **options)
-    assert [r["policy_lag"] for r in result.history] == [0] * config.steps
+    assert [r.policy_lag for r in result.history] == [0] * config.steps
     return result
 
 
 def test_calls_without_token_ids_are_refused_not_retokenised(tmp_path: Path, model_dir: Path) -> None:
-    from tapekit.training._common import TrainingError
-    from tapekit.training.tiny import load_tiny
+    from tapekit.errors import TrainingError
+    from tapekit.testing.tiny import load_tiny
     from tests.rl_toy import make_setup
     from tests.vllm_like_server import VLLMLikeServer
 
@@ -206,26 +202,26 @@ def test_calls_without_token_ids_are_refused_not_retokenised(tmp_path: Path, mod
 
 
 def test_remote_rollouts_refuse_what_they_cannot_do(tmp_path: Path, model_dir: Path) -> None:
-    from tapekit.training._common import TrainingError
+    from peft import get_peft_model
+
+    from tapekit.errors import TrainingError
+    from tapekit.testing.tiny import load_tiny
+    from tapekit.training._hf import lora_config
     from tapekit.training.config import load_config
-    from tapekit.training.policies import make_policy
-    from tapekit.training.rl_loop import RLRunConfig, _with_lora
-    from tapekit.training.tiny import load_tiny
+    from tapekit.training.rl import RLRunConfig, make_policy
     from tests.vllm_like_server import VLLMLikeServer
 
     (tmp_path / "rl.yaml").write_text(
-        "rollout_servers: [http://a:8000/v1, http://b:8000/v1]\nserved_model: base\nlora: {r: 8}\n"
+        "rollouts:\n  servers: [http://a:8000/v1, http://b:8000/v1]\n  served_model: base\nlora: {r: 8}\n"
     )
-    loaded = load_config(RLRunConfig, tmp_path / "rl.yaml")  # type: ignore[type-var]
-    assert (
-        loaded.rollout_servers == ["http://a:8000/v1", "http://b:8000/v1"] and loaded.served_model == "base"
-    )
+    loaded = load_config(RLRunConfig, tmp_path / "rl.yaml").rollouts
+    assert loaded.servers == ["http://a:8000/v1", "http://b:8000/v1"] and loaded.served_model == "base"
     model, tokenizer = load_tiny(model_dir)
     with pytest.raises(TrainingError, match="vLLM loads LoRA adapters at run time, not full weights"):
         make_policy(model, tokenizer, _config(tmp_path, ["http://127.0.0.1:9/v1"], lora=None))
     with pytest.raises(TrainingError, match="logprobs-mode processed_logprobs"):
-        make_policy(model, tokenizer, _config(tmp_path, ["http://127.0.0.1:9/v1"], temperature=0.7))
-    peft_model = _with_lora(model, _config(tmp_path, []).lora)
+        make_policy(model, tokenizer, _config(tmp_path, ["http://127.0.0.1:9/v1"], {"temperature": 0.7}))
+    peft_model = get_peft_model(model, lora_config(_config(tmp_path, [])))
     with (
         VLLMLikeServer(model_dir, "other-model") as wrong,
         VLLMLikeServer(model_dir, BASE, runtime_lora=False) as fixed,
@@ -245,22 +241,22 @@ def test_async_remote_rollouts_record_the_version_each_server_served(
     tmp_path: Path, model_dir: Path, servers: list[Any]
 ) -> None:
     from tapekit import open_store
-    from tapekit.training.rl_loop import train_rl
-    from tapekit.training.tiny import load_tiny
+    from tapekit.testing.tiny import load_tiny
+    from tapekit.training.rl import train_rl
     from tests.rl_toy import make_setup
 
     model, tokenizer = load_tiny(model_dir)
     store = open_store(str(tmp_path / "rollouts.db"))
     config = _config(tmp_path, [s.url for s in servers], steps=3, mode="async", max_staleness=1)
     result = train_rl(make_setup(), model, tokenizer, config, store=store)
-    assert [r["step"] for r in result.history] == [0, 1, 2] and result.refused == 0
-    assert all(0 <= r["policy_lag"] <= 1 and r["failed_rollouts"] == 0 for r in result.history)
+    assert [r.step for r in result.history] == [1, 2, 3] and result.refused == 0
+    assert all(0 <= r.policy_lag <= 1 and r.failed_rollouts == 0 for r in result.history)
     for server in servers:  # an adapter is unloaded only once no rollout uses it
         assert [e["name"] for e in server.events if e["event"] == "load"] == [f"toy-v{v}" for v in range(4)]
         assert set(server.paths) == {"toy-v3"}
     for record in result.history:
-        version = record["rollout_version"]
-        for i in store.list_tapes(where=TapeFilter(tag=f"rl:rl:step:{record['step']}")):
+        version = record.rollout_version
+        for i in store.list_tapes(where=TapeFilter(tag=f"rl:rl:step:{record.policy_version}")):
             tape = store.get_tape(i)
             assert tape.metadata.result["policy_version"] == version
             for call in _calls(store, tape):

@@ -128,7 +128,7 @@ def test_template_path_without_ids_masks_only_the_answers(tokenizer: Any) -> Non
 def test_a_template_without_assistant_markers_is_an_error_naming_it(tokenizer: Any) -> None:
     import copy
 
-    from tapekit.training._common import TrainingError
+    from tapekit.errors import TrainingError
     from tapekit.training.samples import make_samples
 
     plain = copy.copy(tokenizer)
@@ -157,7 +157,7 @@ def test_drift_report_catches_an_altered_template(tokenizer: Any) -> None:
 
 
 def test_ids_from_another_tokenizer_are_refused(tokenizer: Any) -> None:
-    from tapekit.training._common import TrainingError
+    from tapekit.errors import TrainingError
     from tapekit.training.samples import make_samples
 
     tape, calls = _tape(tokenizer)
@@ -187,7 +187,7 @@ def test_same_tapes_give_byte_identical_files_with_a_content_hash(tokenizer: Any
 
 
 def test_reward_and_agent_filters(tokenizer: Any) -> None:
-    from tapekit.training._common import TrainingError
+    from tapekit.errors import TrainingError
     from tapekit.training.samples import make_samples
 
     tape, calls = _tape(tokenizer)

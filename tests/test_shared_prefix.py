@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tapekit.training._head_loss import masked_token_logprobs
-from tapekit.training._shared_prefix import prefix_groups, shared_prefix_logprobs
 from tapekit.training.rl import RLConfig, grpo_step, make_rl_batch
+from tapekit.training.rl._shared_prefix import prefix_groups, shared_prefix_logprobs
 from tests.train_helpers import make_model, with_lora
 
 

@@ -32,7 +32,7 @@ MESSAGES = [
 
 @pytest.fixture(scope="module")
 def tiny() -> tuple[Any, Any]:
-    from tapekit.training.tiny import TinyConfig, make_tiny
+    from tapekit.testing.tiny import TinyConfig, make_tiny
 
     return make_tiny(TEXTS, TinyConfig(**SMALL))
 
@@ -57,7 +57,7 @@ def test_tokenizer_round_trips_any_text_and_splits_digits(tiny: tuple[Any, Any])
 
 
 def test_whole_numbers_are_single_tokens_and_still_round_trip() -> None:
-    from tapekit.training.tiny import TinyConfig, train_tokenizer
+    from tapekit.testing.tiny import TinyConfig, train_tokenizer
 
     tok = train_tokenizer(TEXTS, 512, whole_numbers=TinyConfig(whole_numbers=1000).whole_numbers)
     text = "calculator: 12+730 and 1234"
@@ -82,7 +82,7 @@ def test_chat_template_marks_exactly_the_assistant_turns(tiny: tuple[Any, Any]) 
 
 
 def test_same_texts_and_seed_give_the_same_tokenizer_and_weights(tiny: tuple[Any, Any]) -> None:
-    from tapekit.training.tiny import TinyConfig, make_tiny
+    from tapekit.testing.tiny import TinyConfig, make_tiny
 
     model, tok = tiny
     config = TinyConfig(**SMALL)
@@ -94,7 +94,7 @@ def test_same_texts_and_seed_give_the_same_tokenizer_and_weights(tiny: tuple[Any
 
 
 def test_save_and_load_round_trip(tiny: tuple[Any, Any], tmp_path: Path) -> None:
-    from tapekit.training.tiny import TinyConfig, load_tiny, save_tiny
+    from tapekit.testing.tiny import TinyConfig, load_tiny, save_tiny
 
     model, tok = tiny
     save_tiny(model, tok, tmp_path / "m", TinyConfig(**SMALL))
@@ -108,7 +108,7 @@ def test_save_and_load_round_trip(tiny: tuple[Any, Any], tmp_path: Path) -> None
 
 
 def test_config_errors_name_the_field() -> None:
-    from tapekit.training.tiny import TinyConfig
+    from tapekit.testing.tiny import TinyConfig
 
     with pytest.raises(ValueError, match="hidden_size"):
         TinyConfig(hidden_size=100, num_heads=3)
@@ -127,7 +127,7 @@ def test_the_tiny_model_learns_a_reply_and_stops_at_end_of_turn(tmp_path: Path) 
 
     from tapekit import Prompt
     from tapekit.llm.transformers import TransformersLLM
-    from tapekit.training.tiny import TinyConfig, make_tiny, save_tiny
+    from tapekit.testing.tiny import TinyConfig, make_tiny, save_tiny
 
     model, tok = make_tiny(TEXTS, TinyConfig(**SMALL))
     prompt_messages = MESSAGES[:2]

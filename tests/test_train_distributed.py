@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tapekit.training._common import sample_hash
+from tapekit.training._trace import sample_hash
 from tests.train_helpers import make_model, sum_rows
 
 

@@ -12,10 +12,10 @@ import torch
 
 from tapekit import Agent, AssistantThought, Node, Observation, Prompt, StopStep, Tape, ToolEnvironment
 from tapekit.core import LLMOutput, SetNextNode
+from tapekit.errors import TrainingError
 from tapekit.evaluate import Score, Task, evaluate
 from tapekit.llm.base import LLM, LLMEvent, TokenTrace
 from tapekit.store import SQLiteStore
-from tapekit.training._common import TrainingError
 from tapekit.training.config import DPOConfig
 from tapekit.training.dpo import PairSet, PreferencePair, diverging_pair, preference_pairs, train_dpo
 from tests.train_helpers import chat, make_model

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tapekit._cpu as cpu
-from tapekit.training._common import _dtype, dtype_note, training_arguments
+from tapekit.training._hf import compute_dtype, dtype_note, training_arguments
 from tapekit.training.config import SFTConfig
 
 AVX2_ONLY = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f"})
@@ -37,23 +37,23 @@ def test_cpu_flags_are_read_from_proc_cpuinfo() -> None:
 def test_auto_is_fp32_on_a_cpu_without_bf16_and_bf16_on_one_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
     config = SFTConfig(output_dir="unused", device="cpu", dtype="auto")
     _cpu(monkeypatch, AVX2_ONLY)
-    assert _dtype(config, "cpu") == torch.float32
+    assert compute_dtype(config, "cpu") == torch.float32
     assert "compute dtype float32" in dtype_note(config) and "no bf16 instructions" in dtype_note(config)
     _cpu(monkeypatch, WITH_BF16)
-    assert _dtype(config, "cpu") == torch.bfloat16
+    assert compute_dtype(config, "cpu") == torch.bfloat16
     assert "compute dtype bfloat16" in dtype_note(config) and "avx512_bf16" in dtype_note(config)
-    assert _dtype(SFTConfig(output_dir="unused", dtype="float32"), "cpu") == torch.float32
+    assert compute_dtype(SFTConfig(output_dir="unused", dtype="float32"), "cpu") == torch.float32
 
 
 def test_explicit_bf16_on_a_cpu_without_it_is_kept_and_warned(monkeypatch: pytest.MonkeyPatch) -> None:
     config = SFTConfig(output_dir="unused", device="cpu", dtype="bfloat16")
     _cpu(monkeypatch, AVX2_ONLY)
     with pytest.warns(UserWarning, match="emulates bf16"):
-        assert _dtype(config, "cpu") == torch.bfloat16
+        assert compute_dtype(config, "cpu") == torch.bfloat16
     _cpu(monkeypatch, WITH_BF16)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert _dtype(config, "cpu") == torch.bfloat16  # native: no warning
+        assert compute_dtype(config, "cpu") == torch.bfloat16  # native: no warning
 
 
 def test_the_run_prints_its_dtype_choice(

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from tapekit.training._common import TrainingError, split_packed
+from tapekit.errors import TrainingError
+from tapekit.training._data import split_packed
 from tapekit.training.config import SFTConfig, load_config, parse_overrides
 from tapekit.training.sft import build_sft_trainer, labelled, train_sft
 from tests.train_helpers import make_model, sum_rows

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("trl", reason="the training tests need the train extra (trl, peft, datasets)")
 pytest.importorskip("torch", reason="the training tests need torch")
 
-from tapekit.training.tiny import TinyConfig, make_tiny
+from tapekit.testing.tiny import TinyConfig, make_tiny
 
 TINY = TinyConfig(vocab_size=300, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, seed=0)
 

@@ -1,7 +1,7 @@
 """``tapekit train sft|dpo|rl CONFIG [flags]``: the trainers from the command line.
 
 A config file (YAML or JSON, the fields of :class:`~tapekit.training.config.SFTConfig`,
-:class:`~tapekit.training.config.DPOConfig` or :class:`~tapekit.training.rl_loop.RLRunConfig`)
+:class:`~tapekit.training.config.DPOConfig` or :class:`~tapekit.training.rl.RLRunConfig`)
 with flags on top; ``--set key=value`` reaches any
 field (``--set lora.r=8``). Runs as well under ``accelerate launch`` (one process per device).
 Only typer is imported here; the trainers load when a command runs.
@@ -62,7 +62,7 @@ def _run(kind: str, config_file: Path | None, overrides: dict[str, Any]) -> None
     from tapekit._cli.common import CliError
 
     try:
-        from tapekit.training._common import TrainingError
+        from tapekit.errors import TrainingError
         from tapekit.training.config import DPOConfig, SFTConfig, load_config
 
         _check_config_file(config_file)
@@ -137,15 +137,20 @@ def _rl(config_file: Path | None, overrides: dict[str, Any]) -> None:
 
     try:
         import inspect
+        import warnings
 
         from tapekit._cli.common import project_on_path
         from tapekit._loading import load_object
-        from tapekit.training._common import TrainingError
+        from tapekit.errors import TrainingError
         from tapekit.training.config import load_config
-        from tapekit.training.rl_loop import RLRunConfig, RLSetup, train_rl
+        from tapekit.training.rl import RLRunConfig, RLSetup, train_rl
 
         _check_config_file(config_file)
-        config = load_config(RLRunConfig, config_file, overrides)  # type: ignore[type-var]
+        with warnings.catch_warnings(record=True) as caught:  # an old flat config file: say so
+            warnings.simplefilter("always", DeprecationWarning)
+            config = load_config(RLRunConfig, config_file, overrides)
+        for warning in caught:
+            typer.echo(f"warning: {warning.message}", err=True)
         if config.setup is None or config.model is None:
             raise TrainingError(
                 "tapekit train rl needs `setup` (module:attr) and `model` (a model directory)"
@@ -161,11 +166,11 @@ def _rl(config_file: Path | None, overrides: dict[str, Any]) -> None:
         setup = make_setup(**config.setup_args)
         if not isinstance(setup, RLSetup):
             raise TrainingError(f"setup {config.setup!r} must return an RLSetup, got {type(setup).__name__}")
-        from tapekit.training.tiny import load_tiny
+        from tapekit.testing.tiny import load_tiny
 
         model, tokenizer = load_tiny(config.model)
         try:
-            result = train_rl(setup, model, tokenizer, config, on_step=_echo_step)
+            result = train_rl(setup, model, tokenizer, config, callbacks=[_echo_steps()])
         finally:  # an environment with a browser or a server behind it is closed with the run
             close = getattr(setup.environment, "close", None)
             if callable(close):
@@ -202,16 +207,26 @@ def _main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def _echo_step(record: dict[str, Any]) -> None:
-    if not _main_process():
-        return
-    probs = " ".join(f"{c}={p:.2f}" for c, p in record["sampler_probs"].items())
-    mean = record["reward_mean"]  # None: the environment failed every rollout of the step
-    reward = "none" if mean is None else f"{mean:.3f}"
-    typer.echo(
-        f"step={record['step']} reward={reward} zero_adv={record['zero_adv_share']:.2f} "
-        f"clip={record['clip_fraction']:.3f} kl={record['kl']:.4f} lag={record['policy_lag']} probs: {probs}"
-    )
+def _echo_steps() -> Any:
+    """A step callback that prints one line per RL step (on the main process): the reward, the
+    zero-advantage share, clipping, KL, the policy lag and the curriculum's probabilities."""
+    from tapekit.training.callbacks import StepCallback, StepRecord
+    from tapekit.training.rl import RLStepRecord
+
+    class EchoSteps(StepCallback):
+        def on_step(self, record: StepRecord) -> bool | None:
+            if not _main_process() or not isinstance(record, RLStepRecord):
+                return None
+            probs = " ".join(f"{c}={p:.2f}" for c, p in record.sampler_probs.items())
+            # None: the environment failed every rollout of the step
+            reward = "none" if record.reward is None else f"{record.reward:.3f}"
+            typer.echo(
+                f"step={record.step - 1} reward={reward} zero_adv={record.zero_adv_share:.2f} "
+                f"clip={record.clip_fraction:.3f} kl={record.kl:.4f} lag={record.policy_lag} probs: {probs}"
+            )
+            return None
+
+    return EchoSteps()
 
 
 @train_app.command("rl")

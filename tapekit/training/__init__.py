@@ -1,7 +1,11 @@
 """Learning from tapes: token-exact samples, SFT and DPO trainers, on-policy RL, a tiny local model.
 
-Every trainer takes ``callbacks``: :class:`StepCallback` objects that see each step's typed
-:class:`StepRecord` and can stop the run (:class:`StopAfter`, :class:`EarlyStopping`).
+Every trainer is a config/trainer pair (:class:`SFTConfig` and :func:`train_sft`,
+:class:`DPOConfig` and :func:`train_dpo`, :class:`RLRunConfig` and :func:`train_rl`, whose
+parts are in :mod:`tapekit.training.rl`) and takes ``callbacks``: :class:`StepCallback` objects
+that see each step's typed :class:`StepRecord` (RL's: :class:`RLStepRecord`) and can stop the
+run (:class:`StopAfter`, :class:`EarlyStopping`). The tiny local model for tests is
+:mod:`tapekit.testing.tiny`.
 
 Importing this package is light: the trainers and their heavy dependencies (torch,
 transformers, peft, trl, datasets; the ``train`` extra) load on first use of a name below.
@@ -24,6 +28,7 @@ __all__ = [
     "RLRunConfig",
     "RLRunResult",
     "RLSetup",
+    "RLStepRecord",
     "RemotePolicy",
     "ReportTo",
     "RolloutBatch",
@@ -66,18 +71,19 @@ _WHERE = {
     "SFTConfig": "tapekit.training.config",
     "load_config": "tapekit.training.config",
     "preference_pairs": "tapekit.training.dpo",
-    "TrainingError": "tapekit.training._common",
+    "TrainingError": "tapekit.errors",
     "train_dpo": "tapekit.training.dpo",
     "train_sft": "tapekit.training.sft",
-    "RolloutBatch": "tapekit.training.rollouts",
-    "collect_rollouts": "tapekit.training.rollouts",
-    "rollout_rows": "tapekit.training.rollouts",
-    "RLRunConfig": "tapekit.training.rl_loop",
-    "RLRunResult": "tapekit.training.rl_loop",
-    "RLSetup": "tapekit.training.rl_loop",
-    "train_rl": "tapekit.training.rl_loop",
-    "LocalPolicy": "tapekit.training.policies",
-    "RemotePolicy": "tapekit.training.policies",
+    "RolloutBatch": "tapekit.training.rl",
+    "collect_rollouts": "tapekit.training.rl",
+    "rollout_rows": "tapekit.training.rl",
+    "RLRunConfig": "tapekit.training.rl",
+    "RLRunResult": "tapekit.training.rl",
+    "RLSetup": "tapekit.training.rl",
+    "RLStepRecord": "tapekit.training.rl",
+    "train_rl": "tapekit.training.rl",
+    "LocalPolicy": "tapekit.training.rl",
+    "RemotePolicy": "tapekit.training.rl",
 }
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from tapekit.errors import TrainingError
 from tapekit.llm.base import answer_text
 from tapekit.llm.llamacpp import plain_messages
-from tapekit.training._common import TrainingError
 
 __all__ = ["ChatTokenizer"]
 

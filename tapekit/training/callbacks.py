@@ -1,7 +1,7 @@
 """One run protocol for every trainer: typed step records, and callbacks that see them and can stop the run.
 
 Each trainer (:func:`~tapekit.training.sft.train_sft`, :func:`~tapekit.training.dpo.train_dpo`,
-:func:`~tapekit.training.rl_loop.train_rl`) hands a :class:`StepRecord` to every
+:func:`~tapekit.training.rl.train_rl`) hands a :class:`StepRecord` to every
 :class:`StepCallback` in its ``callbacks`` after each optimiser step (RL: after each RL step);
 a callback whose :meth:`StepCallback.on_step` returns ``True`` stops the run after that step,
 which then ends normally (the result is written, the store closed):
@@ -24,6 +24,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from tapekit.errors import TrainingError
 
 __all__ = [
     "EarlyStopping",
@@ -208,7 +210,7 @@ class ReportTo(StepCallback):
     names, through transformers' own integrations: ``"tensorboard"``, ``"trackio"``,
     ``"wandb"``, ``"mlflow"`` and the others of ``transformers.integrations`` (the same names as
     ``TrainingArguments.report_to``). SFT and DPO pass their ``report_to`` to transformers
-    directly; :func:`~tapekit.training.rl_loop.train_rl` adds this callback for its config's.
+    directly; :func:`~tapekit.training.rl.train_rl` adds this callback for its config's.
 
     Each tracker's package must be installed: a missing one is a ``TrainingError`` naming it,
     raised here, before any training. TensorBoard's event files go where SFT's do:
@@ -247,8 +249,6 @@ def _trackers(report_to: Sequence[str]) -> list[tuple[str, Any]]:
     is where transformers' integrations check that their package is installed). ``[]`` and
     ``["none"]`` name none, ``["all"]`` every installed one, as ``TrainingArguments`` reads
     them. An unknown name or a missing package is a ``TrainingError`` naming it."""
-    from tapekit.training._common import TrainingError
-
     if isinstance(report_to, str):
         raise TrainingError(f"report_to must be a list of tracker names, not the string {report_to!r}")
     names = list(report_to)

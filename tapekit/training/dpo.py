@@ -24,16 +24,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tapekit.training._common import (
-    TrainingError,
-    load_dataset_source,
-    load_model_and_tokenizer,
-    lora_config,
-    train_and_report,
-    trainer_callbacks,
-    training_arguments,
-    write_result,
-)
+from tapekit.errors import TrainingError
+from tapekit.training._data import load_dataset_source
+from tapekit.training._hf import load_model_and_tokenizer, lora_config, training_arguments
+from tapekit.training._progress import trainer_callbacks
+from tapekit.training._result import train_and_report, write_result
 from tapekit.training.callbacks import check_report_to
 from tapekit.training.config import DPOConfig
 

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from tapekit.core import Tape
+from tapekit.errors import TrainingError
 from tapekit.llm.base import LLMCall
 from tapekit.store.base import TapeStore
 from tapekit.training._chat_tokenizer import ChatTokenizer
-from tapekit.training._common import TrainingError
 
 __all__ = ["Break", "Drift", "SampleConfig", "SampleSet", "drift_report", "iter_samples", "make_samples"]
 

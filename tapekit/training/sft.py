@@ -21,22 +21,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tapekit.training._common import (
-    PackedRowsCollator,
-    Trace,
-    TrainingError,
-    _device,
-    load_dataset_source,
-    load_model_and_tokenizer,
-    lora_config,
-    sample_hash,
-    split_packed,
-    train_and_report,
-    trainer_callbacks,
-    training_arguments,
-    weights_hash,
-    write_result,
-)
+from tapekit.errors import TrainingError
+from tapekit.training._data import PackedRowsCollator, load_dataset_source, split_packed
+from tapekit.training._hf import device_of, load_model_and_tokenizer, lora_config, training_arguments
+from tapekit.training._progress import trainer_callbacks
+from tapekit.training._result import train_and_report, write_result
+from tapekit.training._trace import Trace, sample_hash, weights_hash
 from tapekit.training.callbacks import check_report_to
 from tapekit.training.config import SFTConfig
 
@@ -133,7 +123,7 @@ def build_sft_trainer(
         shuffle_dataset=True,
         train_sampling_strategy="group_by_length" if config.group_by_length else "random",
     )
-    trainer_class = _model_loss_trainer(SFTTrainer) if _device(config) == "cpu" else SFTTrainer
+    trainer_class = _model_loss_trainer(SFTTrainer) if device_of(config) == "cpu" else SFTTrainer
     trainer_class = _traced_trainer(trainer_class) if config.trace_data else trainer_class
     trainer = trainer_class(
         model=model,

@@ -1,6 +1,6 @@
 """Data-parallel RL over several processes (``accelerate launch`` or ``torchrun``, one per device).
 
-:func:`~tapekit.training.rl_loop.train_rl` reads the launcher's ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``
+:func:`~tapekit.training.rl.train_rl` reads the launcher's ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``
 and, with more than one process, runs as follows (one process changes nothing):
 
 - **Tasks.** Every rank seeds its task sampler alike and draws the same ``tasks_per_step``
@@ -45,9 +45,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tapekit.training._common import TrainingError, weights_hash
-from tapekit.training.rl import RLBatch, RLConfig, RLStepStats, group_minibatches, grpo_step, make_rl_batch
-from tapekit.training.rl import merge_stats as merge_step_stats
+from tapekit.errors import TrainingError
+from tapekit.training._hf import device_of
+from tapekit.training._trace import weights_hash
+from tapekit.training.rl._batch import RLBatch, make_rl_batch, signal_minibatches
+from tapekit.training.rl._config import RLConfig, RLRunConfig
+from tapekit.training.rl._record import RLStepRecord, mean_std
+from tapekit.training.rl._step import RLStepStats, grpo_step
+from tapekit.training.rl._step import merge_stats as merge_step_stats
 
 __all__ = ["RLDist", "RankPolicy", "batch_weight", "merge_records"]
 
@@ -64,15 +69,6 @@ def batch_weight(batch: RLBatch, config: RLConfig) -> float:
     if config.aggregation == "sequence":
         return float((batch.loss_mask.sum(dim=1) > 0).sum().item())
     return float(batch.size)
-
-
-def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
-    """Mean and population standard deviation; ``(None, None)`` for no values (a step whose
-    every rollout the environment failed has no reward to report, not a reward of 0)."""
-    if not values:
-        return None, None
-    mean = sum(values) / len(values)
-    return mean, (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
 
 
 def merge_records(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -168,19 +164,11 @@ class RLDist:
         """Whether this process writes the log, checkpoints and result (rank 0)."""
         return self.rank == 0
 
-    def device(self, device: str) -> str:
-        """The torch device of this rank for the config's ``device`` (``cuda:<local rank>``)."""
-        import torch
+    def device(self, config: RLRunConfig) -> str:
+        """The torch device of this rank for ``config.device`` (``cuda:<local rank>`` on a GPU)."""
+        return f"cuda:{self.local_rank}" if device_of(config) == "cuda" else "cpu"
 
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device == "cuda":
-            if not torch.cuda.is_available():
-                raise TrainingError("device='cuda' but torch sees no CUDA device (set device: cpu or auto)")
-            return f"cuda:{self.local_rank}"
-        return "cpu"
-
-    def check(self, config: Any) -> None:
+    def check(self, config: RLRunConfig) -> None:
         """Refuse settings a data-parallel run cannot honour."""
         if self.world == 1:
             return
@@ -188,15 +176,15 @@ class RLDist:
             raise TrainingError(
                 f"mode='async' runs in one process only ({self.world} were started): use mode: sync"
             )
-        if config.resample_rounds:
+        if config.rollouts.resample_rounds:
             raise TrainingError(
-                f"resample_rounds runs in one process only ({self.world} were started): the ranks "
-                "would draw different numbers of tasks; use resample_rounds: 0"
+                f"rollouts.resample_rounds runs in one process only ({self.world} were started): the "
+                "ranks would draw different numbers of tasks; use resample_rounds: 0"
             )
-        if config.tasks_per_step < self.world:
+        if config.rollouts.tasks_per_step < self.world:
             raise TrainingError(
-                f"tasks_per_step={config.tasks_per_step} is fewer than the {self.world} processes: "
-                "every process needs at least one task per step"
+                f"rollouts.tasks_per_step={config.rollouts.tasks_per_step} is fewer than the {self.world} "
+                "processes: every process needs at least one task per step"
             )
 
     def share(self, tasks: Sequence[Any]) -> list[Any]:
@@ -246,7 +234,7 @@ class RLDist:
     def policy(self, policy: Any) -> Any:
         """The rollout policy for this rank: a remote one (vLLM servers) wrapped so that rank 0
         alone publishes; an in-process one as it is (each rank samples on its own copy)."""
-        from tapekit.training.policies import RemotePolicy
+        from tapekit.training.rl._policies import RemotePolicy
 
         return RankPolicy(policy, self) if self.world > 1 and isinstance(policy, RemotePolicy) else policy
 
@@ -310,15 +298,11 @@ class RLDist:
         epochs: int = 1,
         minibatches: int = 1,
     ) -> tuple[RLStepStats | None, RLBatch | None, dict[str, float]]:
-        """The data-parallel form of ``rl_loop._train_on``: this rank's rows, gradients
+        """The data-parallel form of ``_loop.train_on``: this rank's rows, gradients
         averaged over the ranks, ``epochs x minibatches`` optimiser steps on every rank."""
         full = make_rl_batch(rows, rl) if rows else None
         arm_rewards = self._arm_rewards(full)
-        zero = set(full.groups.zero_groups) if full is not None else set()
-        live = [r for r in rows if r[rl.group_key] not in zero]
-        parts = (
-            [make_rl_batch(p, rl) for p in group_minibatches(live, rl.group_key, minibatches)] if live else []
-        )
+        parts = signal_minibatches(rows, full, rl, minibatches)
         batches: list[RLBatch | None] = [*parts, *[None] * (minibatches - len(parts))]
         stats = []
         for _ in range(epochs):
@@ -344,22 +328,21 @@ class RLDist:
                 )
         return (merge_step_stats(stats) if stats else None), full, arm_rewards
 
-    def merge_record(self, record: dict[str, Any], rollouts: Any, full: RLBatch | None) -> dict[str, Any]:
+    def merge_record(self, record: RLStepRecord, rollouts: Any, full: RLBatch | None) -> RLStepRecord:
         """The step's record over every rank (``record`` itself with one process)."""
         if self.world == 1:
             return record
-        names = [k[len("score_") :] for k in record if k.startswith("score_")]
         part = {
-            "record": record,
+            "record": record.to_log(),
             "rewards": rollouts.rewards,
-            "scores": {n: rollouts.scores(n) for n in names},
+            "scores": {n: rollouts.scores(n) for n in record.scores},
             "tasks": [(t.id, t.category) for t in rollouts.tasks],
             "kept_tasks": sorted(rollouts.kept_task_ids),
             "zero_groups": len(full.groups.zero_groups) if full is not None else 0,
             "n_groups": len(full.groups.groups) if full is not None else 0,
             "output_tokens": rollouts.output_tokens,
         }
-        return merge_records(self.gather(part))
+        return RLStepRecord.from_log(merge_records(self.gather(part)), seconds=record.seconds)
 
     def finish(self, model: Any, sampler: Any, out: Path) -> None:
         """Check that every rank ends with the same weights and sampler state (``RuntimeError``
@@ -380,7 +363,7 @@ class RLDist:
 
 
 class RankPolicy:
-    """A :class:`~tapekit.training.policies.RemotePolicy` shared by the ranks of a data-parallel
+    """A :class:`~tapekit.training.rl.RemotePolicy` shared by the ranks of a data-parallel
     run. Rank 0 publishes each version (saves the adapter, loads it on the servers, unloads old
     ones: once, not once per rank); every rank waits at a barrier until it is loaded, then sends
     its calls to it. No rank is still sampling from the version rank 0 retires: publishing
