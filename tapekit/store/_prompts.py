@@ -38,16 +38,14 @@ refers to a part that is not stored.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import struct
 import sys
 import threading
-from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import compress, count, repeat
+from itertools import compress, count, islice
 from operator import is_not
 from typing import Any
 
@@ -57,12 +55,11 @@ from tapekit.core import FrozenMessage
 from tapekit.errors import TapekitError
 from tapekit.llm.base import Prompt
 from tapekit.store._text import model_json
+from tapekit.store._tokens import ids_body, prompt_node_of
 
 __all__ = [
     "Part",
     "PromptEncoder",
-    "ids_body",
-    "ids_of",
     "is_reference",
     "needed_parts",
     "prompt_json",
@@ -129,59 +126,170 @@ def prompt_json(prompt: str, parts: Mapping[str, tuple[str | None, str]]) -> str
     )
 
 
-_IdsEntry = tuple[bytes, tuple[int, ...], tuple[str, ...]]
-
-
 class _IdsError(TapekitError):
     """Token ids the store cannot hold (an ``Exception`` apart from the serialisation errors)."""
 
 
-def ids_body(ids: Sequence[int]) -> str:
-    """A node's body for token ids: ``t2:`` or ``t4:`` (little-endian uint16 when every id
-    fits, else int32) and the bytes in base64 (no newline, and never starts like JSON)."""
-    try:
-        return "t2:" + base64.b64encode(struct.pack(f"<{len(ids)}H", *ids)).decode()
-    except struct.error:
-        return "t4:" + base64.b64encode(struct.pack(f"<{len(ids)}i", *ids)).decode()
+_OTHER = object()  # a run's key for a message that is not a FrozenMessage: never *is* a message
 
 
-def ids_of(node: str | None, parts: Mapping[str, tuple[str | None, str]], n: int) -> list[int]:
-    """The ``n`` token ids that end with node ``node`` (None: none), from ``parts``."""
-    chunks: list[str] = []
+def _addresses_reader() -> Callable[[tuple[Any, ...], int], bytes] | None:
+    """``read(items, n)``: the addresses of the first ``n`` objects of the tuple ``items``, as
+    bytes (one native pointer each), copied from the tuple in one call; None where this cannot
+    be done (not CPython, or the check below fails).
+
+    Comparing two runs of addresses is one ``memcmp``: how a prompt's messages are compared
+    with a remembered conversation by identity, at about a nanosecond a message, where a
+    comparison in Python (``map(operator.is_not, ...)``) takes 30 to 200 ns a message and was
+    most of a long stored session's time per step. Only a tuple the caller made and holds is
+    read (immutable, so nothing can change it meanwhile), and ``id()`` is the address on
+    CPython; the function checks itself on a tuple of known objects before it is used."""
+    if sys.implementation.name != "cpython":
+        return None
     try:
-        while node is not None:
-            node, body = parts[node]
-            chunks.append(body)
-    except KeyError as e:
-        raise LookupError(f"stored token ids refer to the part {e.args[0]} which the store lacks") from None
-    out: list[int] = []
-    for body in reversed(chunks):
-        values = array("H" if body.startswith("t2:") else "i")
-        values.frombytes(base64.b64decode(body[3:]))
-        if sys.byteorder != "little":
-            values.byteswap()
-        out.extend(values)
-    if len(out) != n:
-        raise LookupError(f"stored token ids: {len(out)} prompt ids, not {n}")
-    return out
+        import ctypes
+    except ImportError:  # pragma: no cover - CPython without ctypes
+        return None
+    width = ctypes.sizeof(ctypes.c_void_p)
+    if tuple.__itemsize__ != width or width not in (4, 8):
+        return None
+    offset = tuple.__basicsize__  # where the items start (the object's fixed part ends)
+    string_at = ctypes.string_at
+
+    def read(items: tuple[Any, ...], n: int) -> bytes:
+        if not 0 <= n <= len(items):
+            raise IndexError(f"{n} items of a tuple of {len(items)}")
+        return string_at(id(items) + offset, n * width)
+
+    probe = tuple(object() for _ in range(7))
+    expected = struct.pack(f"={len(probe)}{'Q' if width == 8 else 'I'}", *map(id, probe))
+    try:
+        if read(probe, 7) != expected or read(probe, 3) != expected[: 3 * width]:
+            return None
+    except Exception:  # pragma: no cover - an unexpected layout
+        return None
+    return read
+
+
+_ADDRESSES = _addresses_reader()
+_WIDTH = struct.calcsize("P")
+_POINTER = "=" + ("Q" if _WIDTH == 8 else "I")
+
+
+def _addresses_of(objects: Sequence[Any]) -> bytes:
+    """The addresses (``id``) of ``objects``, as :func:`_addresses_reader`'s function gives
+    them (used for the few new keys of a run)."""
+    return struct.pack(f"={len(objects)}{_POINTER[1]}", *map(id, objects))
+
+
+def _same_until(a: Sequence[Any], b: Sequence[Any], start: int, stop: int) -> int:
+    """The first index ``i`` in ``[start, stop)`` where ``a[i] is not b[i]`` (``stop`` if there
+    is none), comparing objects by identity, never by equality: one pass in C over two lists,
+    without ``_ADDRESSES`` (a comparison in Python, 30 to 200 ns a message)."""
+    if start >= stop:
+        return stop
+    pairs = map(is_not, islice(a, start, stop), islice(b, start, stop))
+    return next(compress(count(start), pairs), stop)
+
+
+def _same_address_until(a: bytes, b: bytearray, start: int, stop: int) -> int:
+    """:func:`_same_until` over two runs of addresses (see :func:`_addresses_reader`): one
+    ``memcmp`` when they agree, a binary search of ``memcmp`` calls where they part."""
+    if start >= stop:
+        return stop
+    w = _WIDTH
+    view = memoryview(b)
+    if a.startswith(view[start * w : stop * w], start * w):
+        return stop
+    lo, hi = start, stop  # items [start, lo) agree, [start, hi) do not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a.startswith(view[lo * w : mid * w], lo * w):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class _MessageRun:
+    """Messages and the node of each, only ever appended to: every remembered prompt is a
+    beginning of a run. ``keys[i]`` is the message itself when it is a
+    :class:`~tapekit.core.FrozenMessage` (a later prompt reuses its node when it holds the same
+    object there), else ``_OTHER`` (a later prompt's message there is serialised and matches
+    when its node is the same); ``addresses`` are the keys' addresses (when ``_ADDRESSES``
+    works; the keys hold the objects, so no other object can have one of them)."""
+
+    __slots__ = ("addresses", "keys", "nodes")
+
+    def __init__(self, keys: list[Any], nodes: list[str]) -> None:
+        self.keys = keys
+        self.nodes = nodes
+        self.addresses = bytearray(_addresses_of(keys) if _ADDRESSES is not None else b"")
+
+    def extend(self, keys: list[Any], nodes: list[str]) -> None:
+        """Append ``keys`` and their ``nodes``."""
+        self.keys.extend(keys)
+        self.nodes.extend(nodes)
+        if _ADDRESSES is not None:
+            self.addresses += _addresses_of(keys)
+
+    def fork(self, n: int, keys: list[Any], nodes: list[str]) -> _MessageRun:
+        """A new run: the first ``n`` of this one, then ``keys`` and their ``nodes``."""
+        run = _MessageRun.__new__(_MessageRun)
+        run.keys = [*self.keys[:n], *keys]
+        run.nodes = [*self.nodes[:n], *nodes]
+        run.addresses = bytearray()
+        if _ADDRESSES is not None:
+            run.addresses = self.addresses[: n * _WIDTH] + _addresses_of(keys)
+        return run
+
+
+class _IdsRun:
+    """Prompt token ids and the nodes that hold them, only ever appended to: ``nodes[j]`` holds
+    the ids up to ``ends[j]``; every remembered call's ids are ``ids[:ends[j]]`` for some ``j``."""
+
+    __slots__ = ("ends", "ids", "nodes")
+
+    def __init__(self, ids: list[int], ends: list[int], nodes: list[str]) -> None:
+        self.ids = ids
+        self.ends = ends
+        self.nodes = nodes
+
+
+def _touch(runs: deque[Any], run: Any) -> None:
+    """Make ``run`` the newest of ``runs`` (adding it if it is not there)."""
+    if runs and runs[-1] is run:
+        return
+    for i, other in enumerate(runs):
+        if other is run:
+            del runs[i]
+            break
+    runs.append(run)
 
 
 class PromptEncoder:
-    """Turns prompts into their reference form and the parts to store (see the module)."""
+    """Turns prompts into their reference form and the parts to store (see the module).
+
+    The work per call is proportional to what is new in the prompt, plus one identity
+    comparison per message in C (and one equality comparison per prompt token id): a prompt that
+    continues a remembered one (the same :class:`~tapekit.core.FrozenMessage` objects first)
+    serialises and hashes its new messages only, and a message that is not a FrozenMessage (a
+    plain dict, which :class:`~tapekit.core.Prompt` copies) is serialised and matched by its
+    node, so a plain system message in front of a shared conversation costs one message."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # recent all-FrozenMessage prompts: (their messages, the node of each), newest last
-        self._recent: deque[tuple[tuple[Any, ...], tuple[str, ...]]] = deque(maxlen=_RECENT)
+        # recent conversations (runs of messages and their nodes), newest last
+        self._runs: deque[_MessageRun] = deque(maxlen=_RECENT)
         self._sent: set[str] = set()  # parts handed to the store already
-        # recent calls' prompt token ids: (int32 bytes, where each node ends, the nodes)
-        self._recent_ids: deque[_IdsEntry] = deque(maxlen=_RECENT)
+        # recent calls' prompt token ids, newest last
+        self._ids_runs: deque[_IdsRun] = deque(maxlen=_RECENT)
 
     def forget(self) -> None:
         """Forget every part handed out: later prompts bring all their parts again."""
         with self._lock:
-            self._recent.clear()
-            self._recent_ids.clear()
+            self._runs.clear()
+            self._ids_runs.clear()
             self._sent.clear()
 
     def encode(
@@ -189,7 +297,7 @@ class PromptEncoder:
     ) -> tuple[str, list[Part], str | None]:
         """``prompt``'s reference form, the parts it needs that were not handed out before,
         and with ``prompt_ids`` (the call's token ids) the node of those ids (None for none;
-        see :func:`ids_node`). ``what`` names the prompt in errors: a value the store cannot
+        see ``_tokens.py``). ``what`` names the prompt in errors: a value the store cannot
         hold is a ``ValueError`` as from :func:`~tapekit.store._text.model_json`, an id outside
         int32 a ``ValueError`` saying so; nothing is remembered then."""
         try:
@@ -201,31 +309,58 @@ class PromptEncoder:
             model_json(prompt, what)  # the same error, naming the field
             raise
 
+    def _shared(self, messages: list[Any], bodies: dict[int, str]) -> tuple[int, _MessageRun | None]:
+        """How many first messages a remembered run holds (same objects, or same nodes where
+        one side is not a FrozenMessage), and that run; ``bodies`` gets the messages serialised
+        on the way (by index)."""
+        n = len(messages)
+        best, best_run = 0, None
+        addresses = b""
+        if _ADDRESSES is not None and self._runs:
+            addresses = _ADDRESSES(tuple(messages), n)  # a tuple of our own: nothing changes it
+        for run in reversed(self._runs):
+            keys, nodes = run.keys, run.nodes
+            stop = min(n, len(keys))
+            if stop <= best:
+                continue
+            i = 0
+            while i < stop:
+                if _ADDRESSES is not None:
+                    i = _same_address_until(addresses, run.addresses, i, stop)
+                else:
+                    i = _same_until(messages, keys, i, stop)
+                if i == stop or (keys[i] is not _OTHER and type(messages[i]) is FrozenMessage):
+                    break  # the end, or two FrozenMessages that are not the same object
+                # a plain dict on either side: it continues the run if its node is the same
+                body = bodies.get(i)
+                if body is None:
+                    body = bodies[i] = _MESSAGE.to_json(messages[i]).decode()
+                if _sha(f"{nodes[i - 1] if i else ''}\n{body}") != nodes[i]:
+                    break
+                i += 1
+            if i > best:
+                best, best_run = i, run
+                if best == n:
+                    break
+        return best, best_run
+
     def _encode(self, prompt: Prompt, prompt_ids: list[int] | None) -> tuple[str, list[Part], str | None]:
         messages = prompt.messages
         n = len(messages)
-        # the longest beginning of ``messages`` that a recent prompt had, object for object
-        shared: int = 0
-        nodes: tuple[str, ...] = ()
-        for old, old_nodes in reversed(self._recent):
-            m = len(old)
-            if m <= shared or shared >= n or old[shared] is not messages[shared]:
-                continue
-            same = next(compress(count(), map(is_not, messages, old)), min(n, m))
-            if same > shared:
-                shared, nodes = same, old_nodes
-                if same == n:
-                    break
+        bodies: dict[int, str] = {}
+        shared, run = self._shared(messages, bodies)
         new: list[Part] = []
         sent = self._sent
-        chain = list(nodes[:shared])
-        prev = chain[-1] if chain else None
-        for message in messages[shared:]:
-            body = _MESSAGE.to_json(message).decode()
+        prev = run.nodes[shared - 1] if run is not None and shared else None
+        new_nodes: list[str] = []
+        for i in range(shared, n):
+            body = bodies.get(i)
+            if body is None:
+                body = _MESSAGE.to_json(messages[i]).decode()
             node = _sha(f"{prev or ''}\n{body}")
             if node not in sent:
                 new.append((node, prev, body))
-            chain.append(node)
+            new_nodes.append(node)
             prev = node
         values: list[str | None] = []
         for value in (
@@ -237,17 +372,16 @@ class PromptEncoder:
                 new.append((h, None, value))
             values.append(h)
         ids = None if prompt_ids is None else self._ids(prompt_ids, new)
-        # everything is serialised: only now remember (an error above leaves no trace) the
-        # beginning made of FrozenMessage objects, the only ones reused as they are (the shared
-        # beginning is made of them: only the new messages need a look)
-        tail = messages[shared:]
-        frozen = shared + next(
-            compress(count(), map(is_not, map(type, tail), repeat(FrozenMessage))), len(tail)
-        )
-        if frozen:
-            self._recent.append((tuple(messages[:frozen]), tuple(chain[:frozen])))
-        if ids is not None and ids[1][1]:  # (no ids: nothing to share)
-            self._recent_ids.append(ids[1])
+        # everything is serialised: only now remember (an error above leaves no trace)
+        if n:
+            keys = [m if type(m) is FrozenMessage else _OTHER for m in messages[shared:]]
+            if run is None:  # a new conversation
+                run = _MessageRun(keys, new_nodes)
+            elif shared == len(run.keys):  # continues the run: extend it
+                run.extend(keys, new_nodes)
+            elif shared < n:  # a fork of the run (its beginning is copied, once)
+                run = run.fork(shared, keys, new_nodes)
+            _touch(self._runs, run)
         if len(sent) + len(new) > _MAX_SENT:
             sent.clear()
         sent.update(p[0] for p in new)
@@ -255,47 +389,62 @@ class PromptEncoder:
             f'{{"v":2,"id":{json.dumps(prompt.id)},"n":{n},"messages":{_quoted(prev)},'
             f'"tools":{_quoted(values[0])},"response_schema":{_quoted(values[1])}}}'
         )
-        return ref, new, None if ids is None else ids[0]
+        return ref, new, ids
 
-    def _ids(self, prompt_ids: list[int], new: list[Part]) -> tuple[str | None, _IdsEntry]:
-        """The node of ``prompt_ids`` (None for no ids) and what to remember of them; their new
-        node (if any) is added to ``new``. The ids are compared packed as int32, so finding the
-        longest stored beginning is a few memory comparisons, not work per id."""
+    def _ids(self, prompt_ids: list[int], new: list[Part]) -> str | None:
+        """The node of ``prompt_ids`` (None for no ids), remembered; its new node (if any) is
+        added to ``new``. The longest beginning that ends where a recent call's ids had a node
+        is found by comparing the ids as lists (one pass in C), and only the ids past it are
+        packed."""
         n = len(prompt_ids)
-        try:
-            packed = struct.pack(f"<{n}i", *prompt_ids)
-        except struct.error as e:
-            raise _IdsError(f"its token ids cannot be stored: every id must be an int32 ({e})") from None
-        # the longest beginning that ends where a recent call's ids had a node
-        best, base = 0, None
-        ends: tuple[int, ...] = ()
-        nodes: tuple[str, ...] = ()
-        for old, old_ends, old_nodes in reversed(self._recent_ids):
-            if old_ends[-1] <= best:
+        best, best_run, best_j = 0, None, 0  # best_j: how many of best_run's nodes are shared
+        for run in reversed(self._ids_runs):
+            ends, ids = run.ends, run.ids
+            if ends[0] > n or ends[-1] <= best:
                 continue
-            # the usual cases first: the same ids, or ids that extend the old ones (no copies)
-            lo, hi = (len(old_ends), 0) if packed.startswith(old) else (0, len(old_ends))
-            # prefix matches are monotone in the length: bisect over the node ends
-            while lo < hi:  # old_ends[:lo] match
-                mid = (lo + hi) // 2
-                end = old_ends[mid]
-                if end <= n and packed[: 4 * end] == old[: 4 * end]:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            if lo and old_ends[lo - 1] > best:
-                best, base = old_ends[lo - 1], old_nodes[lo - 1]
-                ends, nodes = old_ends[:lo], old_nodes[:lo]
+            r = len(ids)
+            # the usual case first: ids that extend (or repeat) the run's
+            if r <= n and prompt_ids[r - 1] == ids[r - 1] and prompt_ids[:r] == ids:
+                lo = len(ends)
+            else:  # prefix matches are monotone in the length: bisect over the node ends
+                lo, hi = 0, len(ends)
+                while lo < hi:  # ends[:lo] match
+                    mid = (lo + hi) // 2
+                    end = ends[mid]
+                    if end <= n and prompt_ids[end - 1] == ids[end - 1] and prompt_ids[:end] == ids[:end]:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+            if lo and ends[lo - 1] > best:
+                best, best_run, best_j = ends[lo - 1], run, lo
                 if best == n:
                     break
-        node = base
+        node = best_run.nodes[best_j - 1] if best_run is not None else None
         if best < n:
-            body = ids_body(prompt_ids[best:])
-            node = _sha(f"{base or ''}\n{body}")
+            try:
+                body = ids_body(prompt_ids[best:])
+            except ValueError as e:
+                raise _IdsError(str(e)) from None
+            base, node = node, _sha(f"{node or ''}\n{body}")
             if node not in self._sent:
                 new.append((node, base, body))
-            ends, nodes = (*ends, n), (*nodes, node)
-        return node, (packed, ends, nodes)
+            tail = prompt_ids[best:]
+            if best_run is not None and best_j == len(best_run.ends):  # continues the run
+                best_run.ids.extend(tail)
+                best_run.ends.append(n)
+                best_run.nodes.append(node)
+            else:  # a new run, or a fork of one (copied once)
+                if best_run is None:
+                    best_run = _IdsRun(list(tail), [n], [node])
+                else:
+                    best_run = _IdsRun(
+                        best_run.ids[:best] + tail,
+                        [*best_run.ends[:best_j], n],
+                        [*best_run.nodes[:best_j], node],
+                    )
+        if best_run is not None:
+            _touch(self._ids_runs, best_run)
+        return node
 
 
 def resolve_rows(
@@ -306,8 +455,6 @@ def resolve_rows(
     """Add to ``parts`` what stored calls need that it lacks, given their ``(prompt,
     token_meta)`` columns (either form): ``fetch(hashes)`` returns the rows of those parts and
     of every node before them."""
-    from tapekit.store._tokens import prompt_node_of
-
     wanted = {h for p, _ in rows if is_reference(p) for h in needed_parts(p) if h not in parts}
     wanted.update(h for _, m in rows if (h := prompt_node_of(m)) is not None and h not in parts)
     if wanted:

@@ -18,18 +18,18 @@ in ``token_data`` (:func:`encode_tokens`, the earlier form) and read as before.
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 import sys
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
 from tapekit.llm.base import TokenTrace
-from tapekit.store._prompts import ids_of
 
-__all__ = ["decode_tokens", "encode_tokens", "encode_tokens_apart"]
+__all__ = ["decode_tokens", "encode_tokens", "encode_tokens_apart", "ids_body", "ids_of", "prompt_node_of"]
 
 _SWAP = sys.byteorder != "little"
 _ID_TYPES = {2: "H", 4: "i"}  # id_bytes -> array typecode
@@ -40,6 +40,42 @@ def _bytes(values: array[Any]) -> bytes:
         values = array(values.typecode, values)
         values.byteswap()
     return values.tobytes()
+
+
+def ids_body(ids: Sequence[int]) -> str:
+    """A prompt part's body for token ids: ``t2:`` or ``t4:`` (little-endian uint16 when every
+    id fits, else int32) and the bytes in base64 (no newline, and never starts like JSON); a
+    ``ValueError`` for an id that fits neither."""
+    try:
+        return "t2:" + base64.b64encode(struct.pack(f"<{len(ids)}H", *ids)).decode()
+    except struct.error:
+        pass
+    try:
+        return "t4:" + base64.b64encode(struct.pack(f"<{len(ids)}i", *ids)).decode()
+    except struct.error as e:
+        raise ValueError(f"its token ids cannot be stored: every id must be an int32 ({e})") from None
+
+
+def ids_of(node: str | None, parts: Mapping[str, tuple[str | None, str]], n: int) -> list[int]:
+    """The ``n`` token ids that end with the prompt part ``node`` (None: none), from ``parts``
+    (``{hash: (prev, body)}``)."""
+    chunks: list[str] = []
+    try:
+        while node is not None:
+            node, body = parts[node]
+            chunks.append(body)
+    except KeyError as e:
+        raise LookupError(f"stored token ids refer to the part {e.args[0]} which the store lacks") from None
+    out: list[int] = []
+    for body in reversed(chunks):
+        values = array("H" if body.startswith("t2:") else "i")
+        values.frombytes(base64.b64decode(body[3:]))
+        if _SWAP:
+            values.byteswap()
+        out.extend(values)
+    if len(out) != n:
+        raise LookupError(f"stored token ids: {len(out)} prompt ids, not {n}")
+    return out
 
 
 def _pack_ids(trace: TokenTrace) -> tuple[int, bytes]:
