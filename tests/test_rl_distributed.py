@@ -162,15 +162,14 @@ def _one_step(rows: list[dict[str, Any]], dist: Any = None) -> tuple[dict[str, A
     import torch
 
     from tapekit.training.rl import RLConfig
-    from tapekit.training.rl._loop import train_on as one_process
+    from tapekit.training.rl._dist import RLDist
     from tests.rl_toy import make_model
 
     torch.set_num_threads(1)
     model, _ = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     rl = RLConfig(max_grad_norm=0.0, pad_id=0)
-    train_on = dist.train_on if dist is not None else one_process
-    _, _, arms = train_on(model, optimizer, rows, rl, 0, None)
+    _, _, arms = (dist or RLDist()).train_on(model, optimizer, rows, rl, 0, None)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, arms
 
 

@@ -13,6 +13,9 @@ and the conformance suite every store backend passes.
 - :mod:`tapekit.testing.react`: the ReAct loop most users write (the whole conversation as the
   prompt, one tool) on an instant scripted model: the workload of long-session tests and
   ``bench/peers.py``.
+- :mod:`tapekit.testing.tiny`: a tiny causal LM and its tokenizer, built locally in seconds
+  (nothing downloaded; the ``train`` extra): a model that trains and samples for real in a test
+  (``make_tiny``, ``load_tiny``).
 - :mod:`tapekit.testing.store_conformance`: what every :class:`~tapekit.store.TapeStore` backend
   must do, as check functions any test runner (or none) can run on a store factory; tapekit runs
   them on its memory, SQLite and PostgreSQL stores, and you can run them on your own backend.

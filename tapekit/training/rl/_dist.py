@@ -3,7 +3,7 @@
 :func:`~tapekit.training.rl.train_rl` reads the launcher's ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``
 and, with more than one process, runs as follows (one process changes nothing):
 
-- **Tasks.** Every rank seeds its task sampler alike and draws the same ``tasks_per_step``
+- **Tasks.** Every rank seeds its task sampler alike and draws the same ``rollouts.tasks_per_step``
   tasks; rank ``r`` takes ``tasks[r::world]`` (disjoint positions of the draw; a task drawn
   twice in a step can land on two ranks, as it runs twice in one process). Each rank makes its
   own rollouts (sampling seed offset by the rank) and rows.
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from typing import Any
 from tapekit.errors import TrainingError
 from tapekit.training._hf import device_of
 from tapekit.training._trace import weights_hash
+from tapekit.training.rl._advantages import mean_abs_by_key
 from tapekit.training.rl._batch import RLBatch, make_rl_batch, signal_minibatches
 from tapekit.training.rl._config import RLConfig, RLRunConfig
 from tapekit.training.rl._record import RLStepRecord, mean_std
@@ -278,6 +279,8 @@ class RLDist:
 
     def _arm_rewards(self, full: RLBatch | None) -> dict[str, float]:
         """SEC's arm rewards over every rank's groups: each category's mean group |advantage|."""
+        if self.world == 1:
+            return mean_abs_by_key(full.groups.group_mean_abs, full.group_category) if full else {}
         local = []
         if full is not None and full.group_category:
             local = [(full.group_category[g], v) for g, v in full.groups.group_mean_abs.items()]
@@ -286,6 +289,18 @@ class RLDist:
             for category, value in part:
                 sums.setdefault(category, []).append(value)
         return {c: sum(v) / len(v) for c, v in sums.items()}
+
+    def _grad_sync(self, optimizer: Any, batch: RLBatch, rl: RLConfig) -> Callable[[], None] | None:
+        """What replaces each gradient by the mean over the ranks, weighted by ``batch``'s loss
+        normaliser (None with one process)."""
+        if self.world == 1:
+            return None
+        weight = batch_weight(batch, rl)
+
+        def sync() -> None:
+            self._reduce_grads(optimizer, weight)
+
+        return sync
 
     def train_on(
         self,
@@ -298,23 +313,23 @@ class RLDist:
         epochs: int = 1,
         minibatches: int = 1,
     ) -> tuple[RLStepStats | None, RLBatch | None, dict[str, float]]:
-        """The data-parallel form of ``_loop.train_on``: this rank's rows, gradients
-        averaged over the ranks, ``epochs x minibatches`` optimiser steps on every rank."""
+        """``epochs`` x ``minibatches`` GRPO steps on this rank's rows of the groups that have a
+        signal; the batch of all its rows (None: no rows) and the sampler's arm rewards (every
+        rank's groups) either way. With several ranks each gradient is the weighted mean over
+        them, and a rank with fewer minibatches joins the others' steps with zero gradient, so
+        every rank makes the same ``epochs x minibatches`` optimiser steps."""
         full = make_rl_batch(rows, rl) if rows else None
         arm_rewards = self._arm_rewards(full)
-        parts = signal_minibatches(rows, full, rl, minibatches)
-        batches: list[RLBatch | None] = [*parts, *[None] * (minibatches - len(parts))]
+        parts: list[RLBatch | None] = [*signal_minibatches(rows, full, rl, minibatches)]
+        if self.world > 1:
+            parts += [None] * (minibatches - len(parts))
         stats = []
         for _ in range(epochs):
-            for batch in batches:
+            for batch in parts:
                 if batch is None:
                     self._idle_step(optimizer, rl)
                     continue
-                weight = batch_weight(batch, rl)
-
-                def sync(weight: float = weight) -> None:
-                    self._reduce_grads(optimizer, weight)
-
+                sync = self._grad_sync(optimizer, batch, rl)
                 stats.append(
                     grpo_step(
                         model,

@@ -39,9 +39,7 @@ from tapekit.evaluate import Task
 from tapekit.store.base import TapeStore
 from tapekit.training._hf import lora_config
 from tapekit.training.callbacks import ReportTo, StepCallback, StepRecord, notify
-from tapekit.training.rl._advantages import mean_abs_by_key
-from tapekit.training.rl._batch import make_rl_batch, signal_minibatches
-from tapekit.training.rl._config import RLConfig, RLRunConfig, make_sampler
+from tapekit.training.rl._config import RLRunConfig, make_sampler
 from tapekit.training.rl._dist import RLDist
 from tapekit.training.rl._policies import make_policy
 from tapekit.training.rl._record import RLStepRecord, step_record
@@ -52,7 +50,6 @@ from tapekit.training.rl._rollouts import (
     merge_batches,
     rollout_rows,
 )
-from tapekit.training.rl._step import RLStepStats, grpo_step, merge_stats
 
 __all__ = ["RLRunResult", "RLSetup", "train_rl"]
 
@@ -94,35 +91,6 @@ class RLRunResult:
     def steps_per_hour(self) -> float:
         """Training steps per hour of wall time."""
         return 3600.0 * len(self.history) / self.seconds if self.seconds else 0.0
-
-
-def train_on(
-    model: Any,
-    optimizer: Any,
-    rows: list[dict[str, Any]],
-    rl: RLConfig,
-    version: int,
-    ref_model: Any,
-    epochs: int = 1,
-    minibatches: int = 1,
-) -> tuple[RLStepStats | None, Any, dict[str, float]]:
-    """``epochs`` x ``minibatches`` GRPO steps on the rows of the groups that have a signal;
-    the full batch's groups (for the stats and the sampler's arm rewards) either way."""
-    if not rows:
-        return None, None, {}
-    full = make_rl_batch(rows, rl)
-    arm_rewards = (
-        mean_abs_by_key(full.groups.group_mean_abs, full.group_category) if full.group_category else {}
-    )
-    parts = signal_minibatches(rows, full, rl, minibatches)
-    if not parts:
-        return None, full, arm_rewards
-    stats = [
-        grpo_step(model, optimizer, part, rl, ref_model=ref_model, policy_version=version)
-        for _ in range(epochs)
-        for part in parts
-    ]
-    return merge_stats(stats), full, arm_rewards
 
 
 class _DictHook(StepCallback):
@@ -244,8 +212,7 @@ class _Run:
 
     def train(self, batch: RolloutBatch, started: float) -> None:
         version = self.step  # one policy version per RL step: the version is the step count
-        train = self.dist.train_on if self.dist.world > 1 else train_on
-        stats, full, arm_rewards = train(
+        stats, full, arm_rewards = self.dist.train_on(
             self.model,
             self.optimizer,
             batch.rows,
