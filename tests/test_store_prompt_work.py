@@ -116,15 +116,23 @@ def test_a_conversation_is_remembered_in_place() -> None:
 
 
 def test_the_address_reader_checks_itself() -> None:
-    """On CPython the addresses of a tuple's items are read in one copy and equal their ids."""
+    """On CPython the addresses of a list's items are read in one copy and are their ids, as
+    the list is now (after it grew and moved its items, and after it shrank)."""
     read = prompts_module._ADDRESSES
     if read is None:
         pytest.skip("no address reader on this interpreter (the comparison in Python is used)")
-    items = tuple(FrozenMessage({"n": i}) for i in range(100))
+    items = [FrozenMessage({"n": i}) for i in range(100)]
     assert read(items, 100) == prompts_module._addresses_of(items)
     assert read(items, 3) == prompts_module._addresses_of(items[:3])
+    items += [FrozenMessage({"n": i}) for i in range(10_000)]
+    assert read(items, len(items)) == prompts_module._addresses_of(items)
+    del items[50:]
+    assert read(items, 50) == prompts_module._addresses_of(items)
+    for bad in (51, -1):
+        with pytest.raises(IndexError):
+            read(items, bad)
     with pytest.raises(IndexError):
-        read(items, 101)
+        read(tuple(items), 3)  # type: ignore[arg-type]
 
 
 def test_without_the_address_reader_prompts_still_read_back_exactly(

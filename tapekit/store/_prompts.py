@@ -133,17 +133,25 @@ class _IdsError(TapekitError):
 _OTHER = object()  # a run's key for a message that is not a FrozenMessage: never *is* a message
 
 
-def _addresses_reader() -> Callable[[tuple[Any, ...], int], bytes] | None:
-    """``read(items, n)``: the addresses of the first ``n`` objects of the tuple ``items``, as
-    bytes (one native pointer each), copied from the tuple in one call; None where this cannot
-    be done (not CPython, or the check below fails).
+def _addresses_reader() -> Callable[[list[Any], int], bytes] | None:
+    """``read(items, n)``: the addresses of the first ``n`` objects of the list ``items``, as
+    bytes (one native pointer each, what ``id`` gives), copied in one C call; None where this
+    cannot be done (not CPython, or its check on lists of known objects fails).
 
-    Comparing two runs of addresses is one ``memcmp``: how a prompt's messages are compared
-    with a remembered conversation by identity, at about a nanosecond a message, where a
-    comparison in Python (``map(operator.is_not, ...)``) takes 30 to 200 ns a message and was
-    most of a long stored session's time per step. Only a tuple the caller made and holds is
-    read (immutable, so nothing can change it meanwhile), and ``id()`` is the address on
-    CPython; the function checks itself on a tuple of known objects before it is used."""
+    Why: comparing two runs of addresses is one ``memcmp``, so a prompt's messages are
+    compared with a remembered conversation by identity at about a nanosecond a message (and
+    without touching the messages), where a comparison in Python (``map(operator.is_not, ...)``)
+    takes 30 to 200 ns a message, and a copy of the list (``tuple(items)``, which touches every
+    message) 10: on a 10,000-turn stored session those were most of the time per step.
+
+    How: CPython keeps a list's items as an array of pointers. ``read`` hands
+    ``ctypes.string_at`` the list's pointer to that array as a ctypes object *over the list's
+    own field*, so the pointer is read inside the C call that copies the array, with the GIL
+    held: nothing can move the array in between. ``n`` is checked against ``len(items)`` just
+    before; only another thread shrinking this very list to under half its length at that
+    instant (a data race on a prompt while it is being saved) could make the copy read past
+    its end. Without the GIL (a free-threaded build) the list is first copied into a tuple,
+    which no thread can change, and its items are read."""
     if sys.implementation.name != "cpython":
         return None
     try:
@@ -151,20 +159,26 @@ def _addresses_reader() -> Callable[[tuple[Any, ...], int], bytes] | None:
     except ImportError:  # pragma: no cover - CPython without ctypes
         return None
     width = ctypes.sizeof(ctypes.c_void_p)
-    if tuple.__itemsize__ != width or width not in (4, 8):
+    if width not in (4, 8) or tuple.__itemsize__ != width:
         return None
-    offset = tuple.__basicsize__  # where the items start (the object's fixed part ends)
-    string_at = ctypes.string_at
+    string_at, pointer_at = ctypes.string_at, ctypes.c_void_p.from_address
+    list_items = list.__basicsize__ - 2 * width  # a list ends with: its items' array, its capacity
+    tuple_items = tuple.__basicsize__  # a tuple's items follow its fixed part
+    gil_enabled = getattr(sys, "_is_gil_enabled", None)
+    free_threaded = gil_enabled is not None and not gil_enabled()
 
-    def read(items: tuple[Any, ...], n: int) -> bytes:
-        if not 0 <= n <= len(items):
-            raise IndexError(f"{n} items of a tuple of {len(items)}")
-        return string_at(id(items) + offset, n * width)
+    def read(items: list[Any], n: int) -> bytes:
+        if type(items) is not list or not 0 <= n <= len(items):
+            raise IndexError(f"the addresses of {n} items of a {type(items).__name__} of {len(items)}")
+        if free_threaded:
+            snapshot = tuple(items)
+            return string_at(id(snapshot) + tuple_items, n * width)
+        return string_at(pointer_at(id(items) + list_items), n * width)
 
-    probe = tuple(object() for _ in range(7))
+    probe = [object() for _ in range(7)]
     expected = struct.pack(f"={len(probe)}{'Q' if width == 8 else 'I'}", *map(id, probe))
     try:
-        if read(probe, 7) != expected or read(probe, 3) != expected[: 3 * width]:
+        if read(probe, 7) != expected or read(probe[:3], 3) != expected[: 3 * width]:
             return None
     except Exception:  # pragma: no cover - an unexpected layout
         return None
@@ -317,7 +331,7 @@ class PromptEncoder:
         best, best_run = 0, None
         addresses = b""
         if _ADDRESSES is not None and self._runs:
-            addresses = _ADDRESSES(tuple(messages), n)  # a tuple of our own: nothing changes it
+            addresses = _ADDRESSES(messages, n)
         for run in reversed(self._runs):
             keys, nodes = run.keys, run.nodes
             stop = min(n, len(keys))
@@ -346,6 +360,8 @@ class PromptEncoder:
 
     def _encode(self, prompt: Prompt, prompt_ids: list[int] | None) -> tuple[str, list[Part], str | None]:
         messages = prompt.messages
+        if type(messages) is not list:  # only if assigned after validation
+            messages = list(messages)
         n = len(messages)
         bodies: dict[int, str] = {}
         shared, run = self._shared(messages, bodies)
