@@ -123,6 +123,9 @@ def test_command_line_overrides_of_old_keys_land_in_a_nested_file(tmp_path: Path
     assert (config.rollouts.tasks_per_step, config.rollouts.group_size) == (2, 4)
     config = load_config(RLRunConfig, path, {"rollouts": {"tasks_per_step": 2}})  # the nested --set
     assert (config.rollouts.tasks_per_step, config.rollouts.group_size) == (2, 4)
+    with pytest.warns(DeprecationWarning):  # an old keyword beside a section given as a model
+        config = RLRunConfig(rollouts=RolloutConfig(group_size=4), tasks_per_step=2)  # type: ignore[call-arg]
+    assert (config.rollouts.tasks_per_step, config.rollouts.group_size) == (2, 4)
 
 
 def test_a_wrong_key_is_an_error_that_names_it() -> None:

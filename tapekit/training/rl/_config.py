@@ -245,8 +245,8 @@ def _nest_old_keys(data: dict[str, Any]) -> dict[str, Any]:
     for old in moved:
         section, name = MOVED[old]
         value = out.pop(old)
-        part = out.get(section)
-        part = {} if part is None else dict(part) if isinstance(part, dict) else part.model_dump()
+        part = out.get(section) or {}
+        part = part.model_dump(exclude_unset=True) if isinstance(part, BaseModel) else dict(part)
         if name in part:
             raise ValueError(f"RLRunConfig: {old} (the old flat shape) and {section}.{name} are both given")
         part[name] = value
