@@ -482,6 +482,7 @@ def test_postgres_opens_without_ddl_and_upgrades_an_old_schema(pg_cluster: TempP
         for name in TOKEN_COLUMNS:
             admin.execute(f"ALTER TABLE llm_calls DROP COLUMN {name}")
         admin.execute("ALTER TABLE tapes DROP COLUMN other")  # and before metadata.other
+        admin.execute("ALTER TABLE tapes DROP COLUMN steps_digest")  # and before step digests
         admin.execute("DROP INDEX tapes_author")
     with PostgresStore(url) as store:
         assert store._missing_schema() == []
@@ -490,3 +491,190 @@ def test_postgres_opens_without_ddl_and_upgrades_an_old_schema(pg_cluster: TempP
         assert len(store.list_tapes(TapeFilter(tag="t"))) == 1
         store.save_tape(Tape().with_metadata(id="other", other={"level": 2}))
         assert store.get_tape_info("other").other == {"level": 2}
+        assert store._stored_state("other") == (0, "")
+
+
+# ---------------------------------------------------------------------------- a save under a stored id
+
+
+def _null_digests(store_url: str) -> None:
+    """Make every tape's row look as written before digests were kept (NULL)."""
+    if store_url.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(store_url, autocommit=True) as db:
+            db.execute("UPDATE tapes SET steps_digest = NULL")
+        return
+    import sqlite3
+
+    conn = sqlite3.connect(store_url)
+    conn.execute("UPDATE tapes SET steps_digest = NULL")
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.parametrize("rows", ["with digests", "written before digests"])
+def test_another_store_on_the_database_refuses_a_tape_that_does_not_extend_the_stored_one(
+    store_url: str, rows: str
+) -> None:
+    """The check holds across store objects and processes: the digest is stored with the tape
+    (a row written before digests is checked against its stored steps, and gets one)."""
+    a, b = UserStep(content="a"), UserStep(content="b")
+    with open_store(store_url) as store:
+        store.save_tape(Tape(steps=[a, b]), "t")
+    if rows == "written before digests":
+        _null_digests(store_url)
+    with open_store(store_url) as store:
+        with pytest.raises(
+            ValueError, match=r"tape t has 2 stored steps .* its step 1 differs from the stored step 1"
+        ):
+            store.save_tape(Tape(steps=[a, UserStep(content="B"), UserStep(content="c")]), "t")
+        with pytest.raises(ValueError, match=r"its step 0 differs"):
+            store.save_tape(Tape(steps=[UserStep(content="a"), b]), "t")  # the same text, another step id
+        store.save_tape(Tape(steps=[a, b]), "t")  # the same steps: only the metadata is written
+        store.save_tape(store.get_tape("t").append(UserStep(content="c")), "t")
+        assert [s.content for s in store.get_tape("t").steps] == ["a", "b", "c"]  # type: ignore[attr-defined]
+        digest = store._stored_state("t")
+    assert digest is not None and digest[0] == 3 and digest[1] is not None and len(digest[1]) == 64
+    with open_store(store_url) as store, pytest.raises(ValueError, match=r"its step 2 differs"):
+        store.save_tape(Tape(steps=[a, b, UserStep(content="C")]), "t")
+
+
+def test_steps_stored_as_other_json_are_the_same_steps(tmp_path: Path) -> None:
+    """A stored step whose JSON differs from what its step writes now (here: the keys in another
+    order and spaces, as another version might have written it) still counts as the same step:
+    a tape read back from the store extends it."""
+    import json
+    import sqlite3
+
+    path = tmp_path / "s.db"
+    with SQLiteStore(path) as store:
+        store.save_tape(Tape(steps=[UserStep(content="a"), UserStep(content="b")]), "t")
+    db = sqlite3.connect(path)
+    for idx, data in db.execute("SELECT idx, data FROM steps").fetchall():
+        other = json.dumps(dict(reversed(json.loads(data).items())), indent=1)
+        db.execute("UPDATE steps SET data = ? WHERE idx = ?", (other, idx))
+    db.commit()
+    db.close()
+    with SQLiteStore(path) as store:
+        tape = store.get_tape("t")
+        for text in ("c", "d"):
+            tape = tape.append(UserStep(content=text))
+            store.save_tape(tape, "t")
+        assert [s.content for s in store.get_tape("t").steps] == ["a", "b", "c", "d"]  # type: ignore[attr-defined]
+        with pytest.raises(ValueError, match="its step 1 differs"):
+            store.save_tape(Tape(steps=[tape.steps[0], UserStep(content="x"), *tape.steps[2:]]), "t")
+
+
+def test_the_check_hashes_each_step_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prefix check costs no step serialisation for a growing tape (its new steps are
+    serialised once, for their rows and their digest), and a tape this store did not save (read
+    back by a new store) has its prefix hashed once, not on every save."""
+    serialised = []
+    to_json = UserStep.model_dump_json
+
+    def counting(self: UserStep, **kwargs: Any) -> str:
+        serialised.append(self.content)
+        return to_json(self, **kwargs)
+
+    monkeypatch.setattr(UserStep, "model_dump_json", counting)
+    path = tmp_path / "s.db"
+    with SQLiteStore(path) as store:
+        tape: Tape[Any, Any] = Tape(steps=[UserStep(content="0")])
+        store.save_tape(tape, "t")
+        for i in range(1, 200):
+            tape = tape.append(UserStep(content=str(i)))
+            store.save_tape(tape, "t")
+        assert len(serialised) == 200
+    with SQLiteStore(path) as store:
+        tape = store.get_tape("t")
+        serialised.clear()
+        for i in range(200, 250):
+            tape = tape.append(UserStep(content=str(i)))
+            store.save_tape(tape, "t")
+        assert len(serialised) == 200 + 50  # the stored 200 once, then each new step once
+
+
+# ---------------------------------------------------------------------------- another application's file
+
+
+def test_another_applications_sqlite_file_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    """An SQLite file with its own ``tapes`` table (other columns), in rollback-journal mode:
+    ``open_store`` raises ``ValueError`` naming the file and the table, and the file is
+    byte-for-byte as it was (no WAL switch, no table made, no header change)."""
+    import sqlite3
+
+    path = tmp_path / "theirs.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE tapes (id INTEGER PRIMARY KEY, title TEXT, length_s REAL)")
+    db.execute("INSERT INTO tapes (title, length_s) VALUES ('Abbey Road', 2832.0)")
+    db.commit()
+    db.close()
+    before = path.read_bytes()
+    with pytest.raises(
+        ValueError, match=rf"{path} is not a tapekit store: its table 'tapes' lacks the columns"
+    ) as e:
+        open_store(path)
+    assert "another application's database?" in str(e.value) and "parent_id" in str(e.value)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["theirs.db"]  # no -wal, no -shm
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    assert db.execute("SELECT name FROM sqlite_master").fetchall() == [("tapes",)]
+    db.close()
+
+
+def test_files_another_application_marked_or_that_are_not_sqlite_are_refused(tmp_path: Path) -> None:
+    """A database whose header names another application (``application_id``) and a file that
+    is not a database are refused, naming the file; a new store is marked as tapekit's, and an
+    SQLite file with only other tables gets the store's tables next to them."""
+    import sqlite3
+
+    from tapekit.store.sqlite import APPLICATION_ID
+
+    marked = tmp_path / "marked.db"
+    db = sqlite3.connect(marked)
+    db.execute("PRAGMA application_id = 1234")
+    db.execute("CREATE TABLE notes (text TEXT)")
+    db.commit()
+    db.close()
+    before = marked.read_bytes()
+    with pytest.raises(ValueError, match=rf"{marked} is not a tapekit store: its application_id is 0x4d2"):
+        SQLiteStore(marked)
+    assert marked.read_bytes() == before
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not a database " * 100)
+    with pytest.raises(ValueError, match=rf"cannot open the SQLite store {junk}: file is not a database"):
+        SQLiteStore(junk)
+    assert junk.read_bytes() == b"not a database " * 100
+    with SQLiteStore(tmp_path / "new.db") as store:
+        store.save_tape(Tape(), "t")
+    db = sqlite3.connect(tmp_path / "new.db")
+    assert db.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+    db.close()
+    shared = tmp_path / "shared.db"
+    db = sqlite3.connect(shared)
+    db.execute("CREATE TABLE notes (text TEXT)")
+    db.commit()
+    db.close()
+    with SQLiteStore(shared) as store:
+        store.save_tape(Tape(), "t")
+        assert store.list_tapes() == ["t"]
+
+
+@pytest.mark.skipif(PG_UNAVAILABLE is not None, reason=f"PostgreSQL backend: {PG_UNAVAILABLE}")
+def test_a_postgres_database_with_another_applications_tapes_table_is_refused(
+    pg_cluster: TempPostgres,
+) -> None:
+    import psycopg
+
+    url = pg_cluster.create_database()
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute("CREATE TABLE tapes (id SERIAL PRIMARY KEY, title TEXT)")
+    with pytest.raises(ValueError, match=r"is not a tapekit store: its table 'tapes' lacks the columns"):
+        PostgresStore(url)
+    with psycopg.connect(url, autocommit=True) as db:
+        tables = db.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+        ).fetchall()
+    assert tables == [("tapes",)]

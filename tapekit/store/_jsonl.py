@@ -8,13 +8,13 @@ transaction: a file with a bad line stores nothing, and the error names the file
 
 Nothing here touches a store: :meth:`~tapekit.store.TapeStore.export_jsonl` hands
 :func:`write_jsonl` what it read, and :func:`read_import` turns a file into the writes the
-store commits, asking only how many steps of a tape are stored already.
+store commits, asking the store only which steps of a tape it holds already.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,7 +24,17 @@ from pydantic import ValidationError
 from tapekit.core import Step, Tape
 from tapekit.llm.base import LLMCall
 from tapekit.store._prompts import PromptEncoder
-from tapekit.store._writes import TapeRows, TapeWrite, Write, call_write, check_id, check_tags, serialised
+from tapekit.store._writes import (
+    TapeRows,
+    TapeWrite,
+    Write,
+    call_write,
+    chain_digest,
+    check_id,
+    check_tags,
+    serialised,
+    steps_digest,
+)
 from tapekit.store.base import TapeInfo
 
 __all__ = [
@@ -88,22 +98,29 @@ def write_jsonl(path: str | Path, tapes: Iterable[ExportedTape], calls: Iterable
     return n
 
 
+#: ``(steps, their stored digest, the digest of the steps given)``, as ``TapeStore._saved`` keeps
+Saved = tuple[int, str, str]
+
+
 @dataclass
 class Import:
-    """What a file imports: the writes to commit together, the stored length of each tape once
-    they are committed, and the ids of the file's tapes in file order."""
+    """What a file imports: the writes to commit together, what is saved of each tape once they
+    are committed (see :data:`Saved`), and the ids of the file's tapes in file order."""
 
     writes: list[Write] = field(default_factory=list)
-    lengths: dict[str, int] = field(default_factory=dict)
+    saved: dict[str, Saved] = field(default_factory=dict)
     tape_ids: list[str] = field(default_factory=list)
 
 
-def read_import(path: str | Path, stored_length: Callable[[str], int], prompts: PromptEncoder) -> Import:
+def read_import(
+    path: str | Path, stored: Callable[[str, Sequence[Step]], Saved], prompts: PromptEncoder
+) -> Import:
     """Read and check every line of the export ``path``: the writes that store it in a store
-    where ``stored_length(tape_id)`` steps of each tape are stored already (only the steps
-    beyond those are written), the LLM calls' prompts encoded by ``prompts`` (a fresh encoder:
-    the import is committed as a whole or not at all). A bad line is a ``ValueError`` naming
-    the file and line."""
+    where ``stored(tape_id, steps)`` says how many steps of each tape are stored already and
+    their digests, having checked that ``steps`` begins with them (only the steps beyond those
+    are written), the LLM calls' prompts encoded by ``prompts`` (a fresh encoder: the import is
+    committed as a whole or not at all). A bad line, or a tape whose steps differ from the
+    stored ones, is a ``ValueError`` naming the file and line."""
     found = Import()
     header_seen = False
     for number, _, item in read_jsonl_lines(path):
@@ -116,7 +133,7 @@ def read_import(path: str | Path, stored_length: Callable[[str], int], prompts: 
                 continue
             kind = item.get("type")
             if kind == "tape":
-                write = _tape_write(item, found.lengths, stored_length)
+                write = _tape_write(item, found.saved, stored)
                 found.writes.append(write)
                 found.tape_ids.append(write.tape_id)
             elif kind == "llm_call":
@@ -137,24 +154,33 @@ def _check_header(item: dict[str, Any]) -> None:
 
 
 def _tape_write(
-    item: dict[str, Any], lengths: dict[str, int], stored_length: Callable[[str], int]
+    item: dict[str, Any], saved: dict[str, Saved], stored: Callable[[str, Sequence[Step]], Saved]
 ) -> TapeRows:
-    """The write that imports one tape line: its steps beyond those stored, its metadata."""
+    """The write that imports one tape line: its steps beyond those stored (or earlier in the
+    file), its metadata."""
     info = TapeInfo.model_validate(item["info"])
     check_id(info.id)
-    steps: list[Step] = list(Tape.model_validate({"steps": item["steps"]}).steps)
+    steps: Sequence[Step] = Tape.model_validate({"steps": item["steps"]}).steps
     if len(steps) != info.n_steps:
         raise ValueError(f"tape {info.id} says n_steps={info.n_steps} but has {len(steps)} steps")
-    start = lengths.get(info.id)
-    if start is None:
-        start = stored_length(info.id)
-    if start > len(steps):
-        raise ValueError(f"tape {info.id} has {start} stored steps; the file has only {len(steps)}")
+    earlier = saved.get(info.id)
+    if earlier is None:
+        start, digest, _ = stored(info.id, steps)
+    else:  # the tape came earlier in the file
+        start, digest, given = earlier
+        if start > len(steps):
+            raise ValueError(
+                f"tape {info.id} has {start} steps earlier in the file; this line only {len(steps)}"
+            )
+        if start and steps_digest(steps, start, f"tape {info.id!r}") not in (digest, given):
+            raise ValueError(
+                f"tape {info.id}: its first {start} steps differ from the ones earlier in the file"
+            )
     write = TapeWrite(
         info.id,
         info.to_metadata(),
         item.get("context"),
-        steps[start:],
+        [steps[i] for i in range(start, len(steps))],
         start,
         len(steps),
         check_tags(info.tags),
@@ -162,5 +188,7 @@ def _tape_write(
         info.updated,
         exact_created=True,
     )
-    lengths[info.id] = len(steps)
-    return serialised(write)
+    rows = serialised(write)
+    rows.digest = chain_digest(digest, (row[7] for row in rows.steps))
+    saved[info.id] = (len(steps), rows.digest, rows.digest)
+    return rows

@@ -8,8 +8,9 @@ connections, ``_fetch`` (a read) and ``_transaction`` (several ``executemany`` i
 from __future__ import annotations
 
 import json
+import re
 from abc import abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -33,7 +34,8 @@ SCHEMA = [
     n_steps INTEGER NOT NULL DEFAULT 0,
     created DOUBLE PRECISION NOT NULL,
     updated DOUBLE PRECISION NOT NULL,
-    other TEXT
+    other TEXT,
+    steps_digest TEXT
 )""",
     "CREATE INDEX IF NOT EXISTS tapes_parent ON tapes(parent_id)",
     "CREATE INDEX IF NOT EXISTS tapes_created ON tapes(created)",
@@ -79,22 +81,60 @@ SCHEMA = [
 
 # token ids of LLM calls (tapekit/store/_tokens.py), added to older files when they are opened
 TOKEN_COLUMNS = {"token_meta": "TEXT", "token_data": "BLOB"}  # BLOB is BYTEA in PostgreSQL
-# a tape's metadata.other (JSON, NULL when empty), added to older files when they are opened
-TAPE_EXTRA_COLUMNS = {"other": "TEXT"}
+# a tape's metadata.other (JSON, NULL when empty) and the digest of its stored steps (see
+# steps_digest in _writes.py; NULL in rows written before: the store hashes those steps once),
+# added to older files when they are opened
+TAPE_EXTRA_COLUMNS = {"other": "TEXT", "steps_digest": "TEXT"}
 # every column added after a table was first made, by table: (name, SQL type)
 ADDED_COLUMNS = {"llm_calls": TOKEN_COLUMNS, "tapes": TAPE_EXTRA_COLUMNS}
 
+
+def _required_columns() -> dict[str, frozenset[str]]:
+    """The columns each table of ``SCHEMA`` has had since it was first made: what a table of
+    that name must have for the database to be a tapekit store (the ``ADDED_COLUMNS`` are added
+    when an older one is opened)."""
+    out: dict[str, frozenset[str]] = {}
+    for statement in SCHEMA:
+        found = re.match(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*)\)$", statement, re.DOTALL)
+        if found is None:
+            continue
+        table, body = found.groups()
+        names = {line.split()[0] for line in body.splitlines() if line.strip()} - {"PRIMARY"}
+        out[table] = frozenset(names - set(ADDED_COLUMNS.get(table, {})))
+    return out
+
+
+#: by table: the columns a table of that name must have (else it is another application's)
+REQUIRED_COLUMNS = _required_columns()
+
+
+def foreign_tables(columns: Mapping[str, Iterable[str]]) -> str | None:
+    """Why a database whose tables have ``columns`` (by table name) is not a tapekit store: the
+    tables of tapekit's names that lack columns tapekit's always had (None: every table of a
+    tapekit name is tapekit's; tables of other names do not matter)."""
+    lacking = []
+    for table, required in REQUIRED_COLUMNS.items():
+        if table in columns:
+            missing = sorted(required - set(columns[table]))
+            if missing:
+                lacking.append(
+                    f"its table {table!r} lacks the column{'s' * (len(missing) > 1)} {', '.join(missing)}"
+                )
+    return "; ".join(lacking) or None
+
+
 TAPE_COLUMNS = (
     "id, parent_id, author, author_tape_id, n_added_steps, error, result, context, other, n_steps, "
-    "created, updated"
+    "created, updated, steps_digest"
 )
 _TAPE_UPDATE = (
     "parent_id=excluded.parent_id, author=excluded.author, author_tape_id=excluded.author_tape_id, "
     "n_added_steps=excluded.n_added_steps, error=excluded.error, result=excluded.result, "
-    "context=excluded.context, other=excluded.other, n_steps=excluded.n_steps, updated=excluded.updated"
+    "context=excluded.context, other=excluded.other, n_steps=excluded.n_steps, updated=excluded.updated, "
+    "steps_digest=excluded.steps_digest"
 )
 UPSERT_TAPE = (
-    f"INSERT INTO tapes ({TAPE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) "
+    f"INSERT INTO tapes ({TAPE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) "
     f"ON CONFLICT(id) DO UPDATE SET {_TAPE_UPDATE}"
 )
 IMPORT_TAPE = UPSERT_TAPE + ", created=excluded.created"
@@ -215,8 +255,11 @@ class SQLTapeStore(QueuedTapeStore):
         statements = [
             (INSERT_PART, [parts[h] for h in sorted(parts)]),
             (UPSERT_CALL, calls),
-            (UPSERT_TAPE, [(*w.tape, created, w.updated) for _, (w, created) in sorted(tapes.items())]),
-            (IMPORT_TAPE, [(*w.tape, w.created, w.updated) for _, w in sorted(imports.items())]),
+            (
+                UPSERT_TAPE,
+                [(*w.tape, created, w.updated, w.digest) for _, (w, created) in sorted(tapes.items())],
+            ),
+            (IMPORT_TAPE, [(*w.tape, w.created, w.updated, w.digest) for _, w in sorted(imports.items())]),
             (INSERT_STEP, steps),
         ]
         self._transaction(conn, [(sql, rows) for sql, rows in [*statements, *tag_ops] if rows])
@@ -238,6 +281,10 @@ class SQLTapeStore(QueuedTapeStore):
     def _stored_length(self, tape_id: str) -> int | None:
         rows = self._fetch("SELECT n_steps FROM tapes WHERE id = ?", (tape_id,))
         return int(rows[0][0]) if rows else None
+
+    def _stored_state(self, tape_id: str) -> tuple[int, str | None] | None:
+        rows = self._fetch("SELECT n_steps, steps_digest FROM tapes WHERE id = ?", (tape_id,))
+        return (int(rows[0][0]), rows[0][1]) if rows else None
 
     def _select_infos(
         self, where: TapeFilter, limit: int | None, offset: int, ids: Sequence[str] | None = None

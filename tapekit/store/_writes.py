@@ -10,13 +10,15 @@ does not keep thousands of objects alive for the garbage collector to scan over 
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tapekit.core import Step, TapeMetadata
 from tapekit.llm.base import LLMCall
+from tapekit.sequence import StepSequence
 from tapekit.store._prompts import Part, PromptEncoder, prompt_json
 from tapekit.store._text import check_text, model_json
 from tapekit.store._tokens import decode_tokens, encode_tokens_apart
@@ -36,6 +38,7 @@ __all__ = [
     "describe",
     "flat",
     "serialised",
+    "steps_digest",
 ]
 
 
@@ -60,10 +63,12 @@ class TapeWrite:
 class TapeRows:
     """A :class:`TapeWrite` as a backend commits it: ``tape`` is the tape's row, ``(id,
     parent_id, author, author_tape_id, n_added_steps, error, result, context, other, n_steps)``
-    (``result`` and ``context`` as JSON, ``other`` as JSON or None when empty; ``created`` and
-    ``updated`` follow it in the SQL table, see ``TAPE_COLUMNS`` in ``_sql.py``), ``steps`` the
-    new steps' rows, ``(tape_id, idx, step_id, kind, agent, node, prompt_id, data)`` with
-    ``data`` the step's JSON."""
+    (``result`` and ``context`` as JSON, ``other`` as JSON or None when empty; ``created``,
+    ``updated`` and ``digest`` follow it in the SQL table, see ``TAPE_COLUMNS`` in ``_sql.py``),
+    ``steps`` the new steps' rows, ``(tape_id, idx, step_id, kind, agent, node, prompt_id,
+    data)`` with ``data`` the step's JSON; ``digest`` the digest of all ``n_steps`` stored
+    steps once these are (see :func:`steps_digest`; set by the store before it submits the
+    write, None for a backend to leave what it has)."""
 
     tape_id: str
     tape: tuple[Any, ...]
@@ -74,6 +79,7 @@ class TapeRows:
     created: float
     updated: float
     exact_created: bool
+    digest: str | None = None
 
 
 @dataclass(slots=True)
@@ -253,3 +259,37 @@ def serialised(w: TapeWrite) -> TapeRows:
 def context_json(context: Any) -> str:
     """How a tape's context is stored: JSON of its ``model_dump(mode="json")`` or of itself."""
     return json.dumps(context.model_dump(mode="json") if hasattr(context, "model_dump") else context)
+
+
+# the name of the digest fold on a tape's shared step buffer (see steps_digest)
+_DIGEST_FOLD = ("tapekit.store", "steps digest")
+
+
+def chain_digest(digest: str, datas: Iterable[str]) -> str:
+    """``digest`` (of the steps before) chained on over the steps stored as ``datas`` (their
+    JSON): each step's digest is the SHA-256 (hex) of the one before, a newline and its JSON;
+    no steps have the digest ``""``."""
+    for data in datas:
+        digest = hashlib.sha256(f"{digest}\n{data}".encode()).hexdigest()
+    return digest
+
+
+def steps_digest(steps: Sequence[Step], n: int, where: str, datas: Sequence[str] = (), start: int = 0) -> str:
+    """The digest of ``steps[:n]`` (:func:`chain_digest` over their JSON as a save stores it):
+    what the store keeps with a tape, to check that a later save under its id begins with the
+    stored steps without reading them.
+
+    It is a fold memoised on the tape's shared step buffer (:meth:`StepSequence.fold`), so a
+    tape that grows by appending (a running session) hashes each step once, whichever of its
+    versions is saved; ``datas[i - start]`` is step ``i``'s JSON where the caller has it already
+    (the new steps of a save). ``where`` names the tape in the error for a step that cannot be
+    serialised. A step changed in place after it was hashed keeps its old digest (steps are
+    values: change a copy)."""
+    sequence = steps if isinstance(steps, StepSequence) else StepSequence(steps)
+
+    def step_fn(digest: str, step: Step, i: int) -> str:
+        j = i - start
+        data = datas[j] if 0 <= j < len(datas) else model_json(step, f"{where}: step {i} ({step.kind})")
+        return hashlib.sha256(f"{digest}\n{data}".encode()).hexdigest()
+
+    return sequence[:n].fold(_DIGEST_FOLD, str, step_fn)

@@ -31,7 +31,16 @@ from tapekit.core import Step, Tape, TapeMetadata
 from tapekit.errors import TapekitError
 from tapekit.llm.base import LLMCall
 from tapekit.store._prompts import PromptEncoder
-from tapekit.store._writes import TagWrite, TapeWrite, Write, WriteGroup, call_write, serialised
+from tapekit.store._writes import (
+    TagWrite,
+    TapeWrite,
+    Write,
+    WriteGroup,
+    call_write,
+    chain_digest,
+    serialised,
+    steps_digest,
+)
 from tapekit.store._writes import check_id as _check_id
 from tapekit.store._writes import check_tags as _check_tags
 
@@ -245,7 +254,10 @@ class TapeStore(ABC):
     location: str = "the store"
 
     def __init__(self) -> None:
-        self._known_lengths: dict[str, int] = {}  # steps saved by this object, per tape
+        # per tape saved by this object (queued saves included): (steps, their stored digest,
+        # the digest of the tape given at that length, which differs only when its steps are
+        # the stored ones serialised otherwise; see _check_extends)
+        self._saved: dict[str, tuple[int, str, str]] = {}
         self._closed = False
         self._prompts = PromptEncoder()  # LLM calls' prompts as shared parts (see _prompts.py)
 
@@ -281,6 +293,14 @@ class TapeStore(ABC):
     @abstractmethod
     def _stored_length(self, tape_id: str) -> int | None:
         """The committed number of steps of ``tape_id`` (None: not stored); never flushes."""
+
+    def _stored_state(self, tape_id: str) -> tuple[int, str | None] | None:
+        """The committed number of steps of ``tape_id`` and their digest (``TapeRows.digest``
+        of the last write; None where the backend keeps none, or a row written before digests
+        were kept: the store then hashes the stored steps once). None: not stored. Never
+        flushes. The default keeps no digest."""
+        n = self._stored_length(tape_id)
+        return None if n is None else (n, None)
 
     @abstractmethod
     def _select_infos(
@@ -347,13 +367,74 @@ class TapeStore(ABC):
 
     # ------------------------------------------------------------------ writing
 
-    def _saved_length(self, tape_id: str) -> int:
-        """How many steps of ``tape_id`` are saved: by this object (queued ones included), or
-        else as committed by other writers."""
-        known = self._known_lengths.get(tape_id)
-        if known is None:
-            known = self._stored_length(tape_id) or 0
-        return known
+    def _check_extends(self, tape_id: str, steps: Sequence[Step]) -> tuple[int, str, str]:
+        """``(start, stored, given)``: how many steps of ``tape_id`` are saved (by this object,
+        queued ones included, else as committed), their digest as stored, and the digest of
+        ``steps[:start]`` (the same, but where the stored JSON of the same steps differs from
+        theirs now). A ``ValueError`` names the tape (and the first step that differs) when
+        ``steps`` does not begin with the saved steps.
+
+        The work is the digest of the steps not hashed before: a running session's tape is
+        hashed once (the digest is memoised on its step buffer), and only a tape this object
+        has not saved under ``tape_id`` (a fresh store, a tape loaded from JSON) hashes its
+        prefix, once."""
+        saved = self._saved.get(tape_id)
+        if saved is None:
+            state = self._stored_state(tape_id)
+            if state is None:
+                return 0, "", ""
+            n, digest = state
+            if digest is None and n:  # kept by no backend, or a row from before digests
+                self.flush()
+                digest = chain_digest("", self._select_steps(tape_id, 0, n))
+            saved = (n, digest or "", digest or "")
+        start, stored, given = saved
+        if len(steps) < start:
+            raise ValueError(
+                f"tape {tape_id} has {start} stored steps; the tape given has only {len(steps)} "
+                "(save a different tape under its own id)"
+            )
+        mine = steps_digest(steps, start, f"tape {tape_id!r}") if start else ""
+        if mine != given and mine != stored:
+            index = self._first_difference(tape_id, steps, start)
+            if index is not None:
+                differs = (
+                    f"its step {index} differs from the stored step {index}"
+                    if index >= 0
+                    else ("its steps differ from the stored ones")
+                )
+                raise ValueError(
+                    f"tape {tape_id} has {start} stored steps and the tape given does not begin with them: "
+                    f"{differs} (saving under a stored id must extend the stored tape; save a different "
+                    "tape under its own id, e.g. tape.with_new_steps(...), which points at the original)"
+                )
+            # the stored steps, serialised otherwise now (e.g. a set's order): the same tape
+        return start, stored, mine
+
+    def _first_difference(self, tape_id: str, steps: Sequence[Step], n: int) -> int | None:
+        """The first of the ``n`` stored steps of ``tape_id`` that ``steps`` does not hold,
+        compared as JSON and else as the step class reads the stored JSON (None: they are the
+        same steps; -1: the stored steps could not be read to tell which)."""
+        try:
+            self.flush()
+            stored = self._select_steps(tape_id, 0, n)
+        except Exception:
+            return -1
+        if len(stored) != n:
+            return -1
+        for i, data in enumerate(stored):
+            step = steps[i]
+            if data == step.model_dump_json():
+                continue
+            try:
+                same = json.loads(data) == json.loads(step.model_dump_json()) or (
+                    type(step).model_validate_json(data) == step
+                )
+            except Exception:
+                same = False
+            if not same:
+                return i
+        return None
 
     def save_tape(self, tape: Tape[Any, Any], tape_id: str | None = None, *, tags: Iterable[str] = ()) -> str:
         """Save ``tape`` under ``tape_id`` (default: its own id) with ``tags`` added (a save
@@ -361,22 +442,19 @@ class TapeStore(ABC):
 
         Saving again under the same id, once the tape has grown, writes only the new steps and
         the metadata: that is how a running session is persisted step by step. Steps already
-        stored are never rewritten; saving a tape that does not extend the stored one under the
-        same id is an error (save it under its own id instead).
-        """
+        stored are never rewritten; saving a tape that does not begin with the stored steps
+        under the same id (fewer steps, or other steps: another tape, a step changed, a step
+        with another id) raises ``ValueError`` naming the tape and the first step that differs
+        (save it under its own id instead). Saving the stored tape again changes only its
+        metadata. The check costs the digest of the new steps (see :func:`steps_digest`)."""
         if not isinstance(tape, Tape):
             raise TypeError(f"save_tape needs a Tape, not {type(tape).__name__}")
         tape_id = _check_id(tape_id if tape_id is not None else tape.metadata.id)
         checked_tags = _check_tags(tags)
         self._check_open()
-        start = self._saved_length(tape_id)
-        if len(tape) < start:
-            raise ValueError(
-                f"tape {tape_id} has {start} stored steps; the tape given has only {len(tape)} "
-                "(save a different tape under its own id)"
-            )
-        now = time.time()
         steps = tape.steps
+        start, stored, given = self._check_extends(tape_id, steps)
+        now = time.time()
         # indexing, not slicing: a slice of a step sequence is a new sequence with its own buffer
         new_steps = list(steps) if start == 0 else [steps[i] for i in range(start, len(steps))]
         write = TapeWrite(
@@ -390,8 +468,13 @@ class TapeStore(ABC):
             now,
             now,
         )
-        self._submit(serialised(write))
-        self._known_lengths[tape_id] = len(tape)
+        rows = serialised(write)
+        datas = [row[7] for row in rows.steps]
+        rows.digest = chain_digest(stored, datas)
+        # the digest of the whole tape given (memoised on its step buffer for its next save)
+        given = steps_digest(steps, len(steps), f"tape {tape_id!r}", datas, start)
+        self._submit(rows)
+        self._saved[tape_id] = (len(tape), rows.digest, given)
         return tape_id
 
     def save_llm_call(self, call: LLMCall) -> None:
@@ -419,7 +502,7 @@ class TapeStore(ABC):
         _check_id(tape_id)
         checked = _check_tags(tags)
         self._check_open()
-        if tape_id not in self._known_lengths and self._stored_length(tape_id) is None:
+        if tape_id not in self._saved and self._stored_length(tape_id) is None:
             raise TapeNotFoundError(tape_id, self.location)
         if checked:
             self._submit(TagWrite(tape_id, checked, remove))
@@ -642,9 +725,9 @@ class TapeStore(ABC):
         from tapekit.store._jsonl import read_import
 
         self._check_open()
-        found = read_import(path, self._saved_length, PromptEncoder())
+        found = read_import(path, self._check_extends, PromptEncoder())
         if found.writes:
             self._submit(WriteGroup(found.writes))
         self.flush()
-        self._known_lengths.update(found.lengths)
+        self._saved.update(found.saved)
         return found.tape_ids

@@ -35,6 +35,7 @@ class _StoredTape:
     tags: set[str] = field(default_factory=set)
     steps: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # idx -> step row
     agents: set[str] = field(default_factory=set)  # the agents of its steps (the agent filter)
+    digest: str | None = None  # of its steps (TapeRows.digest)
 
     @property
     def parent_id(self) -> str | None:
@@ -134,6 +135,7 @@ class MemoryStore(TapeStore):
                     stored.steps[step[1]] = step
                     stored.agents.add(step[4])
             stored.tags.update(w.tags)
+            stored.digest = w.digest
         else:  # pragma: no cover - the writes are a closed set
             raise TypeError(f"unknown write {type(w).__name__}")
 
@@ -154,6 +156,11 @@ class MemoryStore(TapeStore):
         with self._lock:
             stored = self._tapes.get(tape_id)
             return None if stored is None else int(stored.row[9])
+
+    def _stored_state(self, tape_id: str) -> tuple[int, str | None] | None:
+        with self._lock:
+            stored = self._tapes.get(tape_id)
+            return None if stored is None else (int(stored.row[9]), stored.digest)
 
     def _matching(self, where: TapeFilter, ids: Sequence[str] | None = None) -> list[_StoredTape]:
         with self._lock:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tapekit.store._sql import ADDED_COLUMNS, SCHEMA, SQLTapeStore
+from tapekit.store._sql import ADDED_COLUMNS, REQUIRED_COLUMNS, SCHEMA, SQLTapeStore, foreign_tables
 
 __all__ = ["PostgresStore"]
 
@@ -66,7 +66,11 @@ class PostgresStore(SQLTapeStore):
         self._psycopg = _psycopg()
         self._read = self._connect()
         self._read_lock = threading.Lock()
-        self._create_schema()
+        try:
+            self._create_schema()
+        except BaseException:
+            self._read.close()
+            raise
         self._start_writer()
 
     @property
@@ -84,6 +88,12 @@ class PostgresStore(SQLTapeStore):
 
     def _create_schema(self) -> None:
         with self._read_lock:
+            why = foreign_tables(self._columns(list(REQUIRED_COLUMNS)))
+            if why is not None:  # checked before any DDL: a refused database is left as it was
+                raise ValueError(
+                    f"the PostgreSQL database {self.location} is not a tapekit store: {why} (another "
+                    "application's tables?). Use a database or schema of its own; nothing was changed"
+                )
             missing_columns = self._missing_schema()
             if missing_columns == []:  # everything exists: no DDL, whose locks deadlock live writers
                 return
@@ -114,19 +124,26 @@ class PostgresStore(SQLTapeStore):
             return None
         return self._missing_columns()
 
-    def _missing_columns(self) -> list[tuple[str, str]]:
-        """The columns of ``ADDED_COLUMNS`` that the tables lack, as ``(table, column)``."""
+    def _columns(self, tables: list[str]) -> dict[str, list[str]]:
+        """The columns of those of ``tables`` that exist (in the current schema), by table."""
         rows = self._read.execute(
             "SELECT table_name, column_name FROM information_schema.columns "
             "WHERE table_schema = current_schema() AND table_name = ANY(%s::text[])",
-            [list(ADDED_COLUMNS)],
+            [tables],
         ).fetchall()
-        have = {(r[0], r[1]) for r in rows}
+        out: dict[str, list[str]] = {}
+        for table, column in rows:
+            out.setdefault(table, []).append(column)
+        return out
+
+    def _missing_columns(self) -> list[tuple[str, str]]:
+        """The columns of ``ADDED_COLUMNS`` that the tables lack, as ``(table, column)``."""
+        have = self._columns(list(ADDED_COLUMNS))
         return [
             (table, name)
             for table, columns in ADDED_COLUMNS.items()
             for name in columns
-            if (table, name) not in have
+            if name not in have.get(table, ())
         ]
 
     def _writer_connect(self) -> _Conn:

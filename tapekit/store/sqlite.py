@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tapekit._sqlite import connect
-from tapekit.store._sql import ADDED_COLUMNS, SCHEMA, SQLTapeStore
+from tapekit.store._sql import ADDED_COLUMNS, SCHEMA, SQLTapeStore, foreign_tables
 from tapekit.store.base import Totals
 
 __all__ = ["SQLiteStore", "Totals"]
@@ -26,6 +26,45 @@ __all__ = ["SQLiteStore", "Totals"]
 # calls takes the writer about a fifth less CPU time; files made with another page size keep it
 PAGE_SIZE = 16384
 WAL_CHECKPOINT_BYTES = 16 * 2**20  # size of the WAL after which a commit checkpoints it
+# the file header's application_id of the stores this version creates ("tape"); files made
+# before keep 0, which is accepted too
+APPLICATION_ID = 0x74617065
+
+
+def refuse_foreign(path: str) -> None:
+    """Raise ``ValueError`` naming ``path`` when it is an existing file that is not a tapekit
+    store: not an SQLite database, a database another application marked as its own
+    (``application_id``), or one with a table of a tapekit name that lacks tapekit's columns
+    (another application's ``tapes`` table, say). The file is only read, on a read-only
+    connection, so a refused file is left as it was (its journal mode, schema and header);
+    a new or empty file passes."""
+    file = Path(path)
+    if not file.is_file() or file.stat().st_size == 0:
+        return
+    try:
+        db = sqlite3.connect(f"{file.absolute().as_uri()}?mode=ro", uri=True, timeout=30)
+    except sqlite3.Error as e:
+        raise ValueError(f"cannot open the SQLite store {path}: {e}") from e
+    try:
+        application = db.execute("PRAGMA application_id").fetchone()[0]
+        tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        columns = {
+            t: [row[0] for row in db.execute("SELECT name FROM pragma_table_info(?)", (t,))] for t in tables
+        }
+    except sqlite3.Error as e:
+        raise ValueError(f"cannot open the SQLite store {path}: {e}") from e
+    finally:
+        db.close()
+    why = (
+        f"its application_id is {application:#x}, another application's"
+        if application not in (0, APPLICATION_ID)
+        else foreign_tables(columns)
+    )
+    if why is not None:
+        raise ValueError(
+            f"{path} is not a tapekit store: {why} (another application's database?). open_store "
+            "needs a tapekit store or a new file; nothing in this one was changed"
+        )
 
 
 class SQLiteStore(SQLTapeStore):
@@ -43,14 +82,18 @@ class SQLiteStore(SQLTapeStore):
         if Path(self.path).is_dir():
             raise ValueError(f"SQLiteStore needs a file path; {self.path} is a directory")
         self.location = self.path
+        refuse_foreign(self.path)  # before anything writes to the file (WAL, tables)
         try:
             db = self._connect()
         except sqlite3.Error as e:
             raise ValueError(f"cannot open the SQLite store {self.path}: {e}") from e
         try:
             db.execute("BEGIN IMMEDIATE")  # waits (busy_timeout) for another process creating it
+            new = db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone() is None
             for statement in SCHEMA:
                 db.execute(statement)
+            if new:
+                db.execute(f"PRAGMA application_id={APPLICATION_ID}")
             # files written before token ids (llm_calls) or metadata.other (tapes) were kept
             for table, columns in ADDED_COLUMNS.items():
                 have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}

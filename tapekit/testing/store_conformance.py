@@ -20,7 +20,8 @@ or, without pytest, :func:`run_conformance` (``run_conformance(MyStore)`` raises
 ``AssertionError`` listing every check that failed).
 
 What is checked: saving and reading tapes (typed steps and context, every metadata field, a
-save is a snapshot, a growing tape writes only its new steps), tags, every :class:`TapeFilter`
+save is a snapshot, a growing tape writes only its new steps, a save under a stored id must
+extend the stored tape), tags, every :class:`TapeFilter`
 field with paging and counting, ancestry, LLM calls (token ids included; long conversations
 read back byte for byte) and totals, JSONL
 export and import (round trip, subsets, a bad line stores nothing), the errors (a missing tape,
@@ -245,6 +246,62 @@ def check_saving_a_growing_tape_writes_only_new_steps(make_store: StoreFactory, 
             store.save_tape(Tape(steps=[UserStep(content="short")]), key)
         other = store.save_tape(Tape(steps=[UserStep(content="x")]), "elsewhere")  # an explicit id
         _equal((other, _contents(store.get_tape("elsewhere"))), ("elsewhere", ["x"]), "a save under tape_id")
+
+
+def check_a_save_under_a_stored_id_must_extend_the_stored_tape(make_store: StoreFactory, tmp: Path) -> None:
+    """Saving under a stored id a tape that does not begin with the stored steps raises
+    ``ValueError`` naming the tape and the first step that differs, and stores nothing of it:
+    a longer tape of other steps, one of the same length with one step changed, one whose steps
+    hold the same text under other step ids, one with a step changed in its metadata. Saving
+    the stored tape again (the same object, or as read back) changes only its metadata and
+    tags, and a tape that extends it (grown from the one read back) stores its new steps; an
+    import of a tape that differs from the stored one is refused the same way."""
+    a, b = UserStep(content="a"), UserStep(content="b")
+    tape: Tape[Any, Any] = Tape(steps=[a, b]).with_metadata(author="first")
+    with make_store() as store:
+        key = store.save_tape(tape, tags=["kept"])
+        changed_agent = b.model_copy(deep=True)
+        changed_agent.metadata.agent = "someone else"
+        refused = {
+            "longer, other steps": (Tape(steps=[UserStep(content="x"), b, UserStep(content="c")]), 0),
+            "the same length, a step changed": (Tape(steps=[a, UserStep(content="B")]), 1),
+            "the same text, other step ids": (Tape(steps=[UserStep(content="a"), UserStep(content="b")]), 0),
+            "a step's metadata changed": (Tape(steps=[a, changed_agent, UserStep(content="c")]), 1),
+        }
+        for what, (other, index) in refused.items():
+            with _raises(ValueError, rf"tape {key} has 2 stored steps .*step {index} differs"):
+                store.save_tape(other.with_metadata(author="second"), key, tags=["refused"])
+            info = store.get_tape_info(key)
+            _equal(
+                (_contents(store.get_tape(key)), info.n_steps, info.author, info.tags),
+                (["a", "b"], 2, "first", ["kept"]),
+                f"the stored tape after a refused save ({what})",
+            )
+        _equal(
+            [s.metadata.id for s in store.get_tape(key).steps],
+            [a.metadata.id, b.metadata.id],
+            "stored step ids",
+        )
+        store.save_tape(tape.with_metadata(author="again"), key, tags=["again"])  # the same steps again
+        _equal(store.get_tape_info(key).author, "again", "the metadata of the tape saved again")
+        store.save_tape(store.get_tape(key), key)  # as read back
+        grown = store.get_tape(key).append(UserStep(content="c"))
+        store.save_tape(grown, key)
+        store.save_tape(grown.append(UserStep(content="d")), key)
+        info = store.get_tape_info(key)
+        _equal(
+            (_contents(store.get_tape(key)), info.author, info.tags),
+            (["a", "b", "c", "d"], grown.metadata.author, ["again", "kept"]),
+            "the tape saved again and extended",
+        )
+        with _raises(ValueError, rf"tape {key} has 4 stored steps .*step 2 differs"):
+            store.save_tape(tape.append(UserStep(content="C")).append(UserStep(content="d")), key)
+        store.export_jsonl(tmp / "extends.jsonl")
+    with make_store() as other:
+        other.save_tape(Tape(steps=[a, UserStep(content="not b")]), key)
+        with _raises(ValueError, rf"extends.jsonl, line 2: tape {key} has 2 stored steps .*step 1 differs"):
+            other.import_jsonl(tmp / "extends.jsonl")
+        _equal(_contents(other.get_tape(key)), ["a", "not b"], "the stored tape after a refused import")
 
 
 def check_get_steps_pages_a_long_tape(make_store: StoreFactory, tmp: Path) -> None:
@@ -759,6 +816,7 @@ CHECKS: tuple[Check, ...] = (
     check_a_typed_tape_keeps_its_context_step_classes_and_metadata,
     check_a_save_stores_the_tape_as_it_was,
     check_saving_a_growing_tape_writes_only_new_steps,
+    check_a_save_under_a_stored_id_must_extend_the_stored_tape,
     check_get_steps_pages_a_long_tape,
     check_tags_are_added_by_saves_and_changed_only_explicitly,
     check_every_filter_of_list_tapes,
