@@ -262,7 +262,7 @@ def check_a_save_under_a_stored_id_must_extend_the_stored_tape(make_store: Store
         key = store.save_tape(tape, tags=["kept"])
         changed_agent = b.model_copy(deep=True)
         changed_agent.metadata.agent = "someone else"
-        refused = {
+        refused: dict[str, tuple[Tape[Any, Any], int]] = {
             "longer, other steps": (Tape(steps=[UserStep(content="x"), b, UserStep(content="c")]), 0),
             "the same length, a step changed": (Tape(steps=[a, UserStep(content="B")]), 1),
             "the same text, other step ids": (Tape(steps=[UserStep(content="a"), UserStep(content="b")]), 0),
@@ -297,11 +297,11 @@ def check_a_save_under_a_stored_id_must_extend_the_stored_tape(make_store: Store
         with _raises(ValueError, rf"tape {key} has 4 stored steps .*step 2 differs"):
             store.save_tape(tape.append(UserStep(content="C")).append(UserStep(content="d")), key)
         store.export_jsonl(tmp / "extends.jsonl")
-    with make_store() as other:
-        other.save_tape(Tape(steps=[a, UserStep(content="not b")]), key)
+    with make_store() as second:
+        second.save_tape(Tape(steps=[a, UserStep(content="not b")]), key)
         with _raises(ValueError, rf"extends.jsonl, line 2: tape {key} has 2 stored steps .*step 1 differs"):
-            other.import_jsonl(tmp / "extends.jsonl")
-        _equal(_contents(other.get_tape(key)), ["a", "not b"], "the stored tape after a refused import")
+            second.import_jsonl(tmp / "extends.jsonl")
+        _equal(_contents(second.get_tape(key)), ["a", "not b"], "the stored tape after a refused import")
 
 
 def check_get_steps_pages_a_long_tape(make_store: StoreFactory, tmp: Path) -> None:
