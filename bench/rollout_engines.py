@@ -154,7 +154,7 @@ def main() -> None:
     started = time.perf_counter()
     gguf = export_lora_gguf(model, smollm2_path(), folder / "adapter.gguf")
     convert_s = time.perf_counter() - started
-    sampling = {"temperature": args.temperature, "max_tokens": 32}
+    sampling = {"temperature": args.temperature, "max_tokens": 64}  # the study's cap (its schema's bound)
     engines = {
         "transformers-batched": BatchedTransformersLLM.from_model(model, tokenizer, **sampling),
         "llama.cpp-lora": LlamaCppLLM(  # llama.cpp's top-k/p, min-p and penalty off: the same distribution

@@ -55,7 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help="episodes at once (1: on 2 cores, a second episode slows llama.cpp more than it saves)",
     )
-    p.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="llama.cpp threads (default: half the CPUs; all of them collapses under load)",
+    )
     p.add_argument("--teacher-url", default=None, help="an OpenAI-compatible /v1 URL for the teacher")
     p.add_argument("--teacher-model", default=None, help="the teacher model's name at --teacher-url")
     p.add_argument("--store", default=None, help="keep every tape in this store (a path or URL)")
@@ -92,7 +97,7 @@ def make_teacher(args: argparse.Namespace) -> Agent:
     return teacher_agent()
 
 
-def student(rationale: bool, threads: int) -> Agent:
+def student(rationale: bool, threads: int | None) -> Agent:
     llm = LlamaCppLLM(n_threads=threads, parameters={"temperature": 0.0, "max_tokens": 96})
     return web_agent(llm, rationale=rationale)
 

@@ -508,3 +508,12 @@ def test_report_tables_costs_and_json(tmp_path: Path) -> None:
     }
     unmeasured = greadth_report({"student": [good]}, n_bootstrap=0)
     assert unmeasured.costs("student")["cost_per_turn"] is None and "not measured" in unmeasured.to_text()
+
+
+def test_greadth_bootstraps_with_ten_thousand_resamples_by_default() -> None:
+    import inspect
+
+    from examples.form_filler.greadth import GreadthReport, greadth_report
+
+    assert inspect.signature(greadth_report).parameters["n_bootstrap"].default == 10_000
+    assert GreadthReport().n_bootstrap == 10_000
