@@ -34,7 +34,7 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
     """The model and tokenizer: ``--model`` when given, else a tiny model with random weights
     on a tokenizer trained here on the math problems (nothing is downloaded)."""
     from examples.math_study.problems import make_problems
-    from tapekit.training.tiny import TinyConfig, load_tiny, make_tiny
+    from tapekit.testing.tiny import TinyConfig, load_tiny, make_tiny
 
     if args.model:
         model, tokenizer = load_tiny(args.model)
@@ -117,8 +117,7 @@ def rl_step(model: Any, tokenizer: Any, args: argparse.Namespace) -> dict[str, f
     from examples.math_study.problems import make_problems
     from examples.math_study.rl_stage import math_setup
     from tapekit.store import open_store
-    from tapekit.training.policies import LocalPolicy
-    from tapekit.training.rollouts import collect_rollouts
+    from tapekit.training.rl import LocalPolicy, collect_rollouts
 
     setup = math_setup(make_problems(args.tasks * 4, seed=3))
     policy = LocalPolicy(model, tokenizer, temperature=args.temperature, max_tokens=48)

@@ -119,7 +119,7 @@ def _question(rng: random.Random) -> tuple[str, str]:
 
 def make_samples(n: int, seed: int, directory: Path) -> tuple[Path, Path]:
     """Tape-made samples (``samples.jsonl``) and the tiny tokenizer/model dir they use."""
-    from tapekit.training.tiny import TinyConfig, make_tiny
+    from tapekit.testing.tiny import TinyConfig, make_tiny
 
     rng = random.Random(seed)
     tasks = []

@@ -371,7 +371,7 @@ def bf16_check(model: Any, tokenizer: Any, rows: list[dict[str, Any]]) -> dict[s
     in fp32 and under bf16 autocast, and their relative differences."""
     import torch
 
-    from tapekit.training._common import PackedRowsCollator
+    from tapekit.training._data import PackedRowsCollator
     from tapekit.training._head_loss import labelled_loss
 
     a, b = rows[0], rows[1]

@@ -18,7 +18,7 @@
    ``--split test`` also evaluates the final student, once, on the untouched test split.
 
 Students: ``--student tiny`` (default) is a tiny Llama-architecture model whose tokenizer is
-trained here on the teacher's conversations (``tapekit.training.tiny``), fully fine-tuned;
+trained here on the teacher's conversations (``tapekit.testing.tiny``), fully fine-tuned;
 ``--student smollm2`` is the embedded SmolLM2-135M-Instruct with LoRA.
 
 Each stage prints one line (``stage=sft student=tiny split=val n=150 exact=0.84
@@ -258,7 +258,7 @@ def train_student(
 
 def tiny_student(settings: Settings, adapted: list[Tape[Any, Any]]) -> tuple[Any, Any, Path]:
     """A fresh tiny model whose tokenizer is trained on the adapted tapes; saved to a directory."""
-    from tapekit.training.tiny import TinyConfig, make_tiny
+    from tapekit.testing.tiny import TinyConfig, make_tiny
 
     path = settings.out / "tiny-base"
     config = TinyConfig(

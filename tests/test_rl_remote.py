@@ -77,6 +77,7 @@ def test_lora_rl_with_rollouts_on_two_vllm_like_servers(
 ) -> None:
     from tapekit import open_store
     from tapekit.testing.tiny import load_tiny
+    from tapekit.training.callbacks import StepCallback, StepRecord
     from tapekit.training.samples import make_samples
     from tests.rl_toy import make_setup
 
@@ -85,12 +86,13 @@ def test_lora_rl_with_rollouts_on_two_vllm_like_servers(
     config = _config(tmp_path, [s.url for s in servers])
     versions: dict[int, dict[str, Any]] = {}  # the trainer's LoRA weights of each version
 
-    def snapshot(record: dict[str, Any]) -> None:  # the deprecated on_step: the record's log line
-        lora = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
-        versions[record["step"] + 1] = lora
+    class Snapshot(StepCallback):
+        def on_step(self, record: StepRecord) -> bool | None:  # record.step: the version just made
+            lora = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+            versions[record.step] = lora
+            return None
 
-    with pytest.warns(DeprecationWarning, match=r"train_rl\(on_step=...\) is deprecated"):
-        result = train_rl_checked(make_setup(), model, tokenizer, config, store, on_step=snapshot)
+    result = train_rl_checked(make_setup(), model, tokenizer, config, store, callbacks=[Snapshot()])
 
     # every server loaded every version's adapter (v0 before step 0, ..., v2 after the last
     # step), in order, and unloaded those no longer used; the trained adapter changed

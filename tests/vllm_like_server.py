@@ -52,7 +52,7 @@ class VLLMLikeServer:
     ) -> None:
         import torch
 
-        from tapekit.training.tiny import load_tiny
+        from tapekit.testing.tiny import load_tiny
 
         self.base, self.tokenizer = load_tiny(model_dir)
         self.served_name = served_name

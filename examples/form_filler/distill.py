@@ -130,7 +130,7 @@ class StudentConfig:
 
 def tiny_student(config: StudentConfig, texts: list[str]) -> tuple[Any, Any, Path]:
     """A fresh tiny model and tokenizer (trained on ``texts``), saved under ``config.out``."""
-    from tapekit.training.tiny import TinyConfig, make_tiny
+    from tapekit.testing.tiny import TinyConfig, make_tiny
 
     path = config.out / "tiny-base"
     tiny = TinyConfig(

@@ -2,7 +2,7 @@
 
 After SFT, the student solves training problems itself (``group_size`` sampled attempts per
 problem, batched), each attempt is scored strict (the reward) and lenient, and the student is
-trained by :func:`tapekit.training.rl_loop.train_rl` with a curriculum over the difficulty
+trained by :func:`tapekit.training.rl.train_rl` with a curriculum over the difficulty
 levels (SEC by default: levels where the attempts disagree are drawn more; ``--levels 5`` adds
 two levels beyond what SFT taught, a hard tail for the curriculum to avoid). Exact and
 lenient match on the validation problems (``examples.math_study.problems.split_problems``:
@@ -21,13 +21,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tapekit.evaluate import EvalReport, Task
 
 from .agents import STUDENT_SYSTEM, calculator_environment, make_student
 from .problems import ALL_LEVELS, DIFFICULTIES, HARDER, LEVELS, Problem, difficulty, split_problems
 from .scoring import MAX_LOOPS, SCORERS, evaluate_agent, pass_at_1_text, step_credit, tasks_for
+
+if TYPE_CHECKING:
+    from tapekit.training.rl import RLStepRecord
 
 __all__ = [
     "RLStageResult",
@@ -42,7 +45,7 @@ __all__ = [
 
 @dataclass
 class RLStageSettings:
-    """The RL stage's knobs (see :class:`tapekit.training.rl_loop.RLRunConfig` for the GRPO ones)."""
+    """The RL stage's knobs (see :class:`tapekit.training.rl.RLRunConfig` for the GRPO ones)."""
 
     seconds: float = 300.0  # wall-clock budget of the training steps (evaluations excluded)
     max_steps: int = 200
@@ -78,27 +81,14 @@ class RLStageSettings:
     out: Path = field(default_factory=lambda: Path("rl-out"))
 
 
-_SAME_AS_RL_RUN_CONFIG = (
-    "tasks_per_step",
-    "group_size",
-    "temperature",
-    "max_tokens",
-    "learning_rate",
-    "curriculum",
-    "resample_rounds",
-    "sec_temperature",
-    "sec_alpha",
-    "scale_rewards",
-    "ppo_epochs",
-    "negative_scale",
-    "minibatches",
-    "max_grad_norm",
-    "mode",
-    "max_staleness",
-    "seed",
-)
-"""The settings passed to :class:`~tapekit.training.rl_loop.RLRunConfig` as they are, under the
-same names."""
+_SAME_AS_RL_RUN_CONFIG: dict[str, tuple[str, ...]] = {
+    "": ("learning_rate", "max_grad_norm", "mode", "max_staleness", "seed"),
+    "grpo": ("scale_rewards", "ppo_epochs", "negative_scale", "minibatches"),
+    "rollouts": ("tasks_per_step", "group_size", "temperature", "max_tokens", "resample_rounds"),
+    "curriculum": ("sec_temperature", "sec_alpha"),
+}
+"""The settings passed to :class:`~tapekit.training.rl.RLRunConfig` as they are, under the same
+names, by section (``""``: the config's own fields); ``curriculum`` is the curriculum's ``kind``."""
 
 
 @dataclass
@@ -107,14 +97,14 @@ class RLStageResult:
 
     before: EvalReport
     after: EvalReport
-    history: list[dict[str, Any]]
+    history: list[RLStepRecord]
     train_seconds: float
     evals: list[tuple[int, float, float]] = field(default_factory=list)  # (step, exact, lenient)
 
     @property
     def zero_adv_groups(self) -> float:
         """The mean share of zero-advantage groups over the steps."""
-        return sum(r["zero_adv_share"] for r in self.history) / max(len(self.history), 1)
+        return sum(r.zero_adv_share for r in self.history) / max(len(self.history), 1)
 
 
 def student_for(system: str | None) -> Any:
@@ -150,11 +140,11 @@ def easy_to_hard(arms: str, tasks: list[Task]) -> list[str]:
 def math_setup(
     problems: list[Problem], system: str | None = None, reward: str = "strict", arms: str = "levels"
 ) -> Any:
-    """The :class:`~tapekit.training.rl_loop.RLSetup` of the student on ``problems``: strict,
+    """The :class:`~tapekit.training.rl.RLSetup` of the student on ``problems``: strict,
     lenient and step credit (:func:`~examples.math_study.scoring.step_credit`) reported, ``reward``
     names the one trained on; ``arms`` ("levels" or "sizes") grades the tasks' categories, which
     are the curriculum's arms."""
-    from tapekit.training.rl_loop import RLSetup
+    from tapekit.training.rl import RLSetup
 
     grade, _ = arms_named(arms)
     return RLSetup(
@@ -209,22 +199,38 @@ def rl_stage(
 ) -> RLStageResult:
     """RL on ``model`` (in place) over the ``train`` problems within ``settings.seconds``."""
     from tapekit.training.callbacks import StepCallback, StepRecord, StopAfter
-    from tapekit.training.rl_loop import RLRunConfig, train_rl
+    from tapekit.training.rl import (
+        CurriculumConfig,
+        GRPOConfig,
+        RLRunConfig,
+        RLStepRecord,
+        RolloutConfig,
+        train_rl,
+    )
 
     before = heldout_eval(
         model, tokenizer, heldout, f"rl-before-{settings.curriculum}", store, settings.system
     )
     echo(line(before, 0, 0.0, " (before RL)"), flush=True)
     setup = math_setup(train, settings.system, settings.reward, settings.arms)
+    same = {
+        section: {name: getattr(settings, name) for name in names}
+        for section, names in _SAME_AS_RL_RUN_CONFIG.items()
+    }
+    # RLRunConfig checks these (the literals of curriculum.kind and mode included)
     config = RLRunConfig(
         output_dir=str(settings.out),
         run_name=f"math-{settings.curriculum}",
         steps=settings.max_steps,
-        max_loops=MAX_LOOPS,
-        fixed_order=easy_to_hard(settings.arms, setup.tasks),
         checkpoint=False,
-        # RLRunConfig checks these (the literals of curriculum and mode included)
-        **{name: getattr(settings, name) for name in _SAME_AS_RL_RUN_CONFIG},
+        grpo=GRPOConfig(**same["grpo"]),
+        rollouts=RolloutConfig(**same["rollouts"], max_loops=MAX_LOOPS),
+        curriculum=CurriculumConfig(
+            kind=settings.curriculum,
+            fixed_order=easy_to_hard(settings.arms, setup.tasks),
+            **same["curriculum"],
+        ),
+        **same[""],
     )
     evals: list[tuple[int, float, float]] = []
     budget = StopAfter(seconds=settings.seconds)  # training time: the evaluations are not counted
@@ -233,16 +239,16 @@ def rl_stage(
         """One ``rl step=...`` line per step, and the validation evaluation every ``eval_every``."""
 
         def on_step(self, record: StepRecord) -> bool | None:
-            r = record.metrics
-            probs = " ".join(f"{c}={p:.2f}" for c, p in r["sampler_probs"].items())
+            assert isinstance(record, RLStepRecord)  # train_rl's records
+            probs = " ".join(f"{c}={p:.2f}" for c, p in record.sampler_probs.items())
             echo(
-                f"rl step={r['step']} reward={_number(record.reward)} "
-                f"strict={_number(r.get('score_strict'))} "
-                f"lenient={_number(r.get('score_lenient'))} zero_adv={r['zero_adv_share']:.2f} "
-                f"clip={r['clip_fraction']:.3f} ratio={r['ratio_mean']:.4f} "
-                f"rollout_tok/s={r['rollout_tokens_per_s']:.0f} "
-                f"train_tok/s={r['train_tokens_per_s']:.0f} "
-                f"lag={r['policy_lag']} s={record.step_seconds:.1f} probs: {probs}",
+                f"rl step={record.step - 1} reward={_number(record.reward)} "  # counted from 0, as in rl_log
+                f"strict={_number(record.scores.get('strict'))} "
+                f"lenient={_number(record.scores.get('lenient'))} zero_adv={record.zero_adv_share:.2f} "
+                f"clip={record.clip_fraction:.3f} ratio={record.ratio_mean:.4f} "
+                f"rollout_tok/s={record.rollout_tokens_per_s:.0f} "
+                f"train_tok/s={record.train_tokens_per_s:.0f} "
+                f"lag={record.policy_lag} s={record.step_seconds:.1f} probs: {probs}",
                 flush=True,
             )
             if settings.eval_every and record.step % settings.eval_every == 0:
@@ -264,7 +270,7 @@ def rl_stage(
     history = train_rl(setup, model, tokenizer, config, callbacks=[Progress(), budget]).history
     seconds = time.perf_counter() - started
     after = heldout_eval(model, tokenizer, heldout, f"rl-after-{settings.curriculum}", store, settings.system)
-    mean_zero = sum(r["zero_adv_share"] for r in history) / max(len(history), 1)
+    mean_zero = sum(r.zero_adv_share for r in history) / max(len(history), 1)
     echo(
         line(
             after,
@@ -325,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch  # after parsing: `--help` needs no training stack
 
-    from tapekit.training.tiny import load_tiny
+    from tapekit.testing.tiny import load_tiny
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_tiny(args.model)
@@ -367,10 +373,10 @@ def after_sft(
     """The RL stage of ``examples/math_distill.py``: RL on the SFT result in ``model_dir`` over
     the ``train`` problems; returns the report on ``heldout`` (the validation tasks) after RL
     and the seconds spent training. The model is saved to ``settings.out / "final"``."""
-    from tapekit.training.tiny import load_tiny
+    from tapekit.testing.tiny import load_tiny
 
     model, tokenizer = load_tiny(model_dir)
     result = rl_stage(model, tokenizer, train, heldout, settings, store)
     model.save_pretrained(settings.out / "final")
     tokenizer.save_pretrained(settings.out / "final")
-    return result.after, sum(r["step_seconds"] for r in result.history)
+    return result.after, sum(r.step_seconds for r in result.history)

@@ -95,7 +95,7 @@ def cmd_probe(out: Path) -> dict[str, Any]:
     from tapekit import open_store
     from tapekit.evaluate import evaluate
     from tapekit.llm.batched import BatchedTransformersLLM
-    from tapekit.training.tiny import load_tiny
+    from tapekit.testing.tiny import load_tiny
 
     torch.set_num_threads(1)
     train, _, _ = splits(out)
@@ -153,7 +153,7 @@ def cmd_run(out: Path, arm: str, seed: int) -> dict[str, Any]:
     import torch
 
     from tapekit import open_store
-    from tapekit.training.tiny import load_tiny
+    from tapekit.testing.tiny import load_tiny
 
     if arm not in ARMS:
         raise SystemExit(f"--arm must be one of {ARMS}, got {arm!r}")
@@ -180,8 +180,8 @@ def cmd_run(out: Path, arm: str, seed: int) -> dict[str, Any]:
         "settings": {**ARM_SETTINGS[arm], "seconds": SECONDS, "temperature": TEMPERATURE},
         "pool_levels": sorted({p.category for p in train}),
         "steps": len(result.history),
-        "rollouts": sum(r["rollouts"] for r in result.history),
-        "train_seconds": sum(r["step_seconds"] for r in result.history),
+        "rollouts": sum(r.rollouts for r in result.history),
+        "train_seconds": sum(r.step_seconds for r in result.history),
         "wall_seconds": time.perf_counter() - started,
         "zero_adv_share": result.zero_adv_groups,
         "val_before": result.before.pass_at_1("strict").model_dump(),
@@ -203,7 +203,7 @@ def cmd_baseline(out: Path) -> dict[str, Any]:
     import torch
 
     from tapekit import open_store
-    from tapekit.training.tiny import load_tiny
+    from tapekit.testing.tiny import load_tiny
 
     torch.set_num_threads(1)
     _, val, test = splits(out)

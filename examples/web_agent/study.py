@@ -58,6 +58,7 @@ from tapekit.training import (
     train_rl,
     train_sft,
 )
+from tapekit.training.rl import CurriculumConfig, GRPOConfig, RolloutConfig
 from tapekit.web import WebEnvironment, web_agent, without_thoughts
 from tapekit.web.miniwob import SPLIT, eval_tasks, raw_reward_mean, reward_scorer, start_tape
 from tapekit.web.teacher import teacher_agent
@@ -430,17 +431,21 @@ def rl_run(
         output_dir=str(Path(settings.out) / "rl"),
         run_name="rl",
         steps=100_000,  # the budget ends it
-        tasks_per_step=settings.tasks_per_step,
-        group_size=settings.group_size,
-        temperature=settings.temperature,
-        max_tokens=settings.max_tokens,
-        max_loops=None,
         learning_rate=settings.rl_lr,
-        kl_coef=settings.kl_coef,
-        scale_rewards=settings.scale_rewards,
-        micro_batch_size=4,  # samples per forward/backward: the whole batch at once held ~8 GB
-        curriculum=settings.curriculum,  # type: ignore[arg-type]
-        resample_rounds=settings.resample_rounds,
+        grpo=GRPOConfig(
+            kl_coef=settings.kl_coef,
+            scale_rewards=settings.scale_rewards,
+            micro_batch_size=4,  # samples per forward/backward: the whole batch at once held ~8 GB
+        ),
+        rollouts=RolloutConfig(
+            tasks_per_step=settings.tasks_per_step,
+            group_size=settings.group_size,
+            temperature=settings.temperature,
+            max_tokens=settings.max_tokens,
+            max_loops=None,
+            resample_rounds=settings.resample_rounds,
+        ),
+        curriculum=CurriculumConfig(kind=settings.curriculum),
         lora=None,
         seed=settings.seed,
         checkpoint=False,

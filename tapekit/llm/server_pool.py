@@ -3,7 +3,7 @@
 :class:`ServerPoolLLM` sends each asyncio task's calls (the batch runner runs each tape in one
 task) to one server, round robin over the tasks, so a tape's calls reuse that server's prefix
 cache. The RL loop's remote rollouts sample through it
-(:class:`~tapekit.training.policies.RemotePolicy`); the token trace of each call records the
+(:class:`~tapekit.training.rl.RemotePolicy`); the token trace of each call records the
 policy version that was served.
 """
 

@@ -31,12 +31,12 @@ def test_the_math_setup_refuses_a_reward_that_is_not_a_scorer() -> None:
 def test_the_math_setup_grades_its_arms_by_level_or_by_size() -> None:
     from examples.math_study.problems import difficulty
     from examples.math_study.rl_stage import math_setup
-    from tapekit.training.rl_loop import RLRunConfig, make_sampler
+    from tapekit.training.rl import RLRunConfig, make_sampler
 
     by_size = math_setup(PROBLEMS, arms="sizes")
     assert [t.category for t in by_size.tasks] == [difficulty(p) for p in PROBLEMS]
     assert [t.category for t in math_setup(PROBLEMS).tasks] == [p.category for p in PROBLEMS]
-    sampler = make_sampler(RLRunConfig(curriculum="sec"), by_size.tasks)
+    sampler = make_sampler(RLRunConfig(curriculum={"kind": "sec"}), by_size.tasks)
     assert sampler.categories == sorted({difficulty(p) for p in PROBLEMS})
     with pytest.raises(ValueError, match="arms must be one of"):
         math_setup(PROBLEMS, arms="digits")
@@ -65,7 +65,7 @@ def test_the_rl_stage_stops_on_its_time_budget_and_evaluates_every_eval_every_st
     from examples.math_study.agents import STUDENT_SYSTEM
     from examples.math_study.rl_stage import RLStageSettings, rl_stage
     from examples.math_study.scoring import tasks_for
-    from tapekit.training.tiny import TinyConfig, make_tiny
+    from tapekit.testing.tiny import TinyConfig, make_tiny
 
     torch.set_num_threads(2)
     texts = [STUDENT_SYSTEM, *(p.question for p in PROBLEMS), "calculator: 12+7 Answer: 19"]

@@ -26,7 +26,7 @@ def test_the_study_runs_each_arm_on_its_pool_and_pairs_sec_with_the_controls(
 
     from examples.math_study import sec_study
     from examples.math_study.agents import SHORT_SYSTEM
-    from tapekit.training.tiny import TinyConfig, make_tiny
+    from tapekit.testing.tiny import TinyConfig, make_tiny
 
     torch.set_num_threads(2)
     monkeypatch.setattr(sec_study, "N_TRAIN", 50)

@@ -270,14 +270,15 @@ def test_the_rl_arm_runs_through_tapekit_train_rl_and_resumes_after_a_kill(tmp_p
         "model": str(tmp_path / "model"),
         "output_dir": str(tmp_path / "rl"),
         "steps": 3,
-        "tasks_per_step": 2,
-        "group_size": 2,
-        "max_tokens": 64,  # the student answer schema's guarantee (docs/web.md)
-        "max_loops": None,
         "learning_rate": 1e-5,
-        "scale_rewards": False,
-        "micro_batch_size": 4,
-        "curriculum": "uniform",
+        "grpo": {"scale_rewards": False, "micro_batch_size": 4},
+        "rollouts": {
+            "tasks_per_step": 2,
+            "group_size": 2,
+            "max_tokens": 64,  # the student answer schema's guarantee (docs/web.md)
+            "max_loops": None,
+        },
+        "curriculum": {"kind": "uniform"},
     }
     (tmp_path / "rl.json").write_text(json.dumps(config))
     root = Path(__file__).resolve().parents[2]

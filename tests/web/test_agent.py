@@ -652,7 +652,7 @@ def test_the_model_training_produces_runs_the_agent(tmp_path: Any) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from tapekit.llm import TransformersLLM
-    from tapekit.training.tiny import make_tiny
+    from tapekit.testing.tiny import make_tiny
 
     texts = [render_observation(observation(), []), answer("click('12')"), TREE] * 20
     make_tiny(texts, path=tmp_path / "tiny")
