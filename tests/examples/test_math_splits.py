@@ -214,7 +214,8 @@ def test_split_test_evaluates_the_final_student_once_on_the_test_split(
     assert test_ids == {p.id for p in md.problem_splits(settings).test}
     assert all(i.startswith("test-") for i in test_ids)
     out = capsys.readouterr().out
-    assert "stage=sft student=tiny split=test n=30 exact=0.00 exact_95ci=[0.00,0.12]" in out  # 0/30: exact bound
+    # 0/30 passed: the exact (Clopper-Pearson) upper bound, not a zero-width interval
+    assert "stage=sft student=tiny split=test n=30 exact=0.00 exact_95ci=[0.00,0.12]" in out
     assert [r["split"] for r in json.loads((tmp_path / "results.json").read_text())] == [
         "val",
         "val",
