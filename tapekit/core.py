@@ -8,6 +8,7 @@ so building a session of n steps costs O(n), not O(n²).
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import typing
@@ -16,11 +17,14 @@ from typing import Annotated, Any, Generic, Literal, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, WrapValidator
 
+from tapekit._presentation import MAX_ATTACHMENT_BYTES, Attachment, StepPresentation, media_type_matches
 from tapekit.errors import TapekitError
 from tapekit.sequence import StepSequence
 
 __all__ = [
+    "MAX_ATTACHMENT_BYTES",
     "Action",
+    "Attachment",
     "Branch",
     "Call",
     "ControlStep",
@@ -37,6 +41,7 @@ __all__ = [
     "SetNextNode",
     "Step",
     "StepMetadata",
+    "StepPresentation",
     "StepSequence",
     "StopStep",
     "Tape",
@@ -44,7 +49,10 @@ __all__ = [
     "Thought",
     "ToolCallRequest",
     "UnknownStepKindError",
+    "find_step_class",
+    "media_type_matches",
     "new_id",
+    "register_step_module",
     "step_kinds",
 ]
 
@@ -87,6 +95,58 @@ def step_kinds() -> dict[str, type[Step]]:
     return dict(_STEP_REGISTRY)
 
 
+# Kind prefix -> the module that defines the steps of kinds so prefixed. A module is named, not
+# imported: find_step_class imports it when a stored step of such a kind is read in a process
+# that has not loaded it (the Studio over a store of web tapes). The entries are tapekit's own
+# optional packages; other packages add theirs with register_step_module or declare them as
+# entry points of the group "tapekit.step_modules" (name: the prefix, value: the module).
+_STEP_MODULES: dict[str, str] = {"web_": "tapekit.web.steps"}
+_TRIED_MODULES: set[str] = set()
+_ENTRY_POINTS_READ = False
+_IMPORT_LOCK = threading.RLock()
+
+
+def register_step_module(prefix: str, module: str) -> None:
+    """Say that the step kinds starting with ``prefix`` (a whole kind, or a prefix such as
+    ``"web_"``) are defined in ``module``, so :func:`find_step_class` can import it on demand.
+    Imports nothing now. Which module is imported is decided by code, never by stored data: a
+    stored kind only selects among the registered modules."""
+    with _IMPORT_LOCK:
+        _STEP_MODULES[prefix] = module
+        _TRIED_MODULES.discard(module)
+
+
+def find_step_class(kind: str) -> type[Step] | None:
+    """The step class of ``kind``: a loaded one, else one that the module registered for the
+    kind defines (imported now, the longest matching prefix first, each module tried once; a
+    module that fails to import counts as not defining it), else None."""
+    global _ENTRY_POINTS_READ
+    cls = _STEP_REGISTRY.get(kind)
+    if cls is not None:
+        return cls
+    import importlib
+
+    with _IMPORT_LOCK:  # not the registry's lock: an imported module registers its steps
+        if not _ENTRY_POINTS_READ:
+            _ENTRY_POINTS_READ = True
+            from importlib.metadata import entry_points
+
+            for point in entry_points(group="tapekit.step_modules"):
+                _STEP_MODULES.setdefault(point.name, point.value)
+        for prefix in sorted((p for p in _STEP_MODULES if kind.startswith(p)), key=len, reverse=True):
+            module = _STEP_MODULES[prefix]
+            if module in _TRIED_MODULES:
+                continue
+            _TRIED_MODULES.add(module)
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                continue
+            if kind in _STEP_REGISTRY:
+                break
+    return _STEP_REGISTRY.get(kind)
+
+
 class Step(BaseModel):
     """One entry of a tape. Subclass :class:`Thought`, :class:`Action` or :class:`Observation`.
 
@@ -127,6 +187,28 @@ class Step(BaseModel):
         """The step's content without metadata: what a prompt shows and a diff compares."""
         return self.model_dump(exclude={"metadata"}, mode="json")
 
+    def present(self) -> StepPresentation:
+        """How people see this step: its one-line summary, and for the Studio's step panel its
+        own fields, attachments (a screenshot) and notes for bulky JSON fields (see
+        :class:`StepPresentation`). The plain-text renderer and the Studio both use it, so a
+        step class defines its look here, once.
+
+        The default summary is the content (:meth:`llm_dict` without ``kind``): its one field's
+        value, or the fields as JSON. Override it to give a better gist or a panel section;
+        keep it cheap and without side effects (it runs for every step a list shows). The
+        Studio also calls it on steps built without validation (``model_construct``) from
+        stored data that the class no longer accepts: read fields with ``getattr`` defaults to
+        still present those; if it raises, the default presentation is shown.
+        """
+        content = self.llm_dict()
+        content.pop("kind", None)
+        if len(content) == 1:
+            value = next(iter(content.values()))
+            summary = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+        else:
+            summary = json.dumps(content, ensure_ascii=False, default=str)
+        return StepPresentation(summary=summary)
+
     def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
         return [(k, v) for k, v in super().__repr_args__() if k != "metadata"]
 
@@ -160,6 +242,10 @@ class Call(ControlStep):
     kind: Literal["call"] = "call"
     agent_name: str
     content: str = ""
+
+    def present(self) -> StepPresentation:
+        """``calls AGENT: CONTENT``."""
+        return StepPresentation(summary=f"calls {self.agent_name}: {self.content}")
 
 
 class Branch(BaseModel):
@@ -201,6 +287,10 @@ class Respond(ControlStep):
 
     kind: Literal["respond"] = "respond"
     content: str = ""
+
+    def present(self) -> StepPresentation:
+        """``responds: CONTENT``."""
+        return StepPresentation(summary=f"responds: {self.content}")
 
 
 class StopStep(ControlStep):

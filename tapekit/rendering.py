@@ -1,15 +1,29 @@
-"""Plain-text rendering of tapes for terminals, logs and test failure messages."""
+"""Plain-text rendering of tapes for terminals, logs and test failure messages.
+
+A step's gist is its own (:meth:`tapekit.core.Step.present`): :func:`step_summary` is what this
+module prints and what the Studio's step lists show.
+"""
 
 from __future__ import annotations
 
-import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
-from tapekit.core import Action, Call, ControlStep, Observation, Respond, Step, Tape
+from tapekit.core import Action, ControlStep, Observation, Step, StepPresentation, Tape
 from tapekit.llm.base import LLMCall
 
-__all__ = ["render_step", "render_tape", "step_author", "step_category"]
+__all__ = [
+    "presentation",
+    "render_step",
+    "render_tape",
+    "shorten",
+    "step_author",
+    "step_category",
+    "step_summary",
+]
+
+logger = logging.getLogger(__name__)
 
 
 def step_category(step: Step) -> str:
@@ -29,23 +43,30 @@ def step_author(step: Step) -> str:
     return f"{meta.agent}.{meta.node}" if meta.agent else "environment"
 
 
-def _short(value: Any, width: int) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+def presentation(step: Step) -> StepPresentation:
+    """``step.present()``; if the step class's own ``present`` raises, the default presentation
+    (the error is logged): a tool that shows a tape never fails on one step."""
+    try:
+        return step.present()
+    except Exception:
+        logger.warning("%s.present() failed; shown by default", type(step).__name__, exc_info=True)
+        return Step.present(step)
+
+
+def shorten(text: str, width: int) -> str:
+    """``text`` on one line (white space folded), cut to ``width`` characters with ``…``."""
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def step_summary(step: Step, width: int = 100) -> str:
+    """The step's one-line gist (its presentation's summary), cut to ``width``."""
+    return shorten(presentation(step).summary, width)
+
+
 def render_step(step: Step, width: int = 100) -> str:
     """One line: author (``agent.node`` or ``environment``), kind and content."""
-    if isinstance(step, Call):
-        body = f"calls {step.agent_name}: {step.content}"
-    elif isinstance(step, Respond):
-        body = f"responds: {step.content}"
-    else:
-        fields = step.llm_dict()
-        fields.pop("kind", None)
-        body = _short(fields.popitem()[1] if len(fields) == 1 else fields, width)
-    return f"{step_author(step):<28} {step_category(step):<11} {step.kind:<18} {_short(body, width)}"
+    return f"{step_author(step):<28} {step_category(step):<11} {step.kind:<18} {step_summary(step, width)}"
 
 
 def render_tape(

@@ -1,7 +1,9 @@
-"""The Studio on web tapes (tapekit.web's observations): a screenshot is served as PNG bytes on its
-own URL and shown as an image in the step's panel, never dumped as base64 text; the page, the
-goal, the accessibility tree and the action's error read as fields. TestClient over an SQLite
-store, with a small PNG made here (tests/test_studio_browser_web.py takes real screenshots)."""
+"""The Studio on web tapes (tapekit.web's observations), through the observation's presentation
+(``WebObservation.present``; the Studio itself knows no web step): a screenshot is served as PNG
+bytes on its own URL and shown as an image in the step's panel, never dumped as base64 text; the
+page, the goal, the accessibility tree and the action's error read as fields. TestClient over an
+SQLite store, with a small PNG made here (tests/test_studio_browser_web.py takes real
+screenshots)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from fastapi.testclient import TestClient
 from tapekit import Tape, UserStep
 from tapekit.store import SQLiteStore
 from tapekit.studio import create_app
-from tapekit.studio.data import UnknownStep, screenshot_png
+from tapekit.studio.data import UnknownStep, attachment_bytes
 from tapekit.web import Click, OpenTask, WebObservation
 
 AXTREE = '[1] RootWebArea "Form"\n  [4] textbox "Name"\n  [7] button "Submit"'
@@ -134,23 +136,22 @@ def test_the_step_panel_shows_the_image_and_the_fields(
     src = f"/tapes/{ids['web']}/steps/1/screenshot.png"
     for url in (f"/tapes/{ids['web']}/steps/1", f"/tapes/{ids['web']}/steps/1?fragment=1"):
         html = client.get(url).text
-        assert f'<img class="screenshot" src="{src}"' in html
+        assert f'<img class="attachment" data-name="screenshot" src="{src}"' in html
         assert B64 not in html and B64[:60] not in html
         step_json = json.loads(textarea(html).replace("&#34;", '"').replace("&lt;", "<").replace("&gt;", ">"))
         assert step_json["screenshot"] == f"<screenshot: {len(PNG)} B PNG>"
         assert step_json["goal"] == "Type <Ana> and submit" and step_json["axtree"] == AXTREE
-        assert '<dd class="web-url">file:///form.html</dd>' in html
+        assert '<dd data-field="url">file:///form.html</dd>' in html
         assert "Type &lt;Ana&gt; and submit" in html  # the goal, escaped
-        axtree = re.search(r'<pre class="prompt-text axtree">(.*?)</pre>', html, re.S)
+        axtree = re.search(
+            r'<pre class="prompt-text field-text" data-field="accessibility tree">(.*?)</pre>', html, re.S
+        )
         assert axtree and axtree.group(1) == AXTREE.replace('"', "&#34;")
     error = client.get(f"/tapes/{ids['web']}/steps/3").text
-    assert (
-        '<p class="error-banner web-error"><strong>last action failed</strong> element 7 is hidden</p>'
-        in error
-    )
+    assert '<p class="error-banner step-error">last action failed: element 7 is hidden</p>' in error
     assert "<img" not in error
     broken = client.get(f"/tapes/{ids['web']}/steps/4").text
-    assert "<img" not in broken and "not a base64 PNG" in broken
+    assert "<img" not in broken and "not a base64 PNG" in broken and "screenshot: not a valid PNG" in broken
     odd = client.get(f"/tapes/{ids['odd']}/steps/1").text
     assert f'src="/tapes/{ids["odd"]}/steps/1/screenshot.png"' in odd and B64 not in odd
 
@@ -162,7 +163,7 @@ def test_the_tape_page_marks_screenshots_and_never_prints_them(
     html = client.get(f"/tapes/{ids['web']}").text
     assert B64[:60] not in html
     marked = [
-        int(i) for i in re.findall(r'id="step-(\d+)" href="[^"]+">(?:(?!</a>).)*class="shot"', html, re.S)
+        int(i) for i in re.findall(r'id="step-(\d+)" href="[^"]+">(?:(?!</a>).)*class="attached"', html, re.S)
     ]
     assert marked == [1]
     row = re.search(r'id="step-3".*?<span class="summary">(.*?)</span>', html, re.S)
@@ -203,10 +204,19 @@ def test_an_edit_keeps_the_screenshot_unless_changed(
     assert edit(screenshot=None).screenshot is None
 
 
-def test_screenshot_png_checks_the_data() -> None:
+def screenshot_png(step: Any) -> bytes | None:
+    """The bytes the Studio serves for the step's screenshot (None: it serves none)."""
+    found = step.present().attachments.get("screenshot")
+    return None if found is None else attachment_bytes(found)
+
+
+def test_the_screenshot_attachment_checks_the_data() -> None:
     assert screenshot_png(observation(screenshot=B64)) == PNG
     assert screenshot_png(observation()) is None
     assert screenshot_png(observation(screenshot="")) is None
     assert screenshot_png(observation(screenshot=B64[:-4] + "!!!!")) is None
     assert screenshot_png(observation(screenshot=base64.b64encode(b"<svg/>").decode())) is None
     assert screenshot_png(UserStep(content=B64)) is None  # only web observations have screenshots
+    shown = observation(screenshot=B64).present()
+    assert shown.attachments["screenshot"].media_type == "image/png"
+    assert shown.notes == {"screenshot": f"<screenshot: {len(PNG)} B PNG>"}

@@ -5,18 +5,19 @@ that loads step details in place. Pages have stable URLs and work when opened di
 
 - ``/tapes``: the tapes, filtered by author, agent, error and tag, 50 to a page;
 - ``/tapes/{id}``: one tape, 200 steps to a page, colour-coded by kind category;
-- ``/tapes/{id}/steps/{index}``: the same page with the step's details: its JSON, the exact
-  prompt and output of the LLM call behind it (tokens, cost, latency), the tape view stack at
-  that step, and forms to edit or delete it (a web observation also shows its page, its
-  accessibility tree and its screenshot);
-- ``/tapes/{id}/steps/{index}/screenshot.png``: a web observation's screenshot as a PNG;
+- ``/tapes/{id}/steps/{index}``: the same page with the step's details: its JSON, its own
+  section (the fields and attachments of its presentation, :meth:`tapekit.core.Step.present`),
+  the exact prompt and output of the LLM call behind it (tokens, cost, latency), the tape view
+  stack at that step, and forms to edit or delete it;
+- ``/tapes/{id}/steps/{index}/{name}.{extension}``: a step's attachment (e.g. an image);
 - ``/diff?a=ID&b=ID``: two tapes side by side, the first divergence highlighted;
 - ``/diff/batches?a=tag:X&b=tag:Y``: two batches of tapes paired by how they started;
 - ``/runs``: step or run a registered agent on a tape.
 
-The routes live in ``browse.py``, ``edits.py``, ``diffs.py`` and ``chat.py``; ``pages.py``
-holds what they share. Nothing changes a stored tape: edits and runs save a new child tape
-(``parent_id`` = the tape it came from) and redirect to it.
+The routes live in ``browse.py``, ``edits.py``, ``diffs.py`` and ``chat.py``, each an
+``APIRouter`` of module-level handlers that get the app's state through a dependency
+(``StudioDep``); ``pages.py`` holds what they share. Nothing changes a stored tape: edits and
+runs save a new child tape (``parent_id`` = the tape it came from) and redirect to it.
 """
 
 from __future__ import annotations
@@ -37,11 +38,8 @@ from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 
 from tapekit.store import TapeStore, open_store
-from tapekit.studio.browse import add_browse_routes
-from tapekit.studio.diffs import add_diff_routes
-from tapekit.studio.edits import add_edit_routes
-from tapekit.studio.pages import HERE, STEPS_PER_PAGE, TAPES_PER_PAGE, PageError, Studio
-from tapekit.studio.pages import read_form as _form  # noqa: F401  (studio/chat.py imports it from here)
+from tapekit.studio import browse, chat, diffs, edits
+from tapekit.studio.pages import HERE, STEPS_PER_PAGE, TAPES_PER_PAGE, PageError, Studio, studio_of
 from tapekit.studio.runs import AgentSource, load_agents
 from tapekit.studio.security import SecurityMiddleware, is_loopback
 
@@ -64,48 +62,52 @@ def create_app(
     With ``token`` every request must carry it (see :mod:`tapekit.studio.security`).
     ``max_run_loops`` bounds the agent/environment rounds of one "run".
     """
-    studio = Studio(store, load_agents(agents), max_run_loops)
     app = FastAPI(title="tapekit Studio", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.studio = studio
+    app.state.studio = Studio(store, load_agents(agents), max_run_loops)
     app.add_middleware(SecurityMiddleware, token=token)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
-
-    # ------------------------------------------------------------------ errors
-
-    @app.exception_handler(PageError)
-    async def page_error(request: Request, exc: PageError) -> Response:
-        return studio.render(
-            request, "error.html", exc.status, status=exc.status, title=exc.title, message=exc.message
-        )
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "Error")
-        message = "There is no page at this address." if exc.status_code == 404 else str(exc.detail)
-        return studio.render(
-            request, "error.html", exc.status_code, status=exc.status_code, title=title, message=message
-        )
-
-    @app.exception_handler(RequestValidationError)
-    async def bad_input(request: Request, exc: RequestValidationError) -> Response:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'][1:]) or 'input'}: {err['msg']}" for err in exc.errors()
-        )
-        return studio.render(request, "error.html", 400, status=400, title="Bad request", message=problems)
-
-    @app.exception_handler(Exception)
-    async def crashed(request: Request, exc: Exception) -> Response:
-        logger.exception("studio request %s failed", request.url.path)
-        message = f"{type(exc).__name__}: {exc}"
-        return studio.render(request, "error.html", 500, status=500, title="Internal error", message=message)
-
-    from tapekit.studio.chat import add_chat_routes
-
-    add_browse_routes(app, studio)
-    add_edit_routes(app, studio)
-    add_diff_routes(app, studio)
-    add_chat_routes(app, studio)
+    app.add_exception_handler(PageError, page_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, bad_input)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, crashed)
+    for module in (browse, edits, diffs, chat):
+        app.include_router(module.router)
     return app
+
+
+# --------------------------------------------------------------------------- error pages
+
+
+def _error_page(request: Request, status: int, title: str, message: str) -> Response:
+    return studio_of(request).render(
+        request, "error.html", status, status=status, title=title, message=message
+    )
+
+
+async def page_error(request: Request, exc: PageError) -> Response:
+    """A :class:`PageError` as its error page."""
+    return _error_page(request, exc.status, exc.title, exc.message)
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """An HTTP error (no such route, a wrong method) as an error page."""
+    title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "Error")
+    message = "There is no page at this address." if exc.status_code == 404 else str(exc.detail)
+    return _error_page(request, exc.status_code, title, message)
+
+
+async def bad_input(request: Request, exc: RequestValidationError) -> Response:
+    """Invalid path or query parameters as a 400 page naming them."""
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc'][1:]) or 'input'}: {err['msg']}" for err in exc.errors()
+    )
+    return _error_page(request, 400, "Bad request", problems)
+
+
+async def crashed(request: Request, exc: Exception) -> Response:
+    """Any other failure as a 500 page (logged), never a traceback."""
+    logger.exception("studio request %s failed", request.url.path)
+    return _error_page(request, 500, "Internal error", f"{type(exc).__name__}: {exc}")
 
 
 def serve(
@@ -165,7 +167,7 @@ def check_store_exists(db: str | Path, create: bool) -> None:
 @contextlib.contextmanager
 def serve_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
     """Serve ``app`` with a real uvicorn server on a free port in a background thread, and yield
-    its base URL; the server stops when the block ends. For tests, benchmarks and screenshots."""
+    its base URL; the server stops when the block ends. For tests, benchmarks and the docs' picture of it."""
     import uvicorn
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
@@ -37,11 +38,14 @@ from tapekit.human import (
 )
 from tapekit.store import TapeFilter
 from tapekit.studio.data import root_agent_name
+from tapekit.studio.pages import PageError, Studio, StudioDep, read_form
+from tapekit.studio.runs import RegisteredAgent
 
-if TYPE_CHECKING:
-    from tapekit.studio.runs import RegisteredAgent
+__all__ = ["ChatLine", "chat_lines", "router"]
 
-__all__ = ["ChatLine", "add_chat_routes", "chat_lines"]
+router = APIRouter()
+"""``/chat`` (the sessions waiting for a person, a form to start one), ``/chat/{id}`` and the
+answers posted to it."""
 
 CHAT_TAG = "chat"
 AGENT_TAG = "chat-agent:"  # + the registered agent's name
@@ -84,131 +88,148 @@ def chat_lines(steps: list[Step]) -> list[ChatLine]:
     return lines
 
 
-def add_chat_routes(app: FastAPI, studio: Any) -> None:
-    """Add the chat pages to the Studio ``app`` (``studio`` is its state: store, agents, render)."""
-    from tapekit.studio.pages import PageError
-    from tapekit.studio.pages import read_form as _form
+def registered_for(studio: Studio, tape_id: str, tags: list[str], tape: Tape[Any, Any]) -> RegisteredAgent:
+    """The registered agent that continues session ``tape_id`` (named by its tag, else found by
+    the tape's root agent, else the only one); a 409 page when there is none, or it has no
+    environment."""
+    named = next((t[len(AGENT_TAG) :] for t in tags if t.startswith(AGENT_TAG)), None)
+    found = studio.agents.get(named) if named else studio.agent_for_root(root_agent_name(tape.steps))
+    if found is None and len(studio.agents) == 1:
+        found = next(iter(studio.agents.values()))
+    if found is None:
+        raise PageError(
+            409,
+            "No agent for this session",
+            f"Session {tape_id!r} was made by an agent that is not registered; start the Studio with "
+            "--agent module:attr for it.",
+        )
+    if found.environment is None:
+        raise PageError(409, "No environment", f"Agent {found.name!r} was registered without an environment.")
+    return found
 
-    store = studio.store
-    locks: dict[str, asyncio.Lock] = {}
 
-    def registered_for(tape_id: str, tags: list[str], tape: Tape[Any, Any]) -> RegisteredAgent:
-        named = next((t[len(AGENT_TAG) :] for t in tags if t.startswith(AGENT_TAG)), None)
-        found = studio.agents.get(named) if named else studio.agent_for_root(root_agent_name(tape.steps))
-        if found is None and len(studio.agents) == 1:
-            found = next(iter(studio.agents.values()))
-        if found is None:
+def waiting_for(tape: Tape[Any, Any], tags: list[str], reg: RegisteredAgent | None) -> Waiting | None:
+    """What the session waits for (a message, approvals), or None."""
+    waiting = waiting_on(tape, reg.environment if reg else None)
+    if waiting is None and WAITING_TAG in tags:
+        return Waiting("external", message="the session waits for a message")
+    return waiting
+
+
+@router.get("/chat", response_class=HTMLResponse)
+def chat_list(request: Request, studio: StudioDep) -> Response:
+    """The sessions waiting for a person, and the recent chats."""
+    waiting = studio.store.list_tape_infos(TapeFilter(tag=WAITING_TAG), limit=100)
+    recent = studio.store.list_tape_infos(TapeFilter(tag=CHAT_TAG), limit=20)
+    return studio.render(request, "chat_list.html", waiting=waiting, recent=recent)
+
+
+@router.get("/chat/{tape_id}", response_class=HTMLResponse)
+def chat_page(request: Request, tape_id: str, studio: StudioDep) -> Response:
+    """The conversation, and a form for what it waits for."""
+    info = studio.info(tape_id)
+    tape = studio.tape(info)
+    try:
+        reg: RegisteredAgent | None = registered_for(studio, tape_id, info.tags, tape)
+    except PageError:
+        reg = None
+    waiting = waiting_for(tape, info.tags, reg)
+    return studio.render(
+        request,
+        "chat.html",
+        info=info,
+        lines=chat_lines(list(tape.steps)),
+        waiting=waiting,
+        registered=reg,
+        pretty=_pretty,
+    )
+
+
+Answer = Callable[[Tape[Any, Any], RegisteredAgent], Tape[Any, Any]]
+"""Makes the answered tape from the session's tape and its agent (ValueError: a bad answer)."""
+
+
+async def continue_session(studio: Studio, tape_id: str, form: dict[str, str], answer: Answer) -> Response:
+    """Answer the session (unless it moved on since the page showed it: 409) and run its agent
+    until it waits again; one answer at a time per session."""
+    lock = studio.locks.setdefault(tape_id, asyncio.Lock())
+    async with lock:
+        info = await run_in_threadpool(studio.info, tape_id)
+        if form.get("n_steps") != str(info.n_steps):
             raise PageError(
                 409,
-                "No agent for this session",
-                f"Session {tape_id!r} was made by an agent that is not registered; start the Studio with "
-                "--agent module:attr for it.",
+                "The session has moved on",
+                f"Session {tape_id!r} has {info.n_steps} steps now, not the {form.get('n_steps')} "
+                "this page showed. Reload the page and answer again.",
             )
-        if found.environment is None:
-            raise PageError(
-                409, "No environment", f"Agent {found.name!r} was registered without an environment."
-            )
-        return found
-
-    def waiting_for(tape: Tape[Any, Any], tags: list[str], reg: RegisteredAgent | None) -> Waiting | None:
-        waiting = waiting_on(tape, reg.environment if reg else None)
-        if waiting is None and WAITING_TAG in tags:
-            return Waiting("external", message="the session waits for a message")
-        return waiting
-
-    @app.get("/chat", response_class=HTMLResponse)
-    def chat_list(request: Request) -> Response:
-        waiting = store.list_tape_infos(TapeFilter(tag=WAITING_TAG), limit=100)
-        recent = store.list_tape_infos(TapeFilter(tag=CHAT_TAG), limit=20)
-        return studio.render(request, "chat_list.html", waiting=waiting, recent=recent)
-
-    @app.get("/chat/{tape_id}", response_class=HTMLResponse)
-    def chat_page(request: Request, tape_id: str) -> Response:
-        info = studio.info(tape_id)
-        tape = studio.tape(info)
+        tape = await run_in_threadpool(studio.store.get_tape, tape_id)
+        reg = registered_for(studio, tape_id, info.tags, tape)
         try:
-            reg: RegisteredAgent | None = registered_for(tape_id, info.tags, tape)
-        except PageError:
-            reg = None
-        waiting = waiting_for(tape, info.tags, reg)
-        return studio.render(
-            request,
-            "chat.html",
-            info=info,
-            lines=chat_lines(list(tape.steps)),
-            waiting=waiting,
-            registered=reg,
-            pretty=_pretty,
-        )
-
-    async def continue_session(tape_id: str, form: dict[str, str], answer: Any) -> Response:
-        lock = locks.setdefault(tape_id, asyncio.Lock())
-        async with lock:
-            info = await run_in_threadpool(studio.info, tape_id)
-            if form.get("n_steps") != str(info.n_steps):
-                raise PageError(
-                    409,
-                    "The session has moved on",
-                    f"Session {tape_id!r} has {info.n_steps} steps now, not the {form.get('n_steps')} "
-                    "this page showed. Reload the page and answer again.",
-                )
-            tape = await run_in_threadpool(store.get_tape, tape_id)
-            reg = registered_for(tape_id, info.tags, tape)
-            try:
-                answered = answer(tape, reg)
-            except (ValueError, TypeError) as e:
-                raise PageError(400, "Invalid answer", str(e)) from None
-            assert reg.environment is not None  # registered_for refuses agents without one
-            await arun_session(
-                reg.agent, reg.environment, answered, store=store, max_loops=studio.max_run_loops
-            )
-        return RedirectResponse(f"/chat/{tape_id}#end", status_code=303)
-
-    @app.post("/chat/{tape_id}/message")
-    async def chat_message(request: Request, tape_id: str) -> Response:
-        form = await _form(request)
-        text = form.get("message", "")
-        return await continue_session(tape_id, form, lambda tape, reg: reply(tape, text))
-
-    @app.post("/chat/{tape_id}/decision")
-    async def chat_decision(request: Request, tape_id: str) -> Response:
-        form = await _form(request)
-        choice, step_id, reason = form.get("decision", ""), form.get("step_id", ""), form.get("reason", "")
-
-        def decide(tape: Tape[Any, Any], reg: RegisteredAgent) -> Tape[Any, Any]:
-            env = reg.environment
-            if choice == "approve":
-                return approve(tape, step_id, reason=reason, environment=env)
-            if choice == "reject":
-                return reject(tape, step_id, reason=reason, environment=env)
-            if choice == "edit":
-                try:
-                    arguments = json.loads(form.get("arguments", ""))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"the edited arguments are not JSON: {e}") from None
-                if not isinstance(arguments, dict):
-                    raise ValueError("the edited arguments must be a JSON object")
-                return approve(tape, step_id, arguments=arguments, reason=reason, environment=env)
-            raise ValueError(f"decision must be approve, reject or edit, not {choice!r}")
-
-        return await continue_session(tape_id, form, decide)
-
-    @app.post("/chat")
-    async def chat_new(request: Request) -> Response:
-        form = await _form(request)
-        name, text = form.get("agent", ""), form.get("message", "")
-        if name not in studio.agents:
-            known = ", ".join(sorted(studio.agents)) or "none: start the Studio with --agent"
-            raise PageError(400, "Unknown agent", f"No agent {name!r} is registered (registered: {known}).")
-        reg = studio.agents[name]
-        if reg.environment is None:
-            raise PageError(409, "No environment", f"Agent {name!r} was registered without an environment.")
-        try:
-            start = reply(Tape(), text)
-        except ValueError as e:
+            answered = answer(tape, reg)
+        except (ValueError, TypeError) as e:
             raise PageError(400, "Invalid answer", str(e)) from None
-        tags = [CHAT_TAG, AGENT_TAG + name]
+        assert reg.environment is not None  # registered_for refuses agents without one
         await arun_session(
-            reg.agent, reg.environment, start, store=store, tags=tags, max_loops=studio.max_run_loops
+            reg.agent, reg.environment, answered, store=studio.store, max_loops=studio.max_run_loops
         )
-        return RedirectResponse(f"/chat/{start.metadata.id}#end", status_code=303)
+    return RedirectResponse(f"/chat/{tape_id}#end", status_code=303)
+
+
+@router.post("/chat/{tape_id}/message")
+async def chat_message(request: Request, tape_id: str, studio: StudioDep) -> Response:
+    """The person's message."""
+    form = await read_form(request)
+    text = form.get("message", "")
+    return await continue_session(studio, tape_id, form, lambda tape, reg: reply(tape, text))
+
+
+def decision(form: dict[str, str]) -> Answer:
+    """The posted decision on a tool call (approve, reject, or edit its arguments) as an answer."""
+    choice, step_id, reason = form.get("decision", ""), form.get("step_id", ""), form.get("reason", "")
+
+    def decide(tape: Tape[Any, Any], reg: RegisteredAgent) -> Tape[Any, Any]:
+        env = reg.environment
+        if choice == "approve":
+            return approve(tape, step_id, reason=reason, environment=env)
+        if choice == "reject":
+            return reject(tape, step_id, reason=reason, environment=env)
+        if choice == "edit":
+            try:
+                arguments = json.loads(form.get("arguments", ""))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"the edited arguments are not JSON: {e}") from None
+            if not isinstance(arguments, dict):
+                raise ValueError("the edited arguments must be a JSON object")
+            return approve(tape, step_id, arguments=arguments, reason=reason, environment=env)
+        raise ValueError(f"decision must be approve, reject or edit, not {choice!r}")
+
+    return decide
+
+
+@router.post("/chat/{tape_id}/decision")
+async def chat_decision(request: Request, tape_id: str, studio: StudioDep) -> Response:
+    """The person's decision on a tool call that needs approval."""
+    form = await read_form(request)
+    return await continue_session(studio, tape_id, form, decision(form))
+
+
+@router.post("/chat")
+async def chat_new(request: Request, studio: StudioDep) -> Response:
+    """Start a session with a registered agent and the person's first message."""
+    form = await read_form(request)
+    name, text = form.get("agent", ""), form.get("message", "")
+    if name not in studio.agents:
+        known = ", ".join(sorted(studio.agents)) or "none: start the Studio with --agent"
+        raise PageError(400, "Unknown agent", f"No agent {name!r} is registered (registered: {known}).")
+    reg = studio.agents[name]
+    if reg.environment is None:
+        raise PageError(409, "No environment", f"Agent {name!r} was registered without an environment.")
+    try:
+        start = reply(Tape(), text)
+    except ValueError as e:
+        raise PageError(400, "Invalid answer", str(e)) from None
+    tags = [CHAT_TAG, AGENT_TAG + name]
+    await arun_session(
+        reg.agent, reg.environment, start, store=studio.store, tags=tags, max_loops=studio.max_run_loops
+    )
+    return RedirectResponse(f"/chat/{start.metadata.id}#end", status_code=303)

@@ -1,12 +1,16 @@
 """What the Studio's pages show, computed from a tape store: step rows, step details with the
 LLM call and the view stack, tape diffs and batch matching. Plain data, no HTML (the templates
-escape everything they print)."""
+escape everything they print).
+
+The Studio knows no step kind by name: what a step shows (its gist, its own panel section, its
+attachments, the notes that stand in for bulky fields of its JSON) is the step's
+presentation (:meth:`tapekit.core.Step.present`).
+"""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -17,181 +21,195 @@ from pydantic import ConfigDict, ValidationError
 
 from tapekit._diff import first_divergence, signatures
 from tapekit.agent import Agent, AgentError
-from tapekit.core import Call, Respond, Step, StepMetadata, Tape, step_kinds
+from tapekit.core import (
+    MAX_ATTACHMENT_BYTES,
+    Attachment,
+    Step,
+    StepMetadata,
+    StepPresentation,
+    Tape,
+    find_step_class,
+    media_type_matches,
+)
 from tapekit.llm.base import LLMCall
-from tapekit.rendering import step_author, step_category
+from tapekit.rendering import presentation, shorten, step_author, step_category
 from tapekit.store import TapeInfo, TapeStore
 from tapekit.views import TapeView, TapeViewStack
 
 __all__ = [
     "BatchMatch",
     "DiffRow",
+    "Panel",
+    "ShownAttachment",
     "StepRow",
     "TapeCache",
     "UnknownStep",
     "ViewInfo",
+    "attachment_bytes",
     "batch_pairs",
     "diff_rows",
     "lenient_step",
     "lenient_steps",
     "lenient_tape",
-    "restore_screenshot",
+    "panel",
+    "restore_noted",
     "root_agent_name",
-    "screenshot_note",
-    "screenshot_png",
     "shown_fields",
     "start_key",
     "step_author",
     "step_row",
     "step_summary",
     "view_infos",
-    "web_fields",
 ]
 
 SUMMARY_WIDTH = 240
-
-
-SCREENSHOT_KINDS = frozenset({"web_observation"})
-"""Step kinds whose ``screenshot`` field is a base64 PNG (``tapekit.web``'s observations)."""
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-MAX_SCREENSHOT_BYTES = 20_000_000
-
-
-def screenshot_png(step: Step) -> bytes | None:
-    """The PNG bytes of a web observation's ``screenshot``; None when the step has none or it is
-    not valid base64 of a PNG (the Studio then shows no image rather than failing).
-
-    Works on :class:`UnknownStep` too (the step class not imported: the field is a raw extra).
-    """
-    if step.kind not in SCREENSHOT_KINDS:
-        return None
-    value = getattr(step, "screenshot", None)
-    if not isinstance(value, str) or not value or len(value) > MAX_SCREENSHOT_BYTES * 4 // 3 + 4:
-        return None
-    try:
-        png = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    return png if png.startswith(PNG_SIGNATURE) else None
-
-
-def screenshot_note(step: Step) -> str | None:
-    """What the step's JSON shows instead of its base64 ``screenshot`` (None: nothing to elide)."""
-    return _note(step, screenshot_png(step))
-
-
-def _note(step: Step, png: bytes | None) -> str | None:
-    """:func:`screenshot_note` for a step whose :func:`screenshot_png` is ``png``."""
-    if step.kind not in SCREENSHOT_KINDS:
-        return None
-    value = getattr(step, "screenshot", None)
-    if not isinstance(value, str) or not value:
-        return None
-    if png is None:
-        return f"<screenshot: {len(value)} characters, not a base64 PNG>"
-    size = f"{len(png)} B" if len(png) < 1024 else f"{round(len(png) / 1024)} KB"
-    return f"<screenshot: {size} PNG>"
-
-
-def shown_fields(step: Step) -> dict[str, Any]:
-    """The step's content (:meth:`Step.llm_dict`) as the Studio prints it: a web observation's
-    screenshot replaced by :func:`screenshot_note` (the image itself is served on its own URL)."""
-    fields = step.llm_dict()
-    note = screenshot_note(step)
-    if note is not None:
-        fields["screenshot"] = note
-    return fields
-
-
-def restore_screenshot(new: Step, old: Step) -> Step:
-    """``new`` (an edit of ``old`` from the step JSON box) with ``old``'s screenshot back when the
-    edit left the screenshot's note as it was shown; any other value is the user's."""
-    note = screenshot_note(old)
-    if note is None or new.kind != old.kind or getattr(new, "screenshot", None) != note:
-        return new
-    return new.model_copy(update={"screenshot": getattr(old, "screenshot", None)})
-
-
-WEB_FIELDS = ("url", "title", "goal", "reward", "done", "truncated", "step", "last_action_error")
-
-
-def web_fields(step: Step) -> dict[str, Any] | None:
-    """A web observation's fields for its own panel section (None for other steps): the page's
-    URL and title, the goal, reward and episode state, the action's error, the accessibility
-    tree, the task and the task's info; whether there is a viewable screenshot."""
-    if step.kind not in SCREENSHOT_KINDS:
-        return None
-    data = step.llm_dict()
-    out = {name: data.get(name) for name in WEB_FIELDS}
-    out["axtree"] = data.get("axtree") or ""
-    out["task"] = f"{data.get('task', '?')} (seed {data.get('seed', '?')})"
-    out["info"] = data.get("info") or {}
-    png = screenshot_png(step)  # decoded once for the note and the image
-    out["screenshot"] = _note(step, png)
-    out["has_png"] = png is not None
-    return out
+SHORT_TEXT = 80
+"""A field's text up to this long, on one line, shows as a labelled value; longer, as a block."""
+INLINE_IMAGES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+"""Attachments shown as images in the panel (and served inline); no SVG (it may hold script)."""
+INLINE_TYPES = INLINE_IMAGES | {"text/plain"}
+"""Attachments served as themselves; any other type is served as a download of bytes."""
+ATTACHMENT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def step_summary(step: Step, width: int = SUMMARY_WIDTH) -> str:
-    """A one-line gist of a step's content (the full JSON is on the step's page)."""
-    if isinstance(step, Call):
-        text = f"calls {step.agent_name}: {step.content}"
-    elif isinstance(step, Respond):
-        text = f"responds: {step.content}"
-    elif step.kind in SCREENSHOT_KINDS and not isinstance(step, UnknownStep):
-        text = _web_summary(step)
-    elif isinstance(step, UnknownStep):
-        fields = {k: v for k, v in shown_fields(step).items() if k != "kind"}
-        text = "(step class not loaded: start the Studio with --import MODULE) " + json.dumps(
-            fields, ensure_ascii=False, default=str
-        )
-    else:
-        fields = shown_fields(step)
-        fields.pop("kind", None)
-        fields = {k: v for k, v in fields.items() if v not in (None, "", [], {})}
-        if len(fields) == 1:
-            text = _text(next(iter(fields.values())))
+    """A one-line gist of a step's content (its presentation's summary; the full JSON is on the
+    step's page)."""
+    return shorten(presentation(step).summary, width)
+
+
+def shown_fields(step: Step, shown: StepPresentation | None = None) -> dict[str, Any]:
+    """The step's content (:meth:`Step.llm_dict`) as the Studio prints it: bulky fields replaced
+    by the notes of its presentation (``shown``, if already made)."""
+    fields = step.llm_dict()
+    notes = (shown or presentation(step)).notes
+    fields.update({name: note for name, note in notes.items() if name in fields})
+    return fields
+
+
+def restore_noted(new: Step, old: Step) -> Step:
+    """``new`` (an edit of ``old`` from the step JSON box) with ``old``'s values back for the
+    fields whose note the edit left as it was shown; any other value is the user's."""
+    if new.kind != old.kind:
+        return new
+    notes = presentation(old).notes
+    kept = {name: getattr(old, name) for name, note in notes.items() if getattr(new, name, None) == note}
+    return new.model_copy(update=kept) if kept else new
+
+
+def attachment_bytes(attachment: Attachment) -> bytes | None:
+    """The bytes the Studio may serve for ``attachment``: None unless there are some, no more
+    than :data:`MAX_ATTACHMENT_BYTES`, and they begin as files of their media type do."""
+    data = attachment.data()
+    if data is None or len(data) > MAX_ATTACHMENT_BYTES:
+        return None
+    return data if media_type_matches(data, attachment.media_type) else None
+
+
+@dataclass(frozen=True, slots=True)
+class ShownAttachment:
+    """An attachment in a step's panel: its name, the file name it is served under, whether it
+    can be served (``ok``) and shown as an image, and its size and format (or why not)."""
+
+    name: str
+    filename: str
+    media_type: str
+    ok: bool
+    image: bool
+    about: str
+
+
+@dataclass(frozen=True, slots=True)
+class Panel:
+    """A step's own section of its panel, from its presentation: a heading, an error banner,
+    labelled values, text blocks, JSON values and attachments."""
+
+    title: str
+    error: str
+    values: list[tuple[str, Any]]
+    texts: list[tuple[str, str]]
+    data: list[tuple[str, Any]]
+    attachments: list[ShownAttachment]
+
+
+def panel(shown: StepPresentation) -> Panel | None:
+    """The panel section for a presentation (None: it has no fields, attachments or error).
+    A field shows by its value's type: a list or dict as JSON, a long or multi-line text as a
+    block, anything else as a labelled value."""
+    if not (shown.fields or shown.attachments or shown.error):
+        return None
+    values, texts, data = [], [], []
+    for name, value in shown.fields.items():
+        if isinstance(value, dict | list | tuple):
+            data.append((name, value))
+        elif isinstance(value, str) and (len(value) > SHORT_TEXT or "\n" in value):
+            texts.append((name, value))
         else:
-            text = " · ".join(f"{k}: {_text(v)}" for k, v in fields.items())
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _web_summary(step: Step) -> str:
-    """A web observation's gist: the page, the episode's state, the action's error, the goal
-    (the accessibility tree and the screenshot are in the step's panel)."""
-    web = web_fields(step) or {}
-    parts = [f"step {web['step']}: {web['url'] or web['title'] or '(no page)'}"]
-    if web["done"] or web["reward"]:
-        parts.append(f"reward {web['reward']:g}")
-    if web["truncated"]:
-        parts.append("truncated")
-    elif web["done"]:
-        parts.append("done")
-    if web["last_action_error"]:
-        parts.append(f"error: {web['last_action_error']}")
-    if web["goal"]:
-        parts.append(f"goal: {web['goal']}")
-    return " · ".join(parts)
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+            values.append((name, "—" if value is None else value))
+    files = [
+        ShownAttachment(
+            name=name,
+            filename=f"{name}.{a.extension}",
+            media_type=a.media_type,
+            ok=attachment_bytes(a) is not None,
+            image=a.media_type in INLINE_IMAGES,
+            about=a.describe(),
+        )
+        for name, a in shown.attachments.items()
+        if ATTACHMENT_NAME.fullmatch(name)
+    ]
+    return Panel(shown.title or "Details", shown.error, values, texts, data, files)
 
 
 class UnknownStep(Step):
     """A stored step whose ``kind`` no loaded step class declares (or that its class no longer
     accepts): the Studio shows its kind and raw fields instead of failing the page. Start the
-    Studio with ``--import MODULE`` (or ``--agent``) to load the real classes."""
+    Studio with ``--import MODULE`` (or ``--agent``) to load the real classes.
+
+    It is presented by the class of its kind when one is found (:func:`find_step_class`: a
+    loaded class, or one from the module registered for the kind), built without validation
+    from the stored fields; that keeps, e.g., the attachments of a step stored in an older
+    format. Its summary is its raw fields, the presentation's notes in place of bulky ones.
+    """
 
     model_config = ConfigDict(extra="allow")
 
     kind: str
 
+    def present(self) -> StepPresentation:
+        """The presentation of its kind's class, if any (else the default), with its raw
+        fields as the summary, marked as not loaded or not valid."""
+        content = {k: v for k, v in self.llm_dict().items() if k != "kind"}
+        cls = find_step_class(self.kind)
+        shown = None
+        if cls is not None:
+            try:
+                built = cls.model_construct(metadata=self.metadata, kind=self.kind, **content)
+                shown = built.present()
+            except Exception:
+                shown = None
+        shown = shown or StepPresentation(summary="")
+        content.update({k: note for k, note in shown.notes.items() if k in content})
+        why = (
+            f"(its fields do not validate as {cls.__name__}) "
+            if cls is not None
+            else "(step class not loaded: start the Studio with --import MODULE) "
+        )
+        return StepPresentation(
+            summary=why + json.dumps(content, ensure_ascii=False, default=str),
+            title=shown.title,
+            fields=shown.fields,
+            attachments=shown.attachments,
+            notes=shown.notes,
+            error=shown.error,
+        )
+
 
 def lenient_step(data: Any) -> Step:
-    """``data`` (a stored step's JSON object) as its step class, or as an :class:`UnknownStep`."""
-    cls = step_kinds().get(str(data.get("kind"))) if isinstance(data, dict) else None
+    """``data`` (a stored step's JSON object) as its step class (importing the module
+    registered for its kind if need be: :func:`tapekit.core.find_step_class`), or as an
+    :class:`UnknownStep`."""
+    cls = find_step_class(str(data.get("kind"))) if isinstance(data, dict) else None
     if cls is not None:
         try:
             return cls.model_validate(data)
@@ -230,22 +248,35 @@ class StepRow:
     prompt_id: str
     run_start: bool
     tokens: str = ""
-    screenshot: bool = False
+    attachments: tuple[str, ...] = ()
 
 
-def step_row(step: Step, index: int, run_start: bool = False, call: LLMCall | None = None) -> StepRow:
-    """The row for ``step`` at ``index``; ``call`` (the LLM call of its node run) adds tokens."""
+def step_row(
+    step: Step,
+    index: int,
+    run_start: bool = False,
+    call: LLMCall | None = None,
+    shown: StepPresentation | None = None,
+) -> StepRow:
+    """The row for ``step`` at ``index``; ``call`` (the LLM call of its node run) adds tokens.
+    The row names the step's attachments that can be served. ``shown``: the step's
+    presentation, if already made."""
     tokens = f"{call.prompt_tokens}+{call.output_tokens} tok" if call is not None else ""
+    shown = shown or presentation(step)
     return StepRow(
         index=index,
         category="unknown" if isinstance(step, UnknownStep) else step_category(step),
         author=step_author(step),
         kind=step.kind,
-        summary=step_summary(step),
+        summary=shorten(shown.summary, SUMMARY_WIDTH),
         prompt_id=step.metadata.prompt_id,
         run_start=run_start,
         tokens=tokens,
-        screenshot=screenshot_png(step) is not None,
+        attachments=tuple(
+            name
+            for name, a in shown.attachments.items()
+            if ATTACHMENT_NAME.fullmatch(name) and attachment_bytes(a) is not None
+        ),
     )
 
 

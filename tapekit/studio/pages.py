@@ -1,19 +1,21 @@
 """What every Studio page shares: the app's state (:class:`Studio`: the store, the agents, the
 templates, a tape cache), the error page exception, and small request helpers (page numbers,
-URLs, the posted form with its CSRF check)."""
+URLs, the posted form with its CSRF check) and how a route gets the app's state
+(:data:`StudioDep`, a FastAPI dependency)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qs, quote
 
 import jinja2
-from fastapi import Request
+from fastapi import Depends, Request
 from pydantic import ValidationError
 from starlette.responses import HTMLResponse
 
@@ -32,12 +34,14 @@ __all__ = [
     "TAPES_PER_PAGE",
     "PageError",
     "Studio",
+    "StudioDep",
     "int_param",
     "maybe_info",
     "page_count",
     "page_of",
     "read_form",
     "readable",
+    "studio_of",
     "tape_url",
     "templates",
 ]
@@ -106,6 +110,8 @@ class Studio:
         self.max_run_loops = max_run_loops
         self.cache = TapeCache(16)
         self.env = templates()
+        self.locks: dict[str, asyncio.Lock] = {}
+        """Per-tape locks of the changes that continue a stored tape in place (the chat)."""
 
     # ------------------------------------------------------------------ helpers
 
@@ -173,6 +179,16 @@ class Studio:
     def agent_for_root(self, root: str | None) -> RegisteredAgent | None:
         """The registered agent whose root is named ``root``, if any."""
         return next((a for a in self.agents.values() if a.agent.name == root), None)
+
+
+def studio_of(request: Request) -> Studio:
+    """The app's :class:`Studio` (``app.state.studio``, set by ``create_app``)."""
+    studio: Studio = request.app.state.studio
+    return studio
+
+
+StudioDep = Annotated[Studio, Depends(studio_of)]
+"""A route's parameter ``studio: StudioDep`` gets the app's :class:`Studio`."""
 
 
 def readable(load: Callable[[], Any], lenient: Callable[[], Any]) -> Any:

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from tapekit._engine.moves import next_move
 from tapekit.agent import Agent
-from tapekit.core import Step, StepMetadata, Tape, TapeMetadata, new_id, step_kinds
+from tapekit.core import Step, StepMetadata, Tape, TapeMetadata, find_step_class, new_id, step_kinds
 from tapekit.environment import Environment, unanswered_actions
 from tapekit.errors import TapekitError
 from tapekit.llm.base import LLMCall
@@ -207,10 +207,10 @@ def parse_step(text: str, metadata: StepMetadata | None = None) -> Step:
     kind = data.get("kind")
     if not isinstance(kind, str):
         raise StepInputError('the step has no "kind" (a string naming its step class)')
-    kinds = step_kinds()
-    cls = kinds.get(kind)
+    cls = find_step_class(kind)  # a loaded class, or one from the module registered for the kind
     if cls is None:
-        raise StepInputError(f"unknown step kind {kind!r}; known kinds: {', '.join(sorted(kinds))}")
+        known = ", ".join(sorted(step_kinds()))
+        raise StepInputError(f"unknown step kind {kind!r}; known kinds: {known}")
     if "metadata" not in data and metadata is not None:
         data = {**data, "metadata": metadata.model_dump()}
     try:

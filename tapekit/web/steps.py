@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from tapekit.core import Action, Observation, Thought
+from tapekit.core import Action, Attachment, Observation, StepPresentation, Thought
 
 __all__ = [
     "ACTION_CLASSES",
@@ -201,6 +201,63 @@ class WebObservation(Observation):
     step: int = 0
     info: dict[str, Any] = Field(default_factory=dict)
     screenshot: str | None = None
+
+    def present(self) -> StepPresentation:
+        """The page as people see it: the gist (the episode's step, the page, the reward and
+        state, the action's error, the goal), the panel's fields (URL, title, task, step,
+        reward, state, goal, accessibility tree, task info), the action's error as a banner,
+        and the screenshot as a PNG attachment, shown in the step's JSON as a note such as
+        ``"<screenshot: 41 KB PNG>"``.
+
+        Every field is read with a default, so an observation stored in an older format (the
+        Studio builds it without validation) still shows its page and its screenshot.
+        """
+        get = self.__dict__.get  # set fields only: a step built by model_construct may lack some
+        step, url, title, goal = get("step", 0), get("url", ""), get("title", ""), get("goal", "")
+        reward, done, truncated = get("reward", 0.0), get("done", False), get("truncated", False)
+        error, axtree, info = get("last_action_error", ""), get("axtree", ""), get("info") or {}
+        parts = [f"step {step}: {url or title or '(no page)'}"]
+        if done or reward:
+            parts.append(f"reward {reward:g}")
+        if truncated:
+            parts.append("truncated")
+        elif done:
+            parts.append("done")
+        if error:
+            parts.append(f"error: {error}")
+        if goal:
+            parts.append(f"goal: {goal}")
+        fields: dict[str, Any] = {"url": url or "—"}
+        if title:
+            fields["title"] = title
+        fields["task"] = f"{get('task', '?')} (seed {get('seed', '?')})"
+        fields["step"] = step
+        fields["reward"] = reward
+        fields["episode"] = "truncated" if truncated else "done" if done else "going on"
+        if goal:
+            fields["goal"] = goal
+        fields["accessibility tree"] = axtree or "(empty)"
+        if info:
+            fields["task info"] = info
+        attachments, notes = {}, {}
+        shot = get("screenshot")
+        if isinstance(shot, str) and shot:
+            png = Attachment.from_base64("image/png", shot)
+            attachments["screenshot"] = png
+            valid = png.data() is not None
+            notes["screenshot"] = (
+                f"<screenshot: {png.describe()}>"
+                if valid
+                else f"<screenshot: {len(shot)} characters, not a base64 PNG>"
+            )
+        return StepPresentation(
+            summary=" · ".join(parts),
+            title="Page",
+            fields=fields,
+            attachments=attachments,
+            notes=notes,
+            error=f"last action failed: {error}" if error else "",
+        )
 
 
 ACTION_CLASSES: dict[str, type[WebAction]] = {
