@@ -101,7 +101,7 @@ def test_the_screenshot_loads_in_the_step_panel(
     ]
     (first, first_png), (second, second_png) = shots
     page.goto(f"{url}/tapes/{tape_id}/steps/{first}")  # the step's own URL
-    img = page.locator("#panel img.screenshot")
+    img = page.locator("#panel img.attachment[data-name=screenshot]")
     sync_api.expect(img).to_have_count(1)
     assert img.get_attribute("src") == f"/tapes/{tape_id}/steps/{first}/screenshot.png"
     assert loaded_width(img) == png_size(first_png)[0] > 0
@@ -111,7 +111,7 @@ def test_the_screenshot_loads_in_the_step_panel(
     # the panel loaded in place by clicking another step
     page.locator(f"#step-{second}").click()
     sync_api.expect(page.locator("#panel .step-detail")).to_have_attribute("data-index", str(second))
-    img = page.locator("#panel img.screenshot")
+    img = page.locator("#panel img.attachment[data-name=screenshot]")
     sync_api.expect(img).to_have_attribute("src", f"/tapes/{tape_id}/steps/{second}/screenshot.png")
     assert loaded_width(img) == png_size(second_png)[0] > 0
     # an action has no image
