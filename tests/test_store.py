@@ -568,8 +568,9 @@ def test_steps_stored_as_other_json_are_the_same_steps(tmp_path: Path) -> None:
 
 def test_the_check_hashes_each_step_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The prefix check costs no step serialisation for a growing tape (its new steps are
-    serialised once, for their rows and their digest), and a tape this store did not save (read
-    back by a new store) has its prefix hashed once, not on every save."""
+    serialised once, for their rows and their digest), a tape this store did not save (read
+    back by a new store) has its prefix hashed once, not on every save, and a tape rebuilt from
+    a list of the same step objects on every save is not serialised again either."""
     serialised = []
     to_json = UserStep.model_dump_json
 
@@ -593,6 +594,11 @@ def test_the_check_hashes_each_step_once(tmp_path: Path, monkeypatch: pytest.Mon
             tape = tape.append(UserStep(content=str(i)))
             store.save_tape(tape, "t")
         assert len(serialised) == 200 + 50  # the stored 200 once, then each new step once
+        serialised.clear()
+        for i in range(250, 300):  # a tape rebuilt from a list each time: the same step objects
+            tape = Tape(steps=[*tape.steps, UserStep(content=str(i))])
+            store.save_tape(tape, "t")
+        assert len(serialised) == 50
 
 
 # ---------------------------------------------------------------------------- another application's file

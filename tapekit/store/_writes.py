@@ -25,6 +25,7 @@ from tapekit.store._tokens import decode_tokens, encode_tokens_apart
 
 __all__ = [
     "CallWrite",
+    "KnownSteps",
     "TagWrite",
     "TapeRows",
     "TapeWrite",
@@ -274,7 +275,26 @@ def chain_digest(digest: str, datas: Iterable[str]) -> str:
     return digest
 
 
-def steps_digest(steps: Sequence[Step], n: int, where: str, datas: Sequence[str] = (), start: int = 0) -> str:
+class KnownSteps:
+    """The step objects of one tape as a store hashed them, and the digest after each (see
+    :func:`steps_digest`): a tape given as another step buffer (rebuilt from a list, say) that
+    holds the same objects skips serialising them."""
+
+    __slots__ = ("digests", "steps")
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+        self.digests: list[str] = []
+
+
+def steps_digest(
+    steps: Sequence[Step],
+    n: int,
+    where: str,
+    datas: Sequence[str] = (),
+    start: int = 0,
+    known: KnownSteps | None = None,
+) -> str:
     """The digest of ``steps[:n]`` (:func:`chain_digest` over their JSON as a save stores it):
     what the store keeps with a tape, to check that a later save under its id begins with the
     stored steps without reading them.
@@ -282,14 +302,27 @@ def steps_digest(steps: Sequence[Step], n: int, where: str, datas: Sequence[str]
     It is a fold memoised on the tape's shared step buffer (:meth:`StepSequence.fold`), so a
     tape that grows by appending (a running session) hashes each step once, whichever of its
     versions is saved; ``datas[i - start]`` is step ``i``'s JSON where the caller has it already
-    (the new steps of a save). ``where`` names the tape in the error for a step that cannot be
-    serialised. A step changed in place after it was hashed keeps its old digest (steps are
-    values: change a copy)."""
+    (the new steps of a save). ``known`` (the steps hashed before, extended here) spares the
+    serialisation of the steps a tape given as another buffer shares with them, object for
+    object. ``where`` names the tape in the error for a step that cannot be serialised. A step
+    changed in place after it was hashed keeps its old digest (steps are values: change a
+    copy)."""
     sequence = steps if isinstance(steps, StepSequence) else StepSequence(steps)
 
     def step_fn(digest: str, step: Step, i: int) -> str:
+        if (
+            known is not None
+            and i < len(known.steps)
+            and known.steps[i] is step
+            and digest == (known.digests[i - 1] if i else "")
+        ):
+            return known.digests[i]
         j = i - start
         data = datas[j] if 0 <= j < len(datas) else model_json(step, f"{where}: step {i} ({step.kind})")
-        return hashlib.sha256(f"{digest}\n{data}".encode()).hexdigest()
+        out = hashlib.sha256(f"{digest}\n{data}".encode()).hexdigest()
+        if known is not None and i == len(known.steps):
+            known.steps.append(step)
+            known.digests.append(out)
+        return out
 
     return sequence[:n].fold(_DIGEST_FOLD, str, step_fn)

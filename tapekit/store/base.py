@@ -20,6 +20,7 @@ import json
 import time
 import warnings
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from tapekit.errors import TapekitError
 from tapekit.llm.base import LLMCall
 from tapekit.store._prompts import PromptEncoder
 from tapekit.store._writes import (
+    KnownSteps,
     TagWrite,
     TapeWrite,
     Write,
@@ -46,6 +48,8 @@ from tapekit.store._writes import check_tags as _check_tags
 
 if TYPE_CHECKING:
     from tapekit.events import MainLoopEvent
+
+_KNOWN_TAPES = 64  # tapes whose hashed step objects a store keeps (see TapeStore._known)
 
 __all__ = ["StoreWriteError", "TapeFilter", "TapeInfo", "TapeNotFoundError", "TapeStore", "Totals"]
 
@@ -258,6 +262,8 @@ class TapeStore(ABC):
         # the digest of the tape given at that length, which differs only when its steps are
         # the stored ones serialised otherwise; see _check_extends)
         self._saved: dict[str, tuple[int, str, str]] = {}
+        # the step objects of the tapes saved last, hashed (see steps_digest), newest last
+        self._known_steps: OrderedDict[str, KnownSteps] = OrderedDict()
         self._closed = False
         self._prompts = PromptEncoder()  # LLM calls' prompts as shared parts (see _prompts.py)
 
@@ -394,7 +400,7 @@ class TapeStore(ABC):
                 f"tape {tape_id} has {start} stored steps; the tape given has only {len(steps)} "
                 "(save a different tape under its own id)"
             )
-        mine = steps_digest(steps, start, f"tape {tape_id!r}") if start else ""
+        mine = steps_digest(steps, start, f"tape {tape_id!r}", known=self._known(tape_id)) if start else ""
         if mine != given and mine != stored:
             index = self._first_difference(tape_id, steps, start)
             if index is not None:
@@ -410,6 +416,17 @@ class TapeStore(ABC):
                 )
             # the stored steps, serialised otherwise now (e.g. a set's order): the same tape
         return start, stored, mine
+
+    def _known(self, tape_id: str) -> KnownSteps:
+        """The steps of ``tape_id`` this store hashed (kept for the 64 tapes saved last)."""
+        known = self._known_steps.get(tape_id)
+        if known is None:
+            known = self._known_steps[tape_id] = KnownSteps()
+            if len(self._known_steps) > _KNOWN_TAPES:
+                self._known_steps.popitem(last=False)
+        else:
+            self._known_steps.move_to_end(tape_id)
+        return known
 
     def _first_difference(self, tape_id: str, steps: Sequence[Step], n: int) -> int | None:
         """The first of the ``n`` stored steps of ``tape_id`` that ``steps`` does not hold,
@@ -472,7 +489,7 @@ class TapeStore(ABC):
         datas = [row[7] for row in rows.steps]
         rows.digest = chain_digest(stored, datas)
         # the digest of the whole tape given (memoised on its step buffer for its next save)
-        given = steps_digest(steps, len(steps), f"tape {tape_id!r}", datas, start)
+        given = steps_digest(steps, len(steps), f"tape {tape_id!r}", datas, start, self._known(tape_id))
         self._submit(rows)
         self._saved[tape_id] = (len(tape), rows.digest, given)
         return tape_id
