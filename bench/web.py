@@ -4,7 +4,7 @@ BrowserGym on the same tasks.
 tapekit: one ``WebEnvironment`` per concurrency level (1, 2 and 4 episodes at a time; the
 browser is launched and warmed up with one episode before the clock starts), ``--episodes``
 teacher episodes over the 14 training tasks in turn, training seeds from 1000. Stock BrowserGym
-(``--browsergym``, where it is installed: see tapekit.web.stock): the same tasks and number of
+(``--browsergym``, where it is installed: see tests/web/_stock.py): the same tasks and number of
 seeds, with its gym environment in 1, 2 or 4 worker processes (it drives Playwright's sync API,
 one per process), its default 0.5 s ``pre_observation_delay``, and the same teacher policy on
 the same compact tree. Its seeds map to other pages than tapekit's (BrowserGym derives the page
@@ -30,6 +30,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +38,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.web._stock: stock BrowserGym
 
 from tapekit import async_main_loop
 from tapekit.web import WebEnvironment, WebObservation
@@ -182,7 +185,7 @@ async def run_tapekit(n: int, concurrency: int) -> Run:
 
 
 def _stock_worker(jobs: list[tuple[str, int]]) -> list[dict[str, Any]]:
-    from tapekit.web.stock import run_episode
+    from tests.web._stock import run_episode
 
     out = []
     for task, seed in jobs:
@@ -300,7 +303,7 @@ def main() -> None:
         runs.append(run)
         print(run.line(), flush=True)
     if args.browsergym:
-        from tapekit.web.stock import missing
+        from tests.web._stock import missing
 
         why = missing()
         if why is not None:

@@ -3,8 +3,10 @@ with a committed split, programmatic teachers and the LLM agent.
 
 - :mod:`tapekit.web.steps`: BrowserGym's actions as typed steps, the observation, the call
   syntax parser.
-- :class:`WebEnvironment`: one headless Chromium, a fresh context per episode, bounded,
-  deadlines on every call, tapes that resume from any cut (see :mod:`tapekit.web.environment`).
+- :class:`WebEnvironment`: tapes as episodes in one headless Chromium, a fresh context per
+  episode, tapes that resume from any cut (see :mod:`tapekit.web.environment`); under it a
+  browser pool that launches and relaunches the browser, puts a deadline on every call, makes
+  spare pages ahead and bounds the pages open (:mod:`tapekit.web._pool`).
 - :mod:`tapekit.web.miniwob`: the tasks of the ``miniwob`` wheel, the split, evaluation tasks
   and the reward scorer.
 - :mod:`tapekit.web.teacher`: policies that read only the goal and the observation.
@@ -30,7 +32,7 @@ from tapekit.web.agent import (
     without_thoughts,
 )
 from tapekit.web.axtree import AXLine, flatten_axtree, parse_axtree
-from tapekit.web.environment import CHROMIUM_ARGS, DEFAULT_CHROMIUM, WebEnvironment, WebEnvironmentError
+from tapekit.web.environment import CHROMIUM_ARGS, DEFAULT_CHROMIUM, WebEnvironment
 from tapekit.web.steps import (
     ACTION_CLASSES,
     Click,
@@ -48,7 +50,7 @@ from tapekit.web.steps import (
     WebThought,
     parse_action,
 )
-from tapekit.web.task import PageTask, TaskStatus, WebTask
+from tapekit.web.task import PageTask, TaskStatus, WebEnvironmentError, WebTask
 
 __all__ = [
     "ACTION_CLASSES",

@@ -35,7 +35,7 @@ from typing import Any, Literal
 from tapekit.core import StepSequence, Tape
 from tapekit.evaluate import Score, Task
 from tapekit.web.steps import OpenTask, WebObservation
-from tapekit.web.task import TaskStatus, WebTask
+from tapekit.web.task import TaskStatus, WebEnvironmentError, WebTask
 
 __all__ = [
     "HELD_OUT_TASKS",
@@ -147,8 +147,6 @@ def miniwob_html_dir() -> Path:
     """The wheel's ``miniwob/html`` folder (found without importing the package)."""
     spec = importlib.util.find_spec("miniwob")
     if spec is None or not spec.submodule_search_locations:
-        from tapekit.web.environment import WebEnvironmentError
-
         raise WebEnvironmentError("MiniWob++ needs the miniwob package: pip install 'tapekit[web]'")
     return Path(next(iter(spec.submodule_search_locations))) / "html"
 

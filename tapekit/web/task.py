@@ -1,6 +1,7 @@
 """What a web task is to the browser environment: how to set up its page for a seed and how to read
 its reward. :class:`tapekit.web.miniwob.MiniWobTask` is the main implementation; :class:`PageTask`
-opens any URL (for tests and simple pages with no reward)."""
+opens any URL (for tests and simple pages with no reward). :class:`WebEnvironmentError` is what
+the environment, its browser pool and the tasks raise when they cannot work at all."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PageTask", "TaskStatus", "WebTask"]
+from tapekit.errors import TapekitError
+
+__all__ = ["PageTask", "TaskStatus", "WebEnvironmentError", "WebTask"]
+
+
+class WebEnvironmentError(TapekitError, RuntimeError):
+    """The browser environment cannot work: no Playwright, no browser executable, a launch that
+    fails, a task it does not know or cannot load its pages for (no ``miniwob`` package), or a
+    tape it cannot make sense of (a web action before any ``OpenTask``)."""
 
 
 @dataclass(frozen=True)

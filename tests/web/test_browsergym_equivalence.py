@@ -16,8 +16,8 @@ import pytest
 from tapekit import Tape, main_loop
 from tapekit.web import WebAction, WebEnvironment, WebObservation, parse_action, parse_axtree
 from tapekit.web.miniwob import start_tape
-from tapekit.web.stock import Replay, StockEpisode, missing, page_seed, run_episode
 from tapekit.web.teacher import teacher_agent
+from tests.web._stock import Replay, StockEpisode, missing, page_seed, run_episode
 from tests.web.conftest import MISSING
 
 REASON = "; ".join(MISSING) or missing()

@@ -399,13 +399,14 @@ def test_the_finaliser_also_works_from_the_browser_loop_thread() -> None:
     driver = _procs.parent(pids[0])
 
     async def collected_here() -> None:
-        env._leftovers.clean()
+        env._pool._leftovers.clean()
 
-    env._call(collected_here()).result(timeout=30)
+    env._pool.submit(collected_here()).result(timeout=30)
     assert wait_dead([*pids, driver]) == []  # type: ignore[list-item]
-    assert env._runner is not None
-    env._runner.thread.join(timeout=15)
-    assert not env._runner.thread.is_alive()
+    runner = env._pool._runner
+    assert runner is not None
+    runner.thread.join(timeout=15)
+    assert not runner.thread.is_alive()
 
 
 def test_async_context_manager_closes_the_browser() -> None:

@@ -1,5 +1,6 @@
 """Stock BrowserGym, driven by the same policies: the reward-equivalence test and the bench's
-baseline. Nothing else in tapekit needs BrowserGym.
+baseline (``bench/web.py --browsergym`` imports it from here). Nothing in tapekit needs
+BrowserGym, and this module is not in the wheel.
 
 BrowserGym is not a dependency of the ``web`` extra: ``browsergym-core`` pins
 ``playwright==1.44`` and pulls ``mcp[cli]``. Install it beside tapekit without its dependencies
@@ -22,8 +23,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tapekit.web import CHROMIUM_ARGS, DEFAULT_CHROMIUM
 from tapekit.web.axtree import flatten_axtree, snapshot_bids
-from tapekit.web.environment import CHROMIUM_ARGS, DEFAULT_CHROMIUM
 from tapekit.web.miniwob import STEP_LIMITS
 from tapekit.web.steps import SendMsgToUser, WebAction, WebObservation
 
