@@ -9,6 +9,7 @@ so building a session of n steps costs O(n), not O(n²).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import typing
@@ -119,7 +120,8 @@ def register_step_module(prefix: str, module: str) -> None:
 def find_step_class(kind: str) -> type[Step] | None:
     """The step class of ``kind``: a loaded one, else one that the module registered for the
     kind defines (imported now, the longest matching prefix first, each module tried once; a
-    module that fails to import counts as not defining it), else None."""
+    module that fails to import counts as not defining it, and any error but an ImportError is
+    logged), else None."""
     global _ENTRY_POINTS_READ
     cls = _STEP_REGISTRY.get(kind)
     if cls is not None:
@@ -140,7 +142,10 @@ def find_step_class(kind: str) -> type[Step] | None:
             _TRIED_MODULES.add(module)
             try:
                 importlib.import_module(module)
-            except ImportError:
+            except ImportError:  # an optional package that is not installed
+                continue
+            except Exception:
+                logging.getLogger(__name__).warning("importing %s failed", module, exc_info=True)
                 continue
             if kind in _STEP_REGISTRY:
                 break

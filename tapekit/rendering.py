@@ -43,13 +43,18 @@ def step_author(step: Step) -> str:
     return f"{meta.agent}.{meta.node}" if meta.agent else "environment"
 
 
+_FAILED_CLASSES: set[type[Step]] = set()
+
+
 def presentation(step: Step) -> StepPresentation:
     """``step.present()``; if the step class's own ``present`` raises, the default presentation
-    (the error is logged): a tool that shows a tape never fails on one step."""
+    (the error is logged, once per class): a tool that shows a tape never fails on one step."""
     try:
         return step.present()
     except Exception:
-        logger.warning("%s.present() failed; shown by default", type(step).__name__, exc_info=True)
+        if type(step) not in _FAILED_CLASSES:
+            _FAILED_CLASSES.add(type(step))
+            logger.warning("%s.present() failed; shown by default", type(step).__name__, exc_info=True)
         return Step.present(step)
 
 
