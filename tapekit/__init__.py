@@ -18,6 +18,7 @@ from tapekit.agent import (
 )
 from tapekit.core import (
     Action,
+    Attachment,
     Branch,
     Call,
     ControlStep,
@@ -30,6 +31,7 @@ from tapekit.core import (
     SetNextNode,
     Step,
     StepMetadata,
+    StepPresentation,
     StepSequence,
     StopStep,
     Tape,
@@ -128,6 +130,7 @@ __all__ = [
     "AssistantThought",
     "AsyncAgentStream",
     "AsyncMainLoopStream",
+    "Attachment",
     "BootstrapFewShot",
     "Branch",
     "Call",
@@ -171,6 +174,7 @@ __all__ = [
     "SetNextNode",
     "Step",
     "StepMetadata",
+    "StepPresentation",
     "StepSequence",
     "StepSource",  # tapekit.frameworks
     "StopStep",
