@@ -92,6 +92,11 @@ class OpenPage:
     busy: bool = False
     last_used: float = field(default_factory=time.monotonic)
 
+    def handles(self) -> dict[str, Any]:
+        """The browser's handles of this page (context, page, CDP session, generation): what a
+        record of the same page is made from."""
+        return {"context": self.context, "page": self.page, "cdp": self.cdp, "generation": self.generation}
+
 
 def first_line(error: BaseException) -> str:
     """The first line of ``error``'s message (its type's name when it has none)."""
@@ -192,7 +197,7 @@ class BrowserPool:
 
     Methods marked *loop side* run on the pool's own event loop: submit a coroutine that calls
     them with :meth:`submit`. The settings are :class:`~tapekit.web.WebEnvironment`'s arguments
-    of the same names.
+    of the same names (their defaults are the environment's).
 
     ``stats`` counts ``launches``, ``hangs`` (calls past their deadline), ``crashes`` (a browser
     or page that closed under a call), ``restarts`` (relaunches after ``restart_after_hangs``
@@ -202,15 +207,15 @@ class BrowserPool:
     def __init__(
         self,
         *,
-        executable: str | None = None,
-        max_concurrent: int = 2,
-        max_open: int | None = None,
-        action_timeout_s: float = 2.0,
-        timeout_s: float = 10.0,
-        prewarm: int = 1,
-        chromium_args: Sequence[str] = (),
-        restart_after_hangs: int | None = 3,
-        name: str = "browser",
+        executable: str | None,
+        max_concurrent: int,
+        max_open: int | None,
+        action_timeout_s: float,
+        timeout_s: float,
+        prewarm: int,
+        chromium_args: Sequence[str],
+        restart_after_hangs: int | None,
+        name: str,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")

@@ -36,7 +36,7 @@ from typing import Any, Generic, Self, TypeVar, overload
 
 from tapekit.core import Observation, Tape, new_id
 from tapekit.environment import ENVIRONMENT_FAILURE, Environment, UnknownActionError, unanswered_actions
-from tapekit.web._fill import FIELD_VALUE, FILL_FORMATS, fill_problem
+from tapekit.web._actions import FILL_FORMATS, fill_problem, perform
 from tapekit.web._js import HTML_TAGS, SETTLE_AND_MARK
 from tapekit.web._pool import (
     CHROMIUM_ARGS,
@@ -48,20 +48,7 @@ from tapekit.web._pool import (
     first_line,
 )
 from tapekit.web.axtree import flatten_axtree, snapshot_bids
-from tapekit.web.steps import (
-    Click,
-    Fill,
-    GoBack,
-    Hover,
-    Noop,
-    OpenTask,
-    Press,
-    Scroll,
-    SelectOption,
-    SendMsgToUser,
-    WebAction,
-    WebObservation,
-)
+from tapekit.web.steps import OpenTask, SendMsgToUser, WebAction, WebObservation
 from tapekit.web.task import TaskStatus, WebEnvironmentError, WebTask
 
 __all__ = [
@@ -416,17 +403,8 @@ class WebEnvironment(Environment):
         page = await self._pool.new_page(task.viewport)
         setup = task.setup(page.page, seed, self.timeout_s)
         goal = await self._pool.load(page, setup, f"loading {task.name}")
-        episode = _Episode(
-            id=episode_id,
-            context=page.context,
-            page=page.page,
-            cdp=page.cdp,
-            generation=page.generation,
-            task=task,
-            seed=seed,
-            goal=goal,
-            max_steps=max_steps or task.max_steps,
-        )
+        episode = _Episode(id=episode_id, task=task, seed=seed, goal=goal, **page.handles())
+        episode.max_steps = max_steps or task.max_steps
         self._pool.keep(episode)
         self.stats["episodes"] += 1
         return episode
@@ -475,38 +453,15 @@ class WebEnvironment(Environment):
         return result
 
     async def _perform(self, episode: _Episode, action: WebAction) -> None:
-        """Do ``action`` on the page; Playwright's errors (no such element, not actionable) raise."""
-        page, guard = episode.page, self._pool.guard
-        t = self.action_timeout_s * 1000
-        if isinstance(action, Click | Fill | SelectOption | Press | Hover):
-            locator = page.locator(f'[bid="{action.bid}"]')
-            count = await guard(locator.count(), action.call())
-            if count == 0:
-                raise ValueError(f'Could not find element with bid "{action.bid}"')
-            if isinstance(action, Click):
-                await guard(locator.click(timeout=t), action.call())
-            elif isinstance(action, Fill):
-                await guard(locator.fill(action.text, timeout=t), action.call())
-                held = await guard(locator.evaluate(FIELD_VALUE), action.call())
-                problem = fill_problem(action.text, held)
-                if problem:
-                    raise ValueError(f"{action.call()} did not take: {problem}")
-            elif isinstance(action, SelectOption):
-                await guard(locator.select_option(action.options, timeout=t), action.call())
-            elif isinstance(action, Press):
-                await guard(locator.press(action.key_comb, timeout=t), action.call())
-            else:
-                await guard(locator.hover(timeout=t), action.call())
-        elif isinstance(action, Scroll):
-            await guard(page.mouse.wheel(action.dx, action.dy), action.call())
-        elif isinstance(action, GoBack):
-            await guard(page.go_back(timeout=self.timeout_s * 1000), action.call())
-        elif isinstance(action, Noop):
-            await asyncio.sleep(max(0.0, min(action.wait_ms, self.timeout_s * 1000 - 1)) / 1000)
-        elif isinstance(action, SendMsgToUser):
-            pass  # the final answer: nothing to do on the page
-        else:
-            raise UnknownActionError(f"{self.name} cannot perform {action.kind!r}")
+        """Do ``action`` on the episode's page; the page's refusals raise (see :func:`perform`)."""
+        await perform(
+            episode.page,
+            action,
+            self._pool.guard,
+            action_timeout_s=self.action_timeout_s,
+            timeout_s=self.timeout_s,
+            name=self.name,
+        )
 
     async def _observe(self, episode: _Episode) -> tuple[dict[str, Any], TaskStatus, str, str | None]:
         """Settle and mark the page, read the task's status, the tree and (maybe) a screenshot."""
