@@ -242,6 +242,8 @@ class _MessageRun:
 
     def extend(self, keys: list[Any], nodes: list[str]) -> None:
         """Append ``keys`` and their ``nodes``."""
+        if not keys:
+            return
         self.keys.extend(keys)
         self.nodes.extend(nodes)
         if _ADDRESSES is not None:
@@ -329,9 +331,7 @@ class PromptEncoder:
         on the way (by index)."""
         n = len(messages)
         best, best_run = 0, None
-        addresses = b""
-        if _ADDRESSES is not None and self._runs:
-            addresses = _ADDRESSES(messages, n)
+        addresses: bytes | None = None  # read when first needed
         for run in reversed(self._runs):
             keys, nodes = run.keys, run.nodes
             stop = min(n, len(keys))
@@ -339,10 +339,13 @@ class PromptEncoder:
                 continue
             i = 0
             while i < stop:
-                if _ADDRESSES is not None:
-                    i = _same_address_until(addresses, run.addresses, i, stop)
-                else:
-                    i = _same_until(messages, keys, i, stop)
+                if messages[i] is keys[i]:  # a run of the same objects from here: how long
+                    if _ADDRESSES is None:
+                        i = _same_until(messages, keys, i + 1, stop)
+                    else:
+                        if addresses is None:
+                            addresses = _ADDRESSES(messages, n)
+                        i = _same_address_until(addresses, run.addresses, i + 1, stop)
                 if i == stop or (keys[i] is not _OTHER and type(messages[i]) is FrozenMessage):
                     break  # the end, or two FrozenMessages that are not the same object
                 # a plain dict on either side: it continues the run if its node is the same

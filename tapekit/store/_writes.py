@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -276,14 +277,14 @@ def chain_digest(digest: str, datas: Iterable[str]) -> str:
 
 
 class KnownSteps:
-    """The step objects of one tape as a store hashed them, and the digest after each (see
-    :func:`steps_digest`): a tape given as another step buffer (rebuilt from a list, say) that
-    holds the same objects skips serialising them."""
+    """The step objects of one tape as a store hashed them (weak references: the store keeps no
+    step alive) and the digest after each (see :func:`steps_digest`): a tape given as another
+    step buffer (rebuilt from a list, say) that holds the same objects skips serialising them."""
 
     __slots__ = ("digests", "steps")
 
     def __init__(self) -> None:
-        self.steps: list[Step] = []
+        self.steps: list[weakref.ref[Step]] = []
         self.digests: list[str] = []
 
 
@@ -294,6 +295,7 @@ def steps_digest(
     datas: Sequence[str] = (),
     start: int = 0,
     known: KnownSteps | None = None,
+    at_start: list[str] | None = None,
 ) -> str:
     """The digest of ``steps[:n]`` (:func:`chain_digest` over their JSON as a save stores it):
     what the store keeps with a tape, to check that a later save under its id begins with the
@@ -304,16 +306,19 @@ def steps_digest(
     versions is saved; ``datas[i - start]`` is step ``i``'s JSON where the caller has it already
     (the new steps of a save). ``known`` (the steps hashed before, extended here) spares the
     serialisation of the steps a tape given as another buffer shares with them, object for
-    object. ``where`` names the tape in the error for a step that cannot be serialised. A step
-    changed in place after it was hashed keeps its old digest (steps are values: change a
-    copy)."""
+    object. ``at_start`` gets the digest of ``steps[:start]`` when the fold passes it on its
+    way (it does not when it resumes past ``start``). ``where`` names the tape in the error for
+    a step that cannot be serialised. A step changed in place after it was hashed keeps its old
+    digest (steps are values: change a copy)."""
     sequence = steps if isinstance(steps, StepSequence) else StepSequence(steps)
 
     def step_fn(digest: str, step: Step, i: int) -> str:
+        if i == start and at_start is not None:
+            at_start.append(digest)
         if (
             known is not None
             and i < len(known.steps)
-            and known.steps[i] is step
+            and known.steps[i]() is step
             and digest == (known.digests[i - 1] if i else "")
         ):
             return known.digests[i]
@@ -321,8 +326,8 @@ def steps_digest(
         data = datas[j] if 0 <= j < len(datas) else model_json(step, f"{where}: step {i} ({step.kind})")
         out = hashlib.sha256(f"{digest}\n{data}".encode()).hexdigest()
         if known is not None and i == len(known.steps):
-            known.steps.append(step)
+            known.steps.append(weakref.ref(step))
             known.digests.append(out)
         return out
 
-    return sequence[:n].fold(_DIGEST_FOLD, str, step_fn)
+    return (sequence if n == len(sequence) else sequence[:n]).fold(_DIGEST_FOLD, str, step_fn)

@@ -373,49 +373,68 @@ class TapeStore(ABC):
 
     # ------------------------------------------------------------------ writing
 
-    def _check_extends(self, tape_id: str, steps: Sequence[Step]) -> tuple[int, str, str]:
+    def _saved_state(self, tape_id: str) -> tuple[int, str, str]:
         """``(start, stored, given)``: how many steps of ``tape_id`` are saved (by this object,
-        queued ones included, else as committed), their digest as stored, and the digest of
-        ``steps[:start]`` (the same, but where the stored JSON of the same steps differs from
-        theirs now). A ``ValueError`` names the tape (and the first step that differs) when
-        ``steps`` does not begin with the saved steps.
-
-        The work is the digest of the steps not hashed before: a running session's tape is
-        hashed once (the digest is memoised on its step buffer), and only a tape this object
-        has not saved under ``tape_id`` (a fresh store, a tape loaded from JSON) hashes its
-        prefix, once."""
+        queued ones included, else as committed; 0 for none), their digest as stored, and the
+        digest of those steps as last given to this object (the same, but where the stored JSON
+        of the same steps differs from theirs now)."""
         saved = self._saved.get(tape_id)
-        if saved is None:
-            state = self._stored_state(tape_id)
-            if state is None:
-                return 0, "", ""
-            n, digest = state
-            if digest is None and n:  # kept by no backend, or a row from before digests
-                self.flush()
-                digest = chain_digest("", self._select_steps(tape_id, 0, n))
-            saved = (n, digest or "", digest or "")
-        start, stored, given = saved
-        if len(steps) < start:
+        if saved is not None:
+            return saved
+        state = self._stored_state(tape_id)
+        if state is None:
+            return 0, "", ""
+        n, digest = state
+        if digest is None and n:  # kept by no backend, or a row from before digests
+            self.flush()
+            digest = chain_digest("", self._select_steps(tape_id, 0, n))
+        return n, digest or "", digest or ""
+
+    def _check_extends(self, tape_id: str, steps: Sequence[Step]) -> tuple[int, str, str]:
+        """:meth:`_saved_state`, once ``steps`` is checked to begin with the saved steps (its
+        third item is then the digest of ``steps[:start]``): a ``ValueError`` names the tape
+        and the first step that differs otherwise. Hashes only the steps not hashed before (see
+        :func:`steps_digest`)."""
+        start, stored, given = self._saved_state(tape_id)
+        self._refuse_shorter(tape_id, start, len(steps))
+        if not start:
+            return 0, stored, given
+        mine = steps_digest(steps, start, f"tape {tape_id!r}", known=self._known(tape_id))
+        self._refuse_other(tape_id, steps, start, (stored, given), mine)
+        return start, stored, mine
+
+    @staticmethod
+    def _refuse_shorter(tape_id: str, start: int, n: int) -> None:
+        if n < start:
             raise ValueError(
-                f"tape {tape_id} has {start} stored steps; the tape given has only {len(steps)} "
+                f"tape {tape_id} has {start} stored steps; the tape given has only {n} "
                 "(save a different tape under its own id)"
             )
-        mine = steps_digest(steps, start, f"tape {tape_id!r}", known=self._known(tape_id)) if start else ""
-        if mine != given and mine != stored:
-            index = self._first_difference(tape_id, steps, start)
-            if index is not None:
-                differs = (
-                    f"its step {index} differs from the stored step {index}"
-                    if index >= 0
-                    else ("its steps differ from the stored ones")
-                )
-                raise ValueError(
-                    f"tape {tape_id} has {start} stored steps and the tape given does not begin with them: "
-                    f"{differs} (saving under a stored id must extend the stored tape; save a different "
-                    "tape under its own id, e.g. tape.with_new_steps(...), which points at the original)"
-                )
-            # the stored steps, serialised otherwise now (e.g. a set's order): the same tape
-        return start, stored, mine
+
+    def _refuse_other(
+        self, tape_id: str, steps: Sequence[Step], start: int, saved: tuple[str, str], mine: str
+    ) -> None:
+        """Raise ``ValueError`` unless ``steps[:start]``, whose digest is ``mine``, are the
+        ``start`` saved steps, whose digests are ``saved`` (as stored, as given): by digest, or
+        else step by step against the stored JSON (which names the first step that differs)."""
+        if mine in saved:
+            return
+        index = self._first_difference(tape_id, steps, start)
+        if index is None:
+            return  # the stored steps, serialised otherwise now (e.g. a set's order): the same tape
+        known = self._known_steps.get(tape_id)
+        if known is not None:  # forget what the refused tape's fold added past the saved steps
+            del known.steps[start:], known.digests[start:]
+        differs = (
+            f"its step {index} differs from the stored step {index}"
+            if index >= 0
+            else "its steps differ from the stored ones"
+        )
+        raise ValueError(
+            f"tape {tape_id} has {start} stored steps and the tape given does not begin with them: "
+            f"{differs} (saving under a stored id must extend the stored tape; save a different "
+            "tape under its own id, e.g. tape.with_new_steps(...), which points at the original)"
+        )
 
     def _known(self, tape_id: str) -> KnownSteps:
         """The steps of ``tape_id`` this store hashed (kept for the 64 tapes saved last)."""
@@ -470,7 +489,8 @@ class TapeStore(ABC):
         checked_tags = _check_tags(tags)
         self._check_open()
         steps = tape.steps
-        start, stored, given = self._check_extends(tape_id, steps)
+        start, stored, given = self._saved_state(tape_id)
+        self._refuse_shorter(tape_id, start, len(steps))
         now = time.time()
         # indexing, not slicing: a slice of a step sequence is a new sequence with its own buffer
         new_steps = list(steps) if start == 0 else [steps[i] for i in range(start, len(steps))]
@@ -487,11 +507,21 @@ class TapeStore(ABC):
         )
         rows = serialised(write)
         datas = [row[7] for row in rows.steps]
-        rows.digest = chain_digest(stored, datas)
-        # the digest of the whole tape given (memoised on its step buffer for its next save)
-        given = steps_digest(steps, len(steps), f"tape {tape_id!r}", datas, start, self._known(tape_id))
+        # the digest of the whole tape given, memoised on its step buffer for its next save; the
+        # fold passes on the way the digest of the steps before the new ones, which are checked
+        where, known = f"tape {tape_id!r}", self._known(tape_id)
+        at_start: list[str] = []
+        full = steps_digest(steps, len(steps), where, datas, start, known, at_start)
+        mine = stored
+        if start:
+            if start == len(steps):
+                mine = full
+            else:
+                mine = at_start[0] if at_start else steps_digest(steps, start, where, known=known)
+            self._refuse_other(tape_id, steps, start, (stored, given), mine)
+        rows.digest = full if mine == stored else chain_digest(stored, datas)
         self._submit(rows)
-        self._saved[tape_id] = (len(tape), rows.digest, given)
+        self._saved[tape_id] = (len(tape), rows.digest, full)
         return tape_id
 
     def save_llm_call(self, call: LLMCall) -> None:
