@@ -233,6 +233,9 @@ class TapeStore(ABC):
     Reading. The public methods check their arguments and call ``flush()`` first:
 
     - ``_stored_length(tape_id)``: the committed number of steps (None: no such tape).
+    - ``_stored_state(tape_id)`` (optional): that number and the ``digest`` of the last
+      ``TapeRows`` written for the tape (keep it with the tape); the default returns no digest,
+      and the store then hashes the stored steps once per tape to check that saves extend them.
     - ``_select_infos(where, limit, offset, ids)``, ``_select_ids(where, limit, offset)``,
       ``_select_count(where)``: the tapes matching a :class:`TapeFilter`, newest first (by
       ``created``, then id).
