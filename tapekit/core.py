@@ -31,6 +31,7 @@ __all__ = [
     "ControlStep",
     "Fork",
     "FrozenMessage",
+    "FrozenMessageList",
     "GenericAction",
     "GenericObservation",
     "GenericThought",
@@ -390,19 +391,95 @@ class FrozenMessage(dict[str, Any]):
         return FrozenMessage(copy.deepcopy(dict(self), memo))
 
 
+def _all_frozen(items: Iterable[Any]) -> bool:
+    return all(type(m) is FrozenMessage for m in items)
+
+
+class FrozenMessageList(list[dict[str, Any]]):
+    """A list of chat messages that knows whether every item is a :class:`FrozenMessage`.
+
+    :func:`~tapekit.dialog.view_to_messages` returns one. It is an ordinary, changeable ``list``;
+    its methods that add items (``append``, ``extend``, ``insert``, ``+=``, item and slice
+    assignment) look at the added items only and keep :attr:`all_frozen` up to date, so
+    :class:`Prompt` can take a long conversation without looking at each message again (a type
+    check per message is the largest cost of a prompt over thousands of messages). Methods that
+    only drop or reorder items keep the flag; copies (``copy()``, ``+``, slices, pickling) are
+    plain lists.
+    """
+
+    __slots__ = ("all_frozen",)
+
+    def __init__(self, items: Iterable[Any] = ()) -> None:
+        super().__init__(items)
+        self.all_frozen: bool = _all_frozen(self)
+
+    @classmethod
+    def _of_frozen(cls, items: list[Any]) -> FrozenMessageList:
+        """The list of ``items``, known to be FrozenMessages (no check)."""
+        out = cls.__new__(cls)
+        list.extend(out, items)
+        out.all_frozen = True
+        return out
+
+    def append(self, item: Any) -> None:
+        super().append(item)
+        if type(item) is not FrozenMessage:
+            self.all_frozen = False
+
+    def extend(self, items: Iterable[Any]) -> None:
+        items = list(items)
+        super().extend(items)
+        if self.all_frozen and not _all_frozen(items):
+            self.all_frozen = False
+
+    def insert(self, index: typing.SupportsIndex, item: Any) -> None:
+        super().insert(index, item)
+        if type(item) is not FrozenMessage:
+            self.all_frozen = False
+
+    def __iadd__(self, items: Iterable[Any]) -> typing.Self:  # type: ignore[override,misc]
+        self.extend(items)
+        return self
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if isinstance(index, slice):
+            value = list(value)
+            super().__setitem__(index, value)
+            if self.all_frozen and not _all_frozen(value):
+                self.all_frozen = False
+            return
+        super().__setitem__(index, value)
+        if type(value) is not FrozenMessage:
+            self.all_frozen = False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (list, (list(self),))
+
+
 def _validate_messages(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
     """A prompt's messages: a list of :class:`FrozenMessage` is taken as is (no per-message
     copy or validation, so a prompt over a long conversation costs no re-validation of its past),
     plain dicts with string keys are copied (as pydantic would), anything else is validated by
-    pydantic as ``list[dict[str, Any]]`` (same results, same errors)."""
+    pydantic as ``list[dict[str, Any]]`` (same results, same errors). A
+    :class:`FrozenMessageList` that holds only FrozenMessages is copied without a look at each."""
+    if type(value) is FrozenMessageList:
+        if value.all_frozen:
+            return value[:]  # a plain list, copied in C
+        value = value[:]
     if type(value) is list:
-        types = set(map(type, value))
-        if types <= {FrozenMessage, dict}:
-            if dict not in types:
-                return list(value)
-            out = [m if type(m) is FrozenMessage else dict(m) for m in value]
-            if all(type(k) is str for m in out if type(m) is dict for k in m):
-                return out
+        kinds = list(map(type, value))
+        if set(kinds) <= {FrozenMessage, dict}:
+            out = value[:]
+            start = 0
+            while True:  # only the plain dicts are looked at and copied (found by a scan in C)
+                try:
+                    i = kinds.index(dict, start)
+                except ValueError:
+                    return out
+                if not all(type(k) is str for k in out[i]):
+                    break
+                out[i] = dict(out[i])
+                start = i + 1
     return handler(value)
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from functools import partial
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from tapekit.core import (
     Action,
     Call,
     ControlStep,
     FrozenMessage,
+    FrozenMessageList,
     LLMOutput,
     Observation,
     Respond,
@@ -189,17 +190,20 @@ def view_to_messages(steps: Iterable[Step], agent_name: str = "") -> list[dict[s
     new steps. Each call returns a new list (safe to change: add, drop or replace messages) of
     read-only :class:`~tapekit.core.FrozenMessage` dicts shared with the cache and with earlier
     calls, so a prompt over the whole conversation costs no copy of its past; to change one
-    message, replace it with a changed copy (``{**m, "content": ...}``).
+    message, replace it with a changed copy (``{**m, "content": ...}``). The list is a
+    :class:`~tapekit.core.FrozenMessageList`, which keeps track of whether each item is still a
+    FrozenMessage, so :class:`~tapekit.core.Prompt` takes it without looking at each message.
     """
     if isinstance(steps, StepSequence):
         done, last = steps.fold(
             ("tapekit.dialog.view_to_messages", agent_name), _no_messages, partial(_fold_message, agent_name)
         )
-        messages = cast(list[dict[str, Any]], done.to_list())
+        messages = FrozenMessageList._of_frozen([])
+        done.extend_list(messages)
         if last is not None:
-            messages.append(last)
+            list.append(messages, last)
         return messages
-    out: list[dict[str, Any]] = []
+    out = FrozenMessageList()
     for step in steps:
         message = _frozen_message(step, agent_name)
         if message is None:

@@ -113,6 +113,12 @@ class StepSequence(Sequence[S]):
         """A new list of these items (one slice of the shared buffer: no per-item Python work)."""
         return self._buf.items[: self._n]
 
+    def extend_list(self, out: list[Any]) -> None:
+        """Append these items to ``out`` with ``list.extend`` (one C-level copy, whatever the
+        type of ``out``: a list subclass's own ``extend`` is not called)."""
+        items = self._buf.items
+        list.extend(out, items if len(items) == self._n else items[: self._n])
+
     def __reversed__(self) -> Iterator[S]:
         items = self._buf.items
         for i in range(self._n - 1, -1, -1):

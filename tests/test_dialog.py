@@ -300,6 +300,52 @@ def test_view_to_messages_shares_read_only_messages_between_calls() -> None:
     assert Prompt.model_validate_json(prompt.model_dump_json()) == prompt
 
 
+def test_the_message_list_keeps_track_of_plain_dicts_added_to_it() -> None:
+    """view_to_messages returns a FrozenMessageList: every way of adding an item updates
+    ``all_frozen`` (so Prompt can trust it and skip the per-message look), a Prompt made from it
+    still copies its plain dicts, and copies of the list are plain lists."""
+    import copy
+    import pickle
+
+    from tapekit.core import FrozenMessage, FrozenMessageList, Prompt, StepSequence
+
+    steps = StepSequence([SystemStep(content="sys"), UserStep(content="hi")])
+    frozen = FrozenMessage({"role": "user", "content": "f"})
+    plain = {"role": "user", "content": "p"}
+    for tape_steps in (steps, list(steps)):  # memoised and plain paths
+        messages = view_to_messages(tape_steps)
+        assert type(messages) is FrozenMessageList and messages.all_frozen
+
+    adders = [
+        lambda m, x: m.append(x),
+        lambda m, x: m.extend(iter([x])),
+        lambda m, x: m.insert(0, x),
+        lambda m, x: m.__iadd__([x]),
+        lambda m, x: m.__setitem__(1, x),
+        lambda m, x: m.__setitem__(slice(0, 1), (x,)),
+    ]
+    for add_item in adders:
+        messages = view_to_messages(steps)
+        add_item(messages, frozen)
+        assert messages.all_frozen
+        add_item(messages, plain)
+        assert not messages.all_frozen
+        prompt = Prompt(messages=messages)
+        assert type(prompt.messages) is list and prompt.messages == list(messages)
+        copied = [m for m in prompt.messages if m == plain]
+        assert copied and all(type(m) is dict and m is not plain for m in copied)
+
+    messages = view_to_messages(steps)
+    messages.pop()
+    messages.reverse()
+    del messages[:0]
+    assert messages.all_frozen  # dropping or reordering adds nothing
+    assert type(messages[:]) is list and type(messages.copy()) is list
+    assert type(pickle.loads(pickle.dumps(messages))) is list
+    assert type(copy.deepcopy(messages)) is list
+    assert FrozenMessageList([frozen]).all_frozen and not FrozenMessageList([plain]).all_frozen
+
+
 def test_prompt_still_copies_and_validates_plain_dicts() -> None:
     import pytest
     from pydantic import ValidationError
