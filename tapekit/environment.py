@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from tapekit._sync import run_sync
 from tapekit.core import Action, Observation, Tape
 from tapekit.dialog import AssistantStep, ToolCall, ToolResult
-from tapekit.errors import TapekitError
+from tapekit.effects import EFFECTS, Effect, call_key
+from tapekit.effects import journal as current_journal
+from tapekit.errors import ExternalObservationNeeded, TapekitError
 
 __all__ = [
     "ENVIRONMENT_FAILURE",
@@ -30,6 +32,7 @@ __all__ = [
     "ToolEnvironment",
     "UnknownActionError",
     "environment_failure",
+    "tool",
     "unanswered_actions",
 ]
 
@@ -37,15 +40,6 @@ ENVIRONMENT_FAILURE = "environment_failure"
 """The ``metadata.other`` key under which an environment says, on the observation that ends an
 episode, that the episode ended because the environment failed (a browser that crashed and
 could not replay, a page that never loaded or stopped answering), not because of the agent."""
-
-
-class ExternalObservationNeeded(TapekitError):
-    """The action waits on the outside world (usually a human); the orchestrator stops and the
-    tape can be resumed once the observation has been appended."""
-
-    def __init__(self, action: Action, message: str = "") -> None:
-        self.action = action
-        super().__init__(message or f"action {action.kind!r} needs an observation from outside")
 
 
 class UnknownActionError(TapekitError, TypeError):
@@ -129,11 +123,34 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
 
 
 class Tool:
-    """A Python function offered to the LLM: its name, JSON schema and argument validation."""
+    """A Python function offered to the LLM: its name, JSON schema and argument validation.
 
-    def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
+    ``effect`` says what running it again does (:mod:`tapekit.effects`): ``"read"`` (the
+    default) and ``"idempotent"`` are run again when a session resumes (an idempotent tool
+    passes :func:`~tapekit.effects.tool_call_key` on to the outside world); a ``"once"`` tool
+    runs at most once per call in a stored session, and ``reconcile(call)`` (optional, sync or
+    async) answers for a call that a crash left in doubt: the effect's result,
+    :data:`~tapekit.effects.NOT_DONE` or :data:`~tapekit.effects.UNKNOWN`.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str | None = None,
+        *,
+        effect: Effect = "read",
+        reconcile: Callable[[ToolCall], Any] | None = None,
+    ) -> None:
         if not callable(fn):
             raise TypeError(f"a tool must be callable, got {fn!r}")
+        if effect not in EFFECTS:
+            raise ValueError(f"a tool's effect is one of {', '.join(map(repr, EFFECTS))}, not {effect!r}")
+        if reconcile is not None and effect != "once":
+            raise ValueError(f"reconcile= is for tools with effect='once' (this one is {effect!r})")
+        if reconcile is not None and not callable(reconcile):
+            raise TypeError(f"reconcile must be callable, got {reconcile!r}")
+        self.effect: Effect = effect
+        self.reconcile = reconcile
         self.fn = fn
         self.name: str = name or str(getattr(fn, "__name__", type(fn).__name__))
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
@@ -191,6 +208,22 @@ class Tool:
         if self.is_async:
             return await self.fn(*args, **kwargs)
         return await asyncio.to_thread(self.fn, *args, **kwargs)
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    effect: Effect = "read",
+    reconcile: Callable[[ToolCall], Any] | None = None,
+) -> Any:
+    """Declare a :class:`Tool` where the function is written: ``@tool`` or
+    ``@tool(effect="once", reconcile=look_up)``. Returns the Tool (callable like the function)."""
+
+    def make(f: Callable[..., Any]) -> Tool:
+        return Tool(f, name, effect=effect, reconcile=reconcile)
+
+    return make if fn is None else make(fn)
 
 
 def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -302,10 +335,20 @@ class ToolEnvironment(Environment):
             )
             result.error = f"invalid arguments for {call.name}: {problems}"
             return result
-        try:
-            result.content = _jsonable(await tool.invoke(args, kwargs))
-        except ExternalObservationNeeded:
-            raise
-        except Exception as e:
-            result.error = f"{type(e).__name__}: {e}"
+        key = call.metadata.id
+        journal = current_journal() if tool.effect == "once" else None
+        with call_key(key):
+            if journal is not None:
+                result.content, result.error, how = await journal.run_once(
+                    call, lambda: tool.invoke(args, kwargs), tool.reconcile, _jsonable
+                )
+                if how != "ran":
+                    result.metadata.other["effect"] = how
+                return result
+            try:
+                result.content = _jsonable(await tool.invoke(args, kwargs))
+            except ExternalObservationNeeded:
+                raise
+            except Exception as e:
+                result.error = f"{type(e).__name__}: {e}"
         return result

@@ -7,7 +7,12 @@ builtin base that describes it (a missing tape is a ``KeyError``, a bad configur
 
 from __future__ import annotations
 
-__all__ = ["AgentError", "ReconstructionError", "TapekitError", "TrainingError"]
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tapekit.core import Action
+
+__all__ = ["AgentError", "ExternalObservationNeeded", "ReconstructionError", "TapekitError", "TrainingError"]
 
 
 class TapekitError(Exception):
@@ -24,3 +29,12 @@ class ReconstructionError(TapekitError, ValueError):
 
 class TrainingError(TapekitError, ValueError):
     """Bad training input (samples, model, config); the message says what and where."""
+
+
+class ExternalObservationNeeded(TapekitError):
+    """The action waits on the outside world (usually a human); the orchestrator stops and the
+    tape can be resumed once the observation has been appended."""
+
+    def __init__(self, action: Action, message: str = "") -> None:
+        self.action = action
+        super().__init__(message or f"action {action.kind!r} needs an observation from outside")

@@ -20,6 +20,7 @@ from tapekit._engine.loop import alternate
 from tapekit._sync import run_sync
 from tapekit.agent import Agent
 from tapekit.core import Action, Observation, Step, Tape
+from tapekit.effects import Journal, reset_journal, set_journal
 from tapekit.environment import Environment, ExternalObservationNeeded, unanswered_actions
 from tapekit.events import AsyncMainLoopStream, MainLoopEvent, MainLoopStream
 from tapekit.llm.base import LLMCall
@@ -110,8 +111,17 @@ async def _recorded(
     """The loop's events, each handed to ``recorder`` before the caller sees it; the final
     tape is written when the loop ends, and whatever was made when it is stopped early."""
     await recorder.astart()
+    journal = None if recorder.store is None else Journal(recorder.store, recorder)
     try:
-        async for event in events:
+        while True:
+            # the environment's once tools find the session's journal here (tapekit.effects)
+            token = set_journal(journal)
+            try:
+                event = await anext(events)
+            except StopAsyncIteration:
+                break
+            finally:
+                reset_journal(token)
             await recorder.record(event)
             yield event
     except BaseException:  # cancelled, closed early, or failed: keep every step made so far

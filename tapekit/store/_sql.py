@@ -17,7 +17,7 @@ from typing import Any
 from tapekit.llm.base import LLMCall
 from tapekit.store._prompts import resolve_rows
 from tapekit.store._writer import QueuedTapeStore
-from tapekit.store._writes import CallWrite, TagWrite, TapeRows, Write, call_from_row
+from tapekit.store._writes import CallWrite, EffectWrite, TagWrite, TapeRows, Write, call_from_row
 from tapekit.store.base import TapeFilter, TapeInfo, Totals
 
 # DOUBLE PRECISION is REAL in SQLite; the first three tables are the original SQLite schema
@@ -72,6 +72,19 @@ SCHEMA = [
     "CREATE INDEX IF NOT EXISTS tape_tags_tag ON tape_tags(tag, tape_id)",
     # the parts of LLM calls' prompts, each stored once (see _prompts.py): a message node (prev:
     # the node before it, NULL for the first message) or a tools list / response schema
+    # the journal of tool calls that must not run twice (see tapekit/effects.py)
+    """CREATE TABLE IF NOT EXISTS tool_effects (
+    key TEXT PRIMARY KEY,
+    tape_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    state TEXT NOT NULL,
+    result TEXT,
+    error TEXT,
+    created DOUBLE PRECISION NOT NULL,
+    updated DOUBLE PRECISION NOT NULL
+)""",
+    "CREATE INDEX IF NOT EXISTS tool_effects_tape ON tool_effects(tape_id)",
     """CREATE TABLE IF NOT EXISTS prompt_parts (
     hash TEXT PRIMARY KEY,
     prev TEXT,
@@ -159,6 +172,12 @@ _SELECT_PARTS = (
     "UNION SELECT p.hash, p.prev FROM prompt_parts p JOIN chain c ON p.hash = c.prev) "
     "SELECT p.hash, p.prev, p.body FROM chain c JOIN prompt_parts p ON p.hash = c.hash"
 )
+EFFECT_COLUMNS = "key, tape_id, tool, arguments, state, result, error, created, updated"
+UPSERT_EFFECT = (
+    f"INSERT INTO tool_effects ({EFFECT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?) "
+    "ON CONFLICT(key) DO UPDATE SET state=excluded.state, result=excluded.result, "
+    "error=excluded.error, updated=excluded.updated"
+)
 ADD_TAG = "INSERT INTO tape_tags (tape_id, tag) VALUES (?,?) ON CONFLICT DO NOTHING"
 REMOVE_TAG = "DELETE FROM tape_tags WHERE tape_id = ? AND tag = ?"
 
@@ -232,8 +251,12 @@ class SQLTapeStore(QueuedTapeStore):
             else:
                 tag_ops.append((sql, rows))
 
+        effects: dict[str, tuple[Any, ...]] = {}
         for w in writes:
-            if isinstance(w, CallWrite):
+            if isinstance(w, EffectWrite):
+                first = effects.get(w.key)
+                effects[w.key] = w.row if first is None else (*w.row[:7], first[7], w.row[8])
+            elif isinstance(w, CallWrite):
                 calls.append(w.row)
                 for part in w.parts:
                     parts[part[0]] = part
@@ -261,6 +284,7 @@ class SQLTapeStore(QueuedTapeStore):
             ),
             (IMPORT_TAPE, [(*w.tape, w.created, w.updated, w.digest) for _, w in sorted(imports.items())]),
             (INSERT_STEP, steps),
+            (UPSERT_EFFECT, [effects[k] for k in sorted(effects)]),
         ]
         self._transaction(conn, [(sql, rows) for sql, rows in [*statements, *tag_ops] if rows])
 
@@ -281,6 +305,16 @@ class SQLTapeStore(QueuedTapeStore):
     def _stored_length(self, tape_id: str) -> int | None:
         rows = self._fetch("SELECT n_steps FROM tapes WHERE id = ?", (tape_id,))
         return int(rows[0][0]) if rows else None
+
+    def _select_effects(self, key: str | None, tape_id: str | None) -> list[tuple[Any, ...]]:
+        sql, args = f"SELECT {EFFECT_COLUMNS} FROM tool_effects", []
+        if key is not None:
+            sql += " WHERE key = ?"
+            args.append(key)
+        elif tape_id is not None:
+            sql += " WHERE tape_id = ?"
+            args.append(tape_id)
+        return self._fetch(sql + " ORDER BY created, key", args)
 
     def _stored_state(self, tape_id: str) -> tuple[int, str | None] | None:
         rows = self._fetch("SELECT n_steps, steps_digest FROM tapes WHERE id = ?", (tape_id,))

@@ -26,6 +26,7 @@ from tapekit.store._tokens import decode_tokens, encode_tokens_apart
 
 __all__ = [
     "CallWrite",
+    "EffectWrite",
     "KnownSteps",
     "TagWrite",
     "TapeRows",
@@ -106,7 +107,17 @@ class TagWrite:
     remove: bool
 
 
-Write = TapeRows | CallWrite | TagWrite
+@dataclass(slots=True)
+class EffectWrite:
+    """A ``once`` tool call's journal row (see :mod:`tapekit.effects`), ``(key, tape_id, tool,
+    arguments, state, result, error, created, updated)`` with ``arguments`` and ``result`` as
+    JSON, to upsert by key (the first write's ``created`` is kept)."""
+
+    key: str
+    row: tuple[Any, ...]
+
+
+Write = TapeRows | CallWrite | TagWrite | EffectWrite
 
 
 def check_id(tape_id: object, what: str = "tape_id") -> str:
@@ -211,6 +222,8 @@ def describe(w: Write | WriteGroup) -> str:
         return f"LLM call {w.prompt_id!r}"
     if isinstance(w, WriteGroup):
         return f"an import of {len(w.writes)} rows (none of them stored)"
+    if isinstance(w, EffectWrite):
+        return f"the journal record of tool call {w.key!r}"
     return f"tags of tape {w.tape_id!r}"
 
 

@@ -19,7 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tapekit.llm.base import LLMCall
-from tapekit.store._writes import CallWrite, TagWrite, TapeRows, Write, WriteGroup, call_from_row, flat
+from tapekit.store._writes import (
+    CallWrite,
+    EffectWrite,
+    TagWrite,
+    TapeRows,
+    Write,
+    WriteGroup,
+    call_from_row,
+    flat,
+)
 from tapekit.store.base import TapeFilter, TapeInfo, TapeStore, Totals
 
 __all__ = ["MemoryStore"]
@@ -97,6 +106,7 @@ class MemoryStore(TapeStore):
         self._tapes: dict[str, _StoredTape] = {}
         self._calls: dict[str, tuple[Any, ...]] = {}  # prompt id -> row (see CallWrite)
         self._parts: dict[str, tuple[str | None, str]] = {}  # prompt parts: hash -> (prev, body)
+        self._effects: dict[str, tuple[Any, ...]] = {}  # tool-effect journal: key -> row (EffectWrite)
 
     def __repr__(self) -> str:
         return f"MemoryStore({len(self._tapes)} tapes, {len(self._calls)} LLM calls)"
@@ -136,6 +146,9 @@ class MemoryStore(TapeStore):
                     stored.agents.add(step[4])
             stored.tags.update(w.tags)
             stored.digest = w.digest
+        elif isinstance(w, EffectWrite):
+            known = self._effects.get(w.key)
+            self._effects[w.key] = w.row if known is None else (*w.row[:7], known[7], w.row[8])
         else:  # pragma: no cover - the writes are a closed set
             raise TypeError(f"unknown write {type(w).__name__}")
 
@@ -149,6 +162,7 @@ class MemoryStore(TapeStore):
         with self._lock:
             self._tapes.clear()
             self._calls.clear()
+            self._effects.clear()
 
     # ------------------------------------------------------------------ reading
 
@@ -156,6 +170,13 @@ class MemoryStore(TapeStore):
         with self._lock:
             stored = self._tapes.get(tape_id)
             return None if stored is None else int(stored.row[9])
+
+    def _select_effects(self, key: str | None, tape_id: str | None) -> list[tuple[Any, ...]]:
+        with self._lock:
+            rows = [self._effects[key]] if key is not None and key in self._effects else []
+            if key is None:
+                rows = [r for r in self._effects.values() if tape_id is None or r[1] == tape_id]
+        return sorted(rows, key=lambda r: (r[7], r[0]))
 
     def _stored_state(self, tape_id: str) -> tuple[int, str | None] | None:
         with self._lock:

@@ -1,0 +1,234 @@
+"""Effect-safe tool calls: a crash never runs a ``once`` tool twice.
+
+A tool declares what running it again does (``Tool(fn, effect=...)`` or ``@tool(effect=...)``):
+
+- ``"read"`` (the default): nothing; a resumed session simply runs it again.
+- ``"idempotent"``: running it again with the same key is harmless *if the outside world is
+  given the key*: :func:`tool_call_key` returns it (the :class:`~tapekit.dialog.ToolCall`
+  step's ``metadata.id``, the same on every resume) for the tool to pass on (an
+  ``Idempotency-Key`` header, a ticket's external id). Re-run on resume.
+- ``"once"``: must not happen twice. When the session is stored (``main_loop(...,
+  store=...)``, the batch runner, the Studio), the loop keeps a **journal** of such calls in
+  the store, beside the tape:
+
+  1. before the tool runs, the tape up to the call and an *intent* record
+     (``state="started"``) are committed (``flush``: the writer has handed them to the
+     database, so they survive the process being killed);
+  2. the tool runs;
+  3. its outcome (``"done"`` with the result, or ``"failed"`` with the error) is committed
+     before the :class:`~tapekit.dialog.ToolResult` step is made.
+
+  On resume, a ``once`` call without a result on the tape is looked up in the journal: a
+  recorded outcome is reused (the tool is not called); an intent with no outcome is *in
+  doubt* (the process died while the tool ran, or before its outcome was written). Then the
+  tool's own ``reconcile(call)`` decides when it has one (look the payment up by its key):
+  it returns :data:`NOT_DONE` (run it), :data:`UNKNOWN` (cannot tell) or the result of the
+  effect that did happen. With no ``reconcile``, or :data:`UNKNOWN`, the session stops with
+  :class:`InDoubtToolCall` (a kind of :class:`~tapekit.environment.ExternalObservationNeeded`:
+  it waits on the outside world) until a person or the application resolves the call with
+  :meth:`TapeStore.resolve_tool_effect <tapekit.store.TapeStore.resolve_tool_effect>` (done
+  with a result, failed with an error, or ``retry``), in code, in the Studio or in ``tapekit
+  chat``; the next resume continues from that.
+
+Without a store nothing can be resumed from a store, so nothing is journalled and a ``once``
+tool runs as any other. docs/durability.md is the contract, step kind by step kind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import enum
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel
+
+from tapekit.errors import ExternalObservationNeeded
+
+if TYPE_CHECKING:
+    from tapekit.dialog import ToolCall
+    from tapekit.recording import SessionRecorder
+    from tapekit.store.base import TapeStore
+
+__all__ = [
+    "EFFECTS",
+    "NOT_DONE",
+    "UNKNOWN",
+    "Effect",
+    "EffectState",
+    "InDoubtToolCall",
+    "Reconcile",
+    "ToolEffect",
+    "tool_call_key",
+]
+
+Effect = Literal["read", "idempotent", "once"]
+"""What running a tool again does: see the module docstring."""
+
+EFFECTS: tuple[str, ...] = ("read", "idempotent", "once")
+
+EffectState = Literal["started", "done", "failed", "retry"]
+"""A journalled call's state: ``started`` (intent committed, no outcome: running, or in doubt
+after a crash), ``done`` / ``failed`` (outcome committed), ``retry`` (a person said: run it
+again)."""
+
+
+class Reconcile(enum.Enum):
+    """What a tool's ``reconcile(call)`` answers when it cannot give the effect's result."""
+
+    NOT_DONE = "not_done"
+    """The effect did not happen: run the tool."""
+    UNKNOWN = "unknown"
+    """It cannot be told: wait for a person (:class:`InDoubtToolCall`)."""
+
+
+NOT_DONE = Reconcile.NOT_DONE
+UNKNOWN = Reconcile.UNKNOWN
+
+
+class ToolEffect(BaseModel):
+    """One journalled ``once`` call: its key (the ToolCall step's id), the tape it belongs to,
+    the tool and arguments, its state, and its outcome (``result`` when done, ``error`` when
+    failed), with the times it was first and last written."""
+
+    key: str
+    tape_id: str
+    tool: str
+    arguments: dict[str, Any]
+    state: EffectState
+    result: Any = None
+    error: str | None = None
+    created: float
+    updated: float
+
+    @property
+    def in_doubt(self) -> bool:
+        """Started and never finished: the tool may or may not have acted."""
+        return self.state == "started"
+
+
+class InDoubtToolCall(ExternalObservationNeeded):
+    """A ``once`` tool call that may or may not have happened (its intent is journalled, its
+    outcome is not, and the tool could not reconcile it): the session waits until the call
+    is resolved (done, failed or retry) with ``store.resolve_tool_effect``."""
+
+    def __init__(self, call: ToolCall, effect: ToolEffect) -> None:
+        self.effect = effect
+        super().__init__(
+            call,
+            f"tool call {call.name!r} (key {effect.key}) may or may not have run: it started "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(effect.created))} and no outcome "
+            "was recorded; resolve it (done, failed or retry) with store.resolve_tool_effect, "
+            "the Studio or tapekit chat, then resume",
+        )
+
+
+_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("tapekit_tool_call_key", default=None)
+
+
+def tool_call_key() -> str:
+    """The idempotency key of the tool call running now: the ToolCall step's id, the same
+    every time the call is run or resumed. Pass it to the outside world (an ``Idempotency-Key``
+    header, an external id) so that a repeated request is recognised there. Raises
+    ``LookupError`` outside a tool run by a :class:`~tapekit.environment.ToolEnvironment`."""
+    key = _KEY.get()
+    if key is None:
+        raise LookupError("tool_call_key() is only available inside a tool run by a ToolEnvironment")
+    return key
+
+
+@contextmanager
+def call_key(key: str) -> Iterator[None]:
+    """Make ``key`` the :func:`tool_call_key` while the block runs (the environment's side)."""
+    token = _KEY.set(key)
+    try:
+        yield
+    finally:
+        _KEY.reset(token)
+
+
+# --------------------------------------------------------------------------- the journal
+
+
+class Journal:
+    """The loop's side of the journal: the session's store and recorder (what must be durable
+    before a ``once`` tool runs). :func:`journal` returns the current one."""
+
+    __slots__ = ("recorder", "store")
+
+    def __init__(self, store: TapeStore, recorder: SessionRecorder) -> None:
+        self.store = store
+        self.recorder = recorder
+
+    def _intent(self, call: ToolCall) -> None:
+        self.recorder.write_all()  # the tape up to this call: a resume must find the same call
+        self.store._record_effect(
+            call.metadata.id, self.recorder.tape_id, call.name, call.arguments, "started"
+        )
+
+    def _outcome(
+        self, call: ToolCall, state: EffectState, result: Any = None, error: str | None = None
+    ) -> None:
+        self.store._record_effect(
+            call.metadata.id, self.recorder.tape_id, call.name, call.arguments, state, result, error
+        )
+
+    async def run_once(
+        self,
+        call: ToolCall,
+        invoke: Callable[[], Awaitable[Any]],
+        reconcile: Callable[[ToolCall], Any] | None,
+        jsonable: Callable[[Any], Any],
+    ) -> tuple[Any, str | None, str]:
+        """Run ``invoke`` at most once for ``call``: ``(content, error, how)`` where ``how`` is
+        ``"ran"``, ``"reused"`` (the journal's outcome) or ``"reconciled"``. Raises
+        :class:`InDoubtToolCall` for a call in doubt that ``reconcile`` cannot settle."""
+        known = await asyncio.to_thread(self.store.tool_effect, call.metadata.id)
+        if known is not None and known.state in ("done", "failed"):
+            return known.result, known.error, "reused"
+        if known is not None and known.state == "started":
+            answer: Any = UNKNOWN
+            if reconcile is not None:
+                answer = reconcile(call)
+                if asyncio.iscoroutine(answer):
+                    answer = await answer
+            if answer is UNKNOWN:
+                raise InDoubtToolCall(call, known)
+            if answer is not NOT_DONE:
+                content = jsonable(answer)
+                await asyncio.to_thread(self._outcome, call, "done", content)
+                return content, None, "reconciled"
+        await asyncio.to_thread(self._intent, call)
+        try:
+            value = await invoke()
+        except ExternalObservationNeeded:
+            await asyncio.to_thread(self._outcome, call, "retry")  # the tool says it did nothing
+            raise
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+            await asyncio.to_thread(self._outcome, call, "failed", None, error)
+            return None, error, "ran"
+        content = jsonable(value)
+        await asyncio.to_thread(self._outcome, call, "done", content)
+        return content, None, "ran"
+
+
+_JOURNAL: contextvars.ContextVar[Journal | None] = contextvars.ContextVar("tapekit_journal", default=None)
+
+
+def journal() -> Journal | None:
+    """The journal of the stored session running in this context (None: not stored)."""
+    return _JOURNAL.get()
+
+
+def set_journal(value: Journal | None) -> contextvars.Token[Journal | None]:
+    """Make ``value`` the current journal (the loop's side); reset with the returned token."""
+    return _JOURNAL.set(value)
+
+
+def reset_journal(token: contextvars.Token[Journal | None]) -> None:
+    """Undo :func:`set_journal`."""
+    _JOURNAL.reset(token)
