@@ -39,6 +39,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import enum
+import hashlib
+import json
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -46,7 +49,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
-from tapekit.errors import ExternalObservationNeeded
+from tapekit.core import Fork, Tape
+from tapekit.errors import ExternalObservationNeeded, TapekitError
 
 if TYPE_CHECKING:
     from tapekit.dialog import ToolCall
@@ -58,6 +62,7 @@ __all__ = [
     "NOT_DONE",
     "UNKNOWN",
     "Effect",
+    "EffectInDoubt",
     "EffectState",
     "InDoubtToolCall",
     "Reconcile",
@@ -110,19 +115,27 @@ class ToolEffect(BaseModel):
         return self.state == "started"
 
 
+class EffectInDoubt(TapekitError):
+    """Raised by a ``once`` tool that cannot tell whether its effect happened (a request that
+    timed out, a connection that dropped after sending): the call stays in doubt, as after a
+    crash, and the session waits (:class:`InDoubtToolCall`) unless ``reconcile`` settles it on
+    the next resume. A tool of another effect that raises it fails as with any exception."""
+
+
 class InDoubtToolCall(ExternalObservationNeeded):
     """A ``once`` tool call that may or may not have happened (its intent is journalled, its
     outcome is not, and the tool could not reconcile it): the session waits until the call
     is resolved (done, failed or retry) with ``store.resolve_tool_effect``."""
 
-    def __init__(self, call: ToolCall, effect: ToolEffect) -> None:
+    def __init__(self, call: ToolCall, effect: ToolEffect, why: str = "") -> None:
         self.effect = effect
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(effect.created))
+        because = f"it said: {why}" if why else "no outcome was recorded"
         super().__init__(
             call,
             f"tool call {call.name!r} (key {effect.key}) may or may not have run: it started "
-            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(effect.created))} and no outcome "
-            "was recorded; resolve it (done, failed or retry) with store.resolve_tool_effect, "
-            "the Studio or tapekit chat, then resume",
+            f"{started} and {because}; resolve it (done, failed or retry) with "
+            "store.resolve_tool_effect, the Studio or tapekit chat, then resume",
         )
 
 
@@ -157,36 +170,61 @@ class Journal:
     """The loop's side of the journal: the session's store and recorder (what must be durable
     before a ``once`` tool runs). :func:`journal` returns the current one."""
 
-    __slots__ = ("recorder", "store")
+    __slots__ = ("lock", "recorder", "store")
 
     def __init__(self, store: TapeStore, recorder: SessionRecorder) -> None:
         self.store = store
         self.recorder = recorder
+        self.lock = threading.Lock()
 
-    def _intent(self, call: ToolCall) -> None:
-        self.recorder.write_all()  # the tape up to this call: a resume must find the same call
-        self.store._record_effect(
-            call.metadata.id, self.recorder.tape_id, call.name, call.arguments, "started"
-        )
+    def key(self, tape: Tape[Any, Any], index: int) -> str:
+        """The idempotency key of the tool call at ``tape.steps[index]``.
+
+        In the session itself the call is on the recorded tape (the journal makes it durable
+        before a ``once`` tool runs), so its step id is the key. Inside a fork branch it is not
+        (a branch's steps reach the session's tape when the fork joins, and a resumed fork runs
+        an unfinished branch again, making new step ids), so the key is derived from what the
+        branch did up to the call: the session, and the content of the steps from the latest
+        :class:`~tapekit.core.Fork` to the call (which branch, what it saw, the call's tool
+        and arguments). A branch that does the same again gets the same key; one that takes
+        another path makes another call."""
+        call = tape.steps[index]
+        recorded = self.recorder.tape.steps
+        if index < len(recorded) and recorded[index].metadata.id == call.metadata.id:
+            return call.metadata.id
+        start = index
+        while start > 0 and not isinstance(tape.steps[start], Fork):
+            start -= 1
+        digest = hashlib.sha256(self.recorder.tape_id.encode())
+        for i in range(start, index + 1):
+            digest.update(json.dumps(tape.steps[i].llm_dict(), sort_keys=True, default=str).encode())
+            digest.update(b"\n")
+        return f"branch-{digest.hexdigest()[:32]}"
+
+    def _intent(self, key: str, call: ToolCall) -> None:
+        with self.lock:  # calls at the tape's end run at once, in worker threads
+            self.recorder.write_all()  # the tape up to this call: a resume must find the same call
+        self._outcome(key, call, "started")
 
     def _outcome(
-        self, call: ToolCall, state: EffectState, result: Any = None, error: str | None = None
+        self, key: str, call: ToolCall, state: EffectState, result: Any = None, error: str | None = None
     ) -> None:
-        self.store._record_effect(
-            call.metadata.id, self.recorder.tape_id, call.name, call.arguments, state, result, error
-        )
+        self.store._record_effect(key, self.recorder.tape_id, call.name, call.arguments, state, result, error)
 
     async def run_once(
         self,
+        key: str,
         call: ToolCall,
-        invoke: Callable[[], Awaitable[Any]],
+        attempt: Callable[[], Awaitable[tuple[Any, str | None]]],
         reconcile: Callable[[ToolCall], Any] | None,
         jsonable: Callable[[Any], Any],
     ) -> tuple[Any, str | None, str]:
-        """Run ``invoke`` at most once for ``call``: ``(content, error, how)`` where ``how`` is
-        ``"ran"``, ``"reused"`` (the journal's outcome) or ``"reconciled"``. Raises
-        :class:`InDoubtToolCall` for a call in doubt that ``reconcile`` cannot settle."""
-        known = await asyncio.to_thread(self.store.tool_effect, call.metadata.id)
+        """Run ``attempt`` (which returns the call's ``(content, error)``) at most once for
+        ``call``, journalled under ``key``: ``(content, error, how)`` where ``how`` is ``"ran"``,
+        ``"reused"`` (the journal's outcome) or ``"reconciled"``. Raises
+        :class:`InDoubtToolCall` for a call in doubt that ``reconcile`` cannot settle, and
+        when the attempt itself raises :class:`EffectInDoubt`."""
+        known = await asyncio.to_thread(self.store.tool_effect, key)
         if known is not None and known.state in ("done", "failed"):
             return known.result, known.error, "reused"
         if known is not None and known.state == "started":
@@ -199,21 +237,21 @@ class Journal:
                 raise InDoubtToolCall(call, known)
             if answer is not NOT_DONE:
                 content = jsonable(answer)
-                await asyncio.to_thread(self._outcome, call, "done", content)
+                await asyncio.to_thread(self._outcome, key, call, "done", content)
                 return content, None, "reconciled"
-        await asyncio.to_thread(self._intent, call)
+        await asyncio.to_thread(self._intent, key, call)
         try:
-            value = await invoke()
+            content, error = await attempt()
+        except EffectInDoubt as e:
+            effect = await asyncio.to_thread(self.store.tool_effect, key)
+            assert effect is not None
+            raise InDoubtToolCall(call, effect, str(e)) from e
         except ExternalObservationNeeded:
-            await asyncio.to_thread(self._outcome, call, "retry")  # the tool says it did nothing
+            await asyncio.to_thread(self._outcome, key, call, "retry")  # the tool says it did nothing
             raise
-        except Exception as e:
-            error = f"{type(e).__name__}: {e}"
-            await asyncio.to_thread(self._outcome, call, "failed", None, error)
-            return None, error, "ran"
-        content = jsonable(value)
-        await asyncio.to_thread(self._outcome, call, "done", content)
-        return content, None, "ran"
+        state: EffectState = "failed" if error is not None else "done"
+        await asyncio.to_thread(self._outcome, key, call, state, content, error)
+        return content, error, "ran"
 
 
 _JOURNAL: contextvars.ContextVar[Journal | None] = contextvars.ContextVar("tapekit_journal", default=None)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from tapekit._sync import run_sync
 from tapekit.core import Action, Observation, Tape
 from tapekit.dialog import AssistantStep, ToolCall, ToolResult
-from tapekit.effects import EFFECTS, Effect, call_key
+from tapekit.effects import EFFECTS, Effect, EffectInDoubt, call_key
 from tapekit.effects import journal as current_journal
 from tapekit.errors import ExternalObservationNeeded, TapekitError
 
@@ -34,6 +34,7 @@ __all__ = [
     "environment_failure",
     "tool",
     "unanswered_actions",
+    "unanswered_indices",
 ]
 
 ENVIRONMENT_FAILURE = "environment_failure"
@@ -56,6 +57,20 @@ def unanswered_actions(tape: Tape[Any, Any]) -> list[Action]:
             actions.append(step)
     actions.reverse()
     return actions
+
+
+def unanswered_indices(tape: Tape[Any, Any]) -> list[int]:
+    """The indices in ``tape.steps`` of :func:`unanswered_actions`."""
+    steps = tape.steps
+    at: list[int] = []
+    for i in range(len(steps) - 1, -1, -1):
+        step = steps[i]
+        if isinstance(step, Observation):
+            break
+        if isinstance(step, Action):
+            at.append(i)
+    at.reverse()
+    return at
 
 
 def environment_failure(tape: Tape[Any, Any]) -> str | None:
@@ -296,11 +311,12 @@ class ToolEnvironment(Environment):
 
     async def areact(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
         """Answer every unanswered action at the tape's end, concurrently, in their order."""
-        actions = unanswered_actions(tape)
-        observations = await asyncio.gather(*(self._answer(a) for a in actions))
+        at = unanswered_indices(tape)
+        steps = tape.steps
+        observations = await asyncio.gather(*(self._answer(steps[i], tape, i) for i in at))
         return self._continued(tape, observations)
 
-    async def _answer(self, action: Action) -> Observation:
+    async def _answer(self, action: Action, tape: Tape[Any, Any], index: int) -> Observation:
         for cls, handler in self.handlers.items():
             if isinstance(action, cls):
                 result = handler(action)
@@ -312,7 +328,7 @@ class ToolEnvironment(Environment):
                     )
                 return result
         if isinstance(action, ToolCall):
-            return await self._call_tool(action)
+            return await self._call_tool(action, tape, index)
         if isinstance(action, AssistantStep):
             raise ExternalObservationNeeded(action, "the assistant's message waits for the user")
         known = ["tool_call", *(c.__name__ for c in self.handlers)]
@@ -321,7 +337,7 @@ class ToolEnvironment(Environment):
             f"it handles: {', '.join(known)}"
         )
 
-    async def _call_tool(self, call: ToolCall) -> ToolResult:
+    async def _call_tool(self, call: ToolCall, tape: Tape[Any, Any], index: int) -> ToolResult:
         result = ToolResult(call_id=call.call_id, name=call.name)
         tool = self.tools.get(call.name)
         if tool is None:
@@ -335,20 +351,42 @@ class ToolEnvironment(Environment):
             )
             result.error = f"invalid arguments for {call.name}: {problems}"
             return result
-        key = call.metadata.id
-        journal = current_journal() if tool.effect == "once" else None
+
+        async def attempt() -> tuple[Any, str | None]:
+            try:
+                return _jsonable(await tool.invoke(args, kwargs)), None
+            except (ExternalObservationNeeded, EffectInDoubt):
+                raise
+            except Exception as e:
+                return None, f"{type(e).__name__}: {e}"
+
+        return await self._run_effect(call, tape, index, tool.effect, attempt, tool.reconcile)
+
+    async def _run_effect(
+        self,
+        call: ToolCall,
+        tape: Tape[Any, Any],
+        index: int,
+        effect: Effect,
+        attempt: Callable[[], Awaitable[tuple[Any, str | None]]],
+        reconcile: Callable[[ToolCall], Any] | None = None,
+    ) -> ToolResult:
+        """The result of ``call`` by ``attempt`` (which answers ``(content, error)``), run with
+        the call's key (:func:`~tapekit.effects.tool_call_key`) and, for a ``once`` effect in a
+        stored session, at most once (:mod:`tapekit.effects`)."""
+        result = ToolResult(call_id=call.call_id, name=call.name)
+        journal = current_journal()
+        key = call.metadata.id if journal is None else journal.key(tape, index)
         with call_key(key):
-            if journal is not None:
+            if journal is not None and effect == "once":
                 result.content, result.error, how = await journal.run_once(
-                    call, lambda: tool.invoke(args, kwargs), tool.reconcile, _jsonable
+                    key, call, attempt, reconcile, _jsonable
                 )
                 if how != "ran":
                     result.metadata.other["effect"] = how
                 return result
             try:
-                result.content = _jsonable(await tool.invoke(args, kwargs))
-            except ExternalObservationNeeded:
-                raise
-            except Exception as e:
-                result.error = f"{type(e).__name__}: {e}"
+                result.content, result.error = await attempt()
+            except EffectInDoubt as e:
+                result.error = f"EffectInDoubt: {e}"
         return result

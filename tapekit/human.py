@@ -33,6 +33,7 @@ from tapekit.environment import (
     Tool,
     ToolEnvironment,
     unanswered_actions,
+    unanswered_indices,
 )
 from tapekit.orchestrator import amain_loop
 from tapekit.store.base import TapeStore
@@ -158,13 +159,20 @@ class ApprovalEnvironment(ToolEnvironment):
         if pending:
             raise ApprovalNeeded(pending)
         decided = _decisions(tape)
-        actions = unanswered_actions(tape)
-        observations = await asyncio.gather(*(self._decided(a, decided.get(a.metadata.id)) for a in actions))
+        steps = tape.steps
+        observations = await asyncio.gather(
+            *(
+                self._decided(steps[i], decided.get(steps[i].metadata.id), tape, i)
+                for i in unanswered_indices(tape)
+            )
+        )
         return self._continued(tape, observations)
 
-    async def _decided(self, action: Action, decision: ApprovalDecision | None) -> Observation:
+    async def _decided(
+        self, action: Action, decision: ApprovalDecision | None, tape: Tape[Any, Any], index: int
+    ) -> Observation:
         if decision is None or not isinstance(action, ToolCall):
-            return await self._answer(action)
+            return await self._answer(action, tape, index)
         if decision.decision == "rejected":
             why = f": {decision.reason}" if decision.reason else ""
             return ToolResult(
@@ -175,7 +183,7 @@ class ApprovalEnvironment(ToolEnvironment):
             call = action.model_copy(update={"arguments": decision.arguments})
         token = _approved.set(True)  # this task's context only: other calls stay unapproved
         try:
-            return await self._call_tool(call)
+            return await self._call_tool(call, tape, index)
         finally:
             _approved.reset(token)
 

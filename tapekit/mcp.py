@@ -27,8 +27,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Self, TextIO, TypeVar
 
-from tapekit.core import Action
+from tapekit.core import Action, Tape
 from tapekit.dialog import ToolCall, ToolResult
+from tapekit.effects import EFFECTS, Effect, EffectInDoubt
+from tapekit.effects import journal as current_journal
 from tapekit.environment import ActionHandler, Tool, ToolEnvironment
 from tapekit.errors import TapekitError
 
@@ -40,6 +42,7 @@ __all__ = [
     "MCPToolInfo",
     "ServerSpec",
     "StdioServer",
+    "effect_of_annotations",
     "listed_names",
 ]
 
@@ -93,7 +96,9 @@ ServerSpec = StdioServer | HTTPServer | InProcessServer
 @dataclass(frozen=True)
 class MCPToolInfo:
     """One tool as listed to the LLM: ``name`` (prefixed if it clashed), the ``server`` that
-    has it, its ``tool`` name there, ``description`` and JSON ``input_schema``."""
+    has it, its ``tool`` name there, ``description`` and JSON ``input_schema``, and its
+    ``effect`` (:mod:`tapekit.effects`) from the server's annotations (see
+    :func:`effect_of_annotations`) or the environment's ``effects``."""
 
     name: str
     server: str
@@ -101,6 +106,7 @@ class MCPToolInfo:
     description: str
     input_schema: dict[str, Any] = field(default_factory=dict)
     output_schema: dict[str, Any] | None = None
+    effect: Effect = "once"
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI-style function schema, like :meth:`tapekit.Tool.schema`."""
@@ -191,6 +197,19 @@ class _Connection:
         raise MCPServerError(f"MCP server {self.spec.name!r} lists more than 1000 pages of tools")
 
 
+def effect_of_annotations(annotations: Any) -> Effect:
+    """A tool's :mod:`~tapekit.effects` effect from its MCP annotations: ``readOnlyHint`` ->
+    ``"read"``, ``idempotentHint`` -> ``"idempotent"``, else ``"once"`` (the MCP defaults: a
+    tool that says nothing may write, and a repeated call may write again)."""
+    if annotations is None:
+        return "once"
+    if getattr(annotations, "read_only_hint", None):
+        return "read"
+    if getattr(annotations, "idempotent_hint", None):
+        return "idempotent"
+    return "once"
+
+
 def _description(text: str | None) -> str:
     return inspect.cleandoc(text or "")
 
@@ -235,7 +254,10 @@ class MCPEnvironment(ToolEnvironment):
     ``tools`` and ``handlers`` add Python tools and action handlers as in ``ToolEnvironment``.
     ``timeout_s`` bounds each tool call, ``connect_timeout_s`` each server's start. Tool names
     that clash between servers are prefixed (see :func:`listed_names`); ``prefix_all`` prefixes
-    all of them.
+    all of them. Each MCP tool's effect (:mod:`tapekit.effects`) comes from its annotations
+    (:func:`effect_of_annotations`: read-only, idempotent, else ``"once"``, journalled in a
+    stored session), or from ``effects`` (by the name the LLM sees), which overrides them. A
+    ``once`` call whose request timed out or whose connection dropped is in doubt, not failed.
 
     Use it as ``async with MCPEnvironment(...) as env:`` or ``with MCPEnvironment(...) as env:``
     (or :meth:`start` / :meth:`close`). The connections live on the event loop they were
@@ -253,8 +275,15 @@ class MCPEnvironment(ToolEnvironment):
         timeout_s: float = 60.0,
         connect_timeout_s: float = 30.0,
         prefix_all: bool = False,
+        effects: dict[str, Effect] | None = None,
     ) -> None:
         super().__init__(tools, handlers, name)
+        self.effects = dict(effects or {})
+        for tool_name, effect in self.effects.items():
+            if effect not in EFFECTS:
+                raise ValueError(
+                    f"effects[{tool_name!r}] is one of {', '.join(map(repr, EFFECTS))}, not {effect!r}"
+                )
         self.servers = _check_specs(servers)
         if timeout_s <= 0 or connect_timeout_s <= 0:
             raise ValueError("timeout_s and connect_timeout_s must be positive")
@@ -378,6 +407,7 @@ class MCPEnvironment(ToolEnvironment):
                         _description(t.description),
                         t.input_schema,
                         t.output_schema,
+                        self.effects.get(name, effect_of_annotations(getattr(t, "annotations", None))),
                     )
                     for name, (c, t) in zip(names, listed, strict=True)
                 }
@@ -400,9 +430,9 @@ class MCPEnvironment(ToolEnvironment):
             )
         return super().tool_schemas() + [info.schema() for info in self.mcp_tools.values()]
 
-    async def _call_tool(self, call: ToolCall) -> ToolResult:
+    async def _call_tool(self, call: ToolCall, tape: Tape[Any, Any], index: int) -> ToolResult:
         if call.name in self.tools:
-            return await super()._call_tool(call)
+            return await super()._call_tool(call, tape, index)
         info = self.mcp_tools.get(call.name)
         if info is None:
             known = [*self.tools, *self.mcp_tools]
@@ -410,9 +440,20 @@ class MCPEnvironment(ToolEnvironment):
             return ToolResult(call_id=call.call_id, name=call.name, error=error)
         if not self.running:
             raise RuntimeError(f"MCP environment {self.name!r} is not started: use `async with` or `with` it")
-        if asyncio.get_running_loop() is not self._loop:
-            return await self._hop(self._call_mcp(call, info))
-        return await self._call_mcp(call, info)
+
+        async def attempt() -> tuple[Any, str | None]:
+            if asyncio.get_running_loop() is not self._loop:
+                answer = await self._hop(self._call_mcp(call, info))
+            else:
+                answer = await self._call_mcp(call, info)
+            in_doubt = answer.metadata.other.get("mcp", {}).pop("in_doubt", False)
+            if in_doubt and info.effect == "once" and current_journal() is not None:
+                raise EffectInDoubt(answer.error or "the server's answer was lost")
+            return answer.content, answer.error
+
+        result = await self._run_effect(call, tape, index, info.effect, attempt)
+        result.metadata.other["mcp"] = {"server": info.server, "tool": info.tool}
+        return result
 
     async def _hop(self, coro: Coroutine[Any, Any, _T]) -> _T:
         """Run ``coro`` on the loop that holds the connections and await it from this one."""
@@ -434,12 +475,14 @@ class MCPEnvironment(ToolEnvironment):
                 answer = await conn.client.call_tool(info.tool, dict(call.arguments))
         except TimeoutError:
             result.error = f"{where}: no answer within {self.timeout_s:g} s (timed out)"
+            result.metadata.other["mcp"]["in_doubt"] = True  # the request may have been carried out
             return result
         except Exception as e:
             why = _why(e)
             if "closed" in why.lower():
                 conn.closed_reason = f"the connection closed: {why}"
                 result.error = f"{where}: the server closed the connection (did it crash?): {why}"
+                result.metadata.other["mcp"]["in_doubt"] = True
             else:
                 result.error = f"{where}: {why}"
             logger.warning("%s failed: %s", where, why)

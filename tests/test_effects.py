@@ -270,3 +270,53 @@ async def _final(agent: Agent, env: ToolEnvironment, store: TapeStore) -> Tape[A
     from tapekit import amain_loop
 
     return await amain_loop(agent, _start(), env, store=store).get_final_tape()
+
+
+def test_mcp_tools_take_their_effect_from_their_annotations(tmp_path: Path) -> None:
+    """readOnlyHint -> read, idempotentHint -> idempotent, nothing said -> once (journalled in a
+    stored session); the environment's ``effects`` overrides them."""
+    pytest.importorskip("mcp")
+    from mcp.server.mcpserver import MCPServer
+    from mcp.types import ToolAnnotations
+
+    from tapekit.mcp import InProcessServer, MCPEnvironment
+
+    sent: list[str] = []
+    server = MCPServer("bank", log_level="WARNING")
+
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+    def balance() -> int:
+        """The balance."""
+        return 10
+
+    @server.tool(annotations=ToolAnnotations(idempotentHint=True))
+    def set_limit(limit: int) -> int:
+        """Set the limit."""
+        return limit
+
+    @server.tool()
+    def pay(amount: int) -> str:
+        """Pay ``amount``."""
+        sent.append(str(amount))
+        return f"paid {amount}"
+
+    async def session(store: TapeStore) -> tuple[dict[str, str], Tape[Any, Any]]:
+        async with MCPEnvironment([InProcessServer("bank", server)], effects={"set_limit": "once"}) as env:
+            effects = {name: info.effect for name, info in env.mcp_tools.items()}
+            from tapekit import amain_loop
+
+            final = await amain_loop(_agent(env), _start(), env, store=store).get_final_tape()
+            return effects, final
+
+    with SQLiteStore(tmp_path / "mcp.db") as store:
+        effects, final = asyncio.run(session(store))
+        assert effects == {"balance": "read", "set_limit": "once", "pay": "once"}
+        [effect] = store.tool_effects()
+        assert (effect.tool, effect.state, effect.result) == ("pay", "done", "paid 5")
+        assert sent == ["5"] and any(isinstance(s, ToolResult) and s.content == "paid 5" for s in final.steps)
+    from tapekit.mcp import effect_of_annotations
+
+    assert effect_of_annotations(None) == "once"
+    assert effect_of_annotations(ToolAnnotations(idempotentHint=True)) == "idempotent"
+    with pytest.raises(ValueError, match="effects\\['x'\\] is one of"):
+        MCPEnvironment([InProcessServer("bank", server)], effects={"x": "often"})  # type: ignore[dict-item]
