@@ -41,7 +41,6 @@ import contextvars
 import enum
 import hashlib
 import json
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -49,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
-from tapekit.core import Fork, Tape
+from tapekit.core import Call, Tape
 from tapekit.errors import ExternalObservationNeeded, TapekitError
 
 if TYPE_CHECKING:
@@ -170,41 +169,40 @@ class Journal:
     """The loop's side of the journal: the session's store and recorder (what must be durable
     before a ``once`` tool runs). :func:`journal` returns the current one."""
 
-    __slots__ = ("lock", "recorder", "store")
+    __slots__ = ("recorder", "store")
 
     def __init__(self, store: TapeStore, recorder: SessionRecorder) -> None:
         self.store = store
         self.recorder = recorder
-        self.lock = threading.Lock()
 
     def key(self, tape: Tape[Any, Any], index: int) -> str:
         """The idempotency key of the tool call at ``tape.steps[index]``.
 
-        In the session itself the call is on the recorded tape (the journal makes it durable
-        before a ``once`` tool runs), so its step id is the key. Inside a fork branch it is not
-        (a branch's steps reach the session's tape when the fork joins, and a resumed fork runs
-        an unfinished branch again, making new step ids), so the key is derived from what the
-        branch did up to the call: the session, and the content of the steps from the latest
-        :class:`~tapekit.core.Fork` to the call (which branch, what it saw, the call's tool
-        and arguments). A branch that does the same again gets the same key; one that takes
-        another path makes another call."""
+        A call of the session's own agent is on the recorded tape (the journal makes it durable
+        before a ``once`` tool runs), so its step id is the key. A subagent's call may be in a
+        fork branch, whose steps reach the recorded tape later (or, for a branch resumed from
+        its start, are made anew with new ids), so its key is derived from what the subagent
+        did since it was called: the session, and the content of the steps from the
+        :class:`~tapekit.core.Call` that started the subagent to this call (which subagent,
+        its request, what it saw, the tool and arguments). A subagent that does the same again
+        gets the same key; one that takes another path makes another call. The cost is one
+        pass over the subagent's steps, paid by calls of ``once`` tools only."""
         call = tape.steps[index]
-        recorded = self.recorder.tape.steps
-        if index < len(recorded) and recorded[index].metadata.id == call.metadata.id:
+        path = call.metadata.agent
+        if "/" not in path:
             return call.metadata.id
+        caller, _, name = path.rpartition("/")
         start = index
-        while start > 0 and not isinstance(tape.steps[start], Fork):
+        while start > 0:
+            step = tape.steps[start]
+            if isinstance(step, Call) and step.agent_name == name and step.metadata.agent == caller:
+                break
             start -= 1
-        digest = hashlib.sha256(self.recorder.tape_id.encode())
+        digest = hashlib.sha256(f"{self.recorder.tape_id}\n{path}\n".encode())
         for i in range(start, index + 1):
             digest.update(json.dumps(tape.steps[i].llm_dict(), sort_keys=True, default=str).encode())
             digest.update(b"\n")
-        return f"branch-{digest.hexdigest()[:32]}"
-
-    def _intent(self, key: str, call: ToolCall) -> None:
-        with self.lock:  # calls at the tape's end run at once, in worker threads
-            self.recorder.write_all()  # the tape up to this call: a resume must find the same call
-        self._outcome(key, call, "started")
+        return f"sub-{digest.hexdigest()[:32]}"
 
     def _outcome(
         self, key: str, call: ToolCall, state: EffectState, result: Any = None, error: str | None = None
@@ -239,7 +237,8 @@ class Journal:
                 content = jsonable(answer)
                 await asyncio.to_thread(self._outcome, key, call, "done", content)
                 return content, None, "reconciled"
-        await asyncio.to_thread(self._intent, key, call)
+        self.recorder.write_all()  # the tape up to this call (queued here, on the recorder's loop)
+        await asyncio.to_thread(self._outcome, key, call, "started")  # committed with it
         try:
             content, error = await attempt()
         except EffectInDoubt as e:

@@ -112,7 +112,7 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_rl_distributed", "test_train_distributed", "test_batch_ray", "test_rl_ray_rollouts",
         "examples/test_form_filler_run", "examples/test_math_distill", "examples/test_optimize_rag",
         "examples/test_commands", "test_sandbox", "examples/test_web_agent_run",
-        "examples/test_math_sec_study",
+        "examples/test_math_sec_study", "test_chaos",
     ),
 }  # fmt: skip
 

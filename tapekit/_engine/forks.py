@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tapekit._engine.runs import attributed, tape_of
 from tapekit.core import Tape
+from tapekit.effects import InDoubtToolCall
 from tapekit.events import AgentEvent, MainLoopEvent
 from tapekit.views import TapeViewStack
 
@@ -43,11 +44,13 @@ class BranchLoop(Protocol):
 
 @dataclass(slots=True)
 class ForkOutcome:
-    """How a fork (or one of its branches) ended: the tape it left, and its error if it failed.
-    Filled in by :func:`run_fork` when its event stream ends."""
+    """How a fork (or one of its branches) ended: the tape it left, and its error if it failed,
+    or the tool call in doubt it stopped on (:mod:`tapekit.effects`). Filled in by
+    :func:`run_fork` when its event stream ends."""
 
     tape: Tape[Any, Any] | None = None
     error: str | None = None
+    external: InDoubtToolCall | None = None  # the branch stopped on a tool call in doubt
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +79,10 @@ async def run_fork(
     ones are held back until the branches before them are done, so the tape (and the store
     writing it) always shows whole branches followed by at most one partial one. A tape cut
     inside the fork therefore resumes here: finished branches are kept, the partial one is
-    finished from its own view, the missing ones start.
+    finished from its own view, the missing ones start. A branch that stops on a tool call in
+    doubt (:class:`~tapekit.effects.InDoubtToolCall`) ends the fork there, without error, once
+    the branches before it are done: the joined tape ends with that call, and the session
+    waits on it as it would on a call of its own.
     """
     view = stack.views[at]
     fork = view.fork
@@ -133,6 +139,10 @@ async def run_fork(
                     outcome.tape = tape.model_copy(update={"steps": seq})
                     outcome.error = f"branch {order[head]} ({name}) of the fork failed: {end.error}"
                     return
+                if end.external is not None:  # the tape is cut at its call in doubt: it waits
+                    outcome.tape = tape.model_copy(update={"steps": seq})
+                    outcome.external = end.external
+                    return
                 head += 1
                 if head < len(order):
                     for event in held.pop(order[head]):
@@ -161,6 +171,8 @@ async def _run_branch(
     for step in tape.steps[known:]:
         yield AgentEvent(step=step)
     async for event in loop(agent, tape, environment, branch_len=branch_len):
+        if isinstance(event.external, InDoubtToolCall):
+            end.external = event.external
         if event.agent_event is not None:
             if event.agent_event.final_tape is None:  # the turn's tape comes as agent_tape
                 yield event.agent_event

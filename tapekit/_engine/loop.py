@@ -5,7 +5,8 @@ the agent's turn, for each branch of a fork (:mod:`tapekit._engine.forks`), so b
 failures the same way: an agent's failure is the ``metadata.error`` its turn wrote, an
 environment's is ``"<Type>: <message> (in environment <name>)"``. Where a session stops to wait
 on the outside world (:class:`~tapekit.environment.ExternalObservationNeeded`, or actions with
-no environment to answer them), a branch, which cannot wait, fails with the same text.
+no environment to answer them), a branch, which cannot wait, fails with the same text; only a
+branch's tool call in doubt (:class:`~tapekit.effects.InDoubtToolCall`) makes the session wait.
 
 :func:`turn` is one agent turn with forks run by this loop (what ``Agent.arun`` streams).
 """
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tapekit._engine.moves import next_move, no_environment
 from tapekit._engine.turn import agent_turn, check_root
 from tapekit.core import Observation, Tape
+from tapekit.effects import InDoubtToolCall
 from tapekit.environment import Environment, ExternalObservationNeeded
 from tapekit.events import AgentEvent, MainLoopEvent
 
@@ -95,7 +97,7 @@ async def alternate(
                 raise no_environment(move.waiting)
             new = await environment.areact(tape)
         except ExternalObservationNeeded as e:
-            if not branch_len:
+            if not branch_len or isinstance(e, InDoubtToolCall):  # a branch may wait on a call in doubt
                 yield MainLoopEvent(external=e)
                 return
             error = f"{_failure(e, environment)}; a fork branch cannot wait on the outside world"

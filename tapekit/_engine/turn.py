@@ -175,6 +175,8 @@ async def agent_turn(
                 tape = joined.tape
                 if joined.error is not None:
                     raise AgentError(joined.error)
+                if joined.external is not None:
+                    break  # a branch waits on a call in doubt at the tape's end: the loop asks again
                 continue
             if iterations >= root.max_iterations:
                 raise AgentError(
