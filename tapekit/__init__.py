@@ -50,12 +50,14 @@ from tapekit.dialog import (
     tool_calls_from_output,
     view_to_messages,
 )
+from tapekit.effects import InDoubtToolCall, tool_call_key
 from tapekit.environment import (
     Environment,
     ExternalObservationNeeded,
     Tool,
     ToolEnvironment,
     UnknownActionError,
+    tool,
     unanswered_actions,
 )
 from tapekit.errors import TapekitError
@@ -142,6 +144,7 @@ __all__ = [
     "Fork",
     "FunctionLLM",
     "FunctionTermination",  # tapekit.frameworks
+    "InDoubtToolCall",
     "InputField",  # tapekit.frameworks
     "InstructionSearch",
     "LLMCall",
@@ -218,6 +221,8 @@ __all__ = [
     "replay_tape",
     "rescore",
     "steps_schema",
+    "tool",
+    "tool_call_key",
     "tool_calls_from_output",
     "unanswered_actions",
     "view_to_messages",

@@ -93,6 +93,7 @@ EXPORTED = sorted(
         "Environment",
         "EvalReport",
         "ExternalObservationNeeded",
+        "InDoubtToolCall",
         "Fork",
         "FunctionLLM",
         "LLM",
@@ -156,6 +157,8 @@ EXPORTED = sorted(
         "rescore",
         "steps_schema",
         "tool_calls_from_output",
+        "tool",
+        "tool_call_key",
         "unanswered_actions",
         "view_to_messages",
     ]
