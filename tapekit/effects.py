@@ -138,26 +138,45 @@ class InDoubtToolCall(ExternalObservationNeeded):
         )
 
 
-_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("tapekit_tool_call_key", default=None)
+class _LazyKey:
+    """A call's key, worked out when first asked for (a subagent's key hashes its steps)."""
+
+    __slots__ = ("make", "value")
+
+    def __init__(self, make: Callable[[], str]) -> None:
+        self.make = make
+        self.value: str | None = None
+
+    def get(self) -> str:
+        if self.value is None:
+            self.value = self.make()
+        return self.value
+
+
+_KEY: contextvars.ContextVar[_LazyKey | None] = contextvars.ContextVar("tapekit_tool_call_key", default=None)
 
 
 def tool_call_key() -> str:
-    """The idempotency key of the tool call running now: the ToolCall step's id, the same
-    every time the call is run or resumed. Pass it to the outside world (an ``Idempotency-Key``
-    header, an external id) so that a repeated request is recognised there. Raises
-    ``LookupError`` outside a tool run by a :class:`~tapekit.environment.ToolEnvironment`."""
+    """The idempotency key of the tool call running now: the ToolCall step's id (for a
+    subagent's call in a stored session, a digest of what the subagent did since it was
+    called, see :meth:`Journal.key`), the same every time the call is run or resumed. Pass it
+    to the outside world (an ``Idempotency-Key`` header, an external id) so that a repeated
+    request is recognised there. Raises ``LookupError`` outside a tool run by a
+    :class:`~tapekit.environment.ToolEnvironment`."""
     key = _KEY.get()
     if key is None:
         raise LookupError("tool_call_key() is only available inside a tool run by a ToolEnvironment")
-    return key
+    return key.get()
 
 
 @contextmanager
-def call_key(key: str) -> Iterator[None]:
-    """Make ``key`` the :func:`tool_call_key` while the block runs (the environment's side)."""
-    token = _KEY.set(key)
+def call_key(make: Callable[[], str]) -> Iterator[_LazyKey]:
+    """Make ``make()`` the :func:`tool_call_key` while the block runs, worked out only if asked
+    for (the environment's side)."""
+    lazy = _LazyKey(make)
+    token = _KEY.set(lazy)
     try:
-        yield
+        yield lazy
     finally:
         _KEY.reset(token)
 

@@ -376,11 +376,14 @@ class ToolEnvironment(Environment):
         stored session, at most once (:mod:`tapekit.effects`)."""
         result = ToolResult(call_id=call.call_id, name=call.name)
         journal = current_journal()
-        key = call.metadata.id if journal is None else journal.key(tape, index)
-        with call_key(key):
+
+        def key() -> str:  # worked out only if asked for: a subagent's key hashes its steps
+            return call.metadata.id if journal is None else journal.key(tape, index)
+
+        with call_key(key) as lazy:
             if journal is not None and effect == "once":
                 result.content, result.error, how = await journal.run_once(
-                    key, call, attempt, reconcile, _jsonable
+                    lazy.get(), call, attempt, reconcile, _jsonable
                 )
                 if how != "ran":
                     result.metadata.other["effect"] = how
