@@ -13,12 +13,18 @@ then runs the tool with those arguments, or answers a rejection with a :class:`T
 whose ``error`` says so, which the agent sees like any tool error. A call takes one decision:
 :func:`approve` and :func:`reject` refuse a call that already has one, and should a tape hold
 two anyway, the environment acts on the first.
+
+A ``once`` tool call that a crash (or the tool itself) left in doubt (:mod:`tapekit.effects`)
+also waits for a person: :func:`waiting_on` with the store names it, and
+:func:`resolve_in_doubt` records what became of it (done, failed, retry) before the session
+runs on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -27,6 +33,7 @@ from tapekit._sync import run_sync
 from tapekit.agent import Agent
 from tapekit.core import Action, ControlStep, Observation, Step, StepMetadata, Tape
 from tapekit.dialog import AssistantStep, ToolCall, ToolResult, UserStep
+from tapekit.effects import InDoubtToolCall, ToolEffect
 from tapekit.environment import (
     Environment,
     ExternalObservationNeeded,
@@ -53,6 +60,7 @@ __all__ = [
     "pending_approvals",
     "reject",
     "reply",
+    "resolve_in_doubt",
     "run_session",
     "waiting_on",
 ]
@@ -309,21 +317,34 @@ def reject(
 @dataclass(frozen=True, slots=True)
 class Waiting:
     """What a session waits for: ``message`` (the person's reply to ``action``), ``approval``
-    (decisions on ``calls``), or ``external`` (another observation for ``action``)."""
+    (decisions on ``calls``), ``in_doubt`` (a person to say what became of the ``once`` tool
+    calls in ``effects``, see :func:`resolve_in_doubt`), or ``external`` (another observation
+    for ``action``)."""
 
-    kind: Literal["message", "approval", "external"]
+    kind: Literal["message", "approval", "in_doubt", "external"]
     action: Action | None = None
     calls: list[ToolCall] = field(default_factory=list)
     message: str = ""
+    effects: list[ToolEffect] = field(default_factory=list)
 
 
-def waiting_on(tape: Tape[Any, Any], environment: Environment | None) -> Waiting | None:
-    """What the session waits for, judged from the tape alone (None: it can run on).
+def waiting_on(
+    tape: Tape[Any, Any], environment: Environment | None, store: TapeStore | None = None
+) -> Waiting | None:
+    """What the session waits for, judged from the tape (and, with ``store``, the journal of
+    its ``once`` tool calls) alone (None: it can run on).
 
-    Pending approvals come first; then an unanswered :class:`AssistantStep` waits for a reply.
-    An action that some other handler can only answer from outside is only known by running
-    the environment (see :attr:`SessionTurn.waiting`).
+    Tool calls in doubt come first (with ``store``: a crash or a tool left them so, see
+    :mod:`tapekit.effects`), then pending approvals; then an unanswered
+    :class:`AssistantStep` waits for a reply. An action that some other handler can only answer
+    from outside is only known by running the environment (see :attr:`SessionTurn.waiting`).
     """
+    if store is not None and unanswered_actions(tape):
+        doubt = store.tool_effects(tape.metadata.id, in_doubt=True)
+        if doubt:
+            return Waiting(
+                "in_doubt", message=f"{len(doubt)} tool call(s) may or may not have run", effects=doubt
+            )
     calls = pending_approvals(tape, environment)
     if calls:
         return Waiting("approval", calls[0], calls, f"{len(calls)} tool call(s) need approval")
@@ -348,6 +369,8 @@ class SessionTurn:
 def _waiting_from(external: ExternalObservationNeeded, tape: Tape[Any, Any], env: Environment) -> Waiting:
     if isinstance(external, ApprovalNeeded):
         return Waiting("approval", external.calls[0], external.calls, str(external))
+    if isinstance(external, InDoubtToolCall):
+        return Waiting("in_doubt", external.action, message=str(external), effects=[external.effect])
     known = waiting_on(tape, env)
     if known is not None:
         return known
@@ -403,6 +426,25 @@ async def arun_session(
             store.remove_tags(tape_id, [WAITING_TAG])
         store.flush()
     return SessionTurn(final, added, stopped, waiting)
+
+
+def resolve_in_doubt(store: TapeStore, key: str, decision: str, text: str = "") -> ToolEffect:
+    """Settle the ``once`` tool call ``key`` left in doubt, as a person says: ``done`` (it
+    happened; ``text`` is its result, read as JSON when it is JSON, else kept as text),
+    ``failed`` (``text`` says why) or ``retry`` (it did not happen: run it again). The next
+    resume of the session goes on from that (:meth:`TapeStore.resolve_tool_effect`)."""
+    choice = decision.strip().lower()
+    if choice == "done":
+        try:
+            result: Any = json.loads(text) if text.strip() else None
+        except json.JSONDecodeError:
+            result = text
+        return store.resolve_tool_effect(key, result=result if result is not None else "done")
+    if choice == "failed":
+        return store.resolve_tool_effect(key, error=text.strip() or "the person said it failed")
+    if choice == "retry":
+        return store.resolve_tool_effect(key, retry=True)
+    raise ValueError(f"a call in doubt is resolved as done, failed or retry, not {decision!r}")
 
 
 def run_session(

@@ -302,3 +302,38 @@ def test_chat_errors_are_named(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "the arguments are not JSON" in bad.stderr
     data = json.loads(json.dumps({"ok": True}))
     assert data["ok"]
+
+
+def test_chat_shows_a_call_in_doubt_and_a_later_process_resolves_it(tmp_path: Path) -> None:
+    """``tapekit chat`` with the payer: the bank does not answer, so the ``once`` call is in
+    doubt and the session waits; a later process (typed answers, then --decision) settles it,
+    and pay is not run again when the person says it happened, run again on 'retry'."""
+    db = tmp_path / "pay.db"
+    agent = ["--agent", "tapekit.testing.payer:assistant"]
+    first = chat(db, *agent, "-m", "pay 5")
+    assert first.returncode == 0, first.stderr
+    assert "[waits: tool call 'pay'" in first.stdout and "may or may not have run" in first.stdout
+    tape_id = next(x for x in first.stdout.splitlines() if x.startswith("new session ")).split()[2]
+    # typed at the prompt: [d]one, with the result read at the bank
+    second = chat(db, *agent, "--tape", tape_id, stdin="d\npaid 5 (checked)\n")
+    assert second.returncode == 0, second.stderr
+    assert "may or may not have run" in second.stdout and "[pay marked done]" in second.stdout
+    assert "payer> Done: paid 5 (checked)" in second.stdout
+    with SQLiteStore(db) as store:
+        [effect] = store.tool_effects(tape_id)
+        assert (effect.state, effect.result) == ("done", "paid 5 (checked)")
+    # an even amount goes through; an odd one is in doubt again: retry (it times out again),
+    # then the person says it failed
+    even = chat(db, *agent, "--tape", tape_id, "-m", "pay 6")
+    assert "payer> Done: paid 6" in even.stdout and "[waits:" not in even.stdout
+    chat(db, *agent, "--tape", tape_id, "-m", "pay 7")
+    retried = chat(db, *agent, "--tape", tape_id, "-d", "retry")
+    assert "[pay marked retry]" in retried.stdout and "[waits: tool call 'pay'" in retried.stdout
+    failed = chat(db, *agent, "--tape", tape_id, "-d", "failed the bank is down")
+    assert "payer> Done: Error: the bank is down" in failed.stdout
+    worse = chat(db, *agent, "--tape", tape_id, "-m", "pay 9")
+    worse = chat(db, *agent, "--tape", tape_id, "-d", "maybe")
+    assert worse.returncode != 0 and "done, failed or retry" in worse.stderr
+    with SQLiteStore(db) as store:
+        states = [e.state for e in store.tool_effects(tape_id)]
+    assert states == ["done", "done", "failed", "started"]  # 5 (resolved), 6, 7 (retried, failed), 9

@@ -184,3 +184,53 @@ def test_a_stale_answer_is_refused(studio: tuple[str, SQLiteStore, Path]) -> Non
         )
         assert empty.status_code == 400 and "a reply must be non-empty text" in empty.text
     assert store.get_tape_info(tape_id).n_steps == n + 3
+
+
+def test_a_tool_call_in_doubt_is_resolved_in_the_browser(browser: Any, tmp_path: Path) -> None:
+    """The payer's bank does not answer for odd amounts, so its ``once`` call is in doubt and
+    the session waits; the chat page shows the call and a person says it happened (the tool is
+    not run again), or asks for a retry, then says it failed."""
+    from tapekit import Tape
+    from tapekit.human import reply, run_session
+    from tapekit.testing import payer
+
+    agent, env = payer.assistant()
+    with (
+        SQLiteStore(tmp_path / "pay.db", flush_interval_s=0.005) as store,
+        serve_in_thread(create_app(store, agents={"payer": payer.assistant})) as url,
+    ):
+        payer.BANK.clear()
+        start = reply(Tape(), "pay 5")
+        turn = run_session(agent, env, start, store=store, tags=["chat"])
+        assert turn.stopped == "waiting" and turn.waiting is not None and turn.waiting.kind == "in_doubt"
+        tape_id = start.metadata.id
+        page = next(open_page(browser, width=1300, timeout_ms=15_000))
+        page.goto(f"{url}/chat/{tape_id}")
+        doubt = page.locator("#in-doubt form.in-doubt-call")
+        sync_api.expect(doubt).to_have_count(1)
+        sync_api.expect(doubt).to_contain_text("pay started at")
+        sync_api.expect(doubt).to_contain_text('"amount": 5')
+        doubt.locator("input[name=text]").fill("paid 5 (checked at the bank)")
+        doubt.get_by_role("button", name="It happened").click()
+        conversation = page.locator("#conversation")
+        sync_api.expect(conversation.locator("li.assistant").last).to_contain_text(
+            "Done: paid 5 (checked at the bank)"
+        )
+        assert len(payer.BANK) == 1  # the one attempt that timed out: not run again
+        assert [e.state for e in store.tool_effects(tape_id)] == ["done"]
+
+        page.locator("#reply textarea").fill("pay 7")
+        page.locator("#reply").get_by_role("button", name="Send").click()
+        doubt = page.locator("#in-doubt form.in-doubt-call")
+        sync_api.expect(doubt).to_contain_text('"amount": 7')
+        doubt.get_by_role("button", name="It did not happen: run it again").click()
+        sync_api.expect(page.locator("#in-doubt form.in-doubt-call")).to_contain_text('"amount": 7')
+        assert [a for a, _ in payer.BANK] == [5, 7, 7]  # the retry ran it (and it timed out again)
+        doubt = page.locator("#in-doubt form.in-doubt-call")
+        doubt.locator("input[name=text]").fill("the bank is down")
+        doubt.get_by_role("button", name="It failed").click()
+        sync_api.expect(conversation.locator("li.assistant").last).to_contain_text(
+            "Done: Error: the bank is down"
+        )
+        sync_api.expect(page.locator("#in-doubt")).to_have_count(0)
+        page.close()

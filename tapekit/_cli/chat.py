@@ -1,7 +1,8 @@
 """``tapekit chat``: talk to an agent in the terminal, in sessions stored in a tape store.
 
-A session is one stored tape. When the agent waits (a message for you, or a tool call that
-needs your approval) the tape is saved and tagged ``waiting``; ``tapekit chat --tape ID`` in any
+A session is one stored tape. When the agent waits (a message for you, a tool call that needs
+your approval, or a ``once`` tool call a crash left in doubt) the tape is saved and tagged
+``waiting``; ``tapekit chat --tape ID`` in any
 later process shows the conversation so far and carries on.
 """
 
@@ -88,6 +89,27 @@ class _Inputs:
             if text.strip():
                 return text
 
+    def in_doubt(self, effect: Any) -> str | None:
+        if self.scripted:
+            return self.decisions.popleft() if self.decisions else None
+        typer.echo(
+            f"{effect.tool} {_short(effect.arguments)} may or may not have run (key {effect.key}): "
+            "check the outside world"
+        )
+        while True:
+            answer = self._ask("[d]one (it happened) / [f]ailed / [r]etry (run it again): ")
+            if answer is None or answer.strip() in QUIT:
+                return None
+            word = answer.strip().lower()
+            if word in ("d", "done"):
+                result = self._ask("its result (optional): ")
+                return f"done {result or ''}".strip()
+            if word in ("f", "failed"):
+                reason = self._ask("why (optional): ")
+                return f"failed {reason or ''}".strip()
+            if word in ("r", "retry"):
+                return "retry"
+
     def decision(self, call: Any) -> str | None:
         if self.scripted:
             return self.decisions.popleft() if self.decisions else None
@@ -129,11 +151,29 @@ def _apply_decision(tape: Tape[Any, Any], call: Any, text: str, environment: Env
 
 
 def _answer(
-    tape: Tape[Any, Any], waiting: Waiting | None, inputs: _Inputs, environment: Environment | None
+    tape: Tape[Any, Any],
+    waiting: Waiting | None,
+    inputs: _Inputs,
+    environment: Environment | None,
+    store: TapeStore | None = None,
 ) -> Tape[Any, Any] | None:
     """The tape with the person's answer to what it waits for (None: no answer, stop)."""
-    from tapekit.human import reply
+    from tapekit.human import reply, resolve_in_doubt
 
+    if waiting is not None and waiting.kind == "in_doubt" and store is not None:
+        for effect in waiting.effects:
+            text = inputs.in_doubt(effect)
+            if text is None:
+                return None
+            word, _, rest = text.strip().partition(" ")
+            try:
+                resolve_in_doubt(store, effect.key, word.rstrip(":"), rest)
+            except ValueError as e:
+                raise CliError(
+                    f"--decision {text!r}: {e} (write 'done [RESULT]', 'failed REASON' or 'retry')"
+                ) from None
+            typer.echo(f"[{effect.tool} marked {word.lower()}]")
+        return tape
     if waiting is not None and waiting.kind == "approval":
         for call in waiting.calls:
             text = inputs.decision(call)
@@ -165,7 +205,12 @@ def chat_command(
     ] = None,
     decision: Annotated[
         list[str] | None,
-        typer.Option("--decision", "-d", help="answer an approval: approve | reject [REASON] | edit JSON"),
+        typer.Option(
+            "--decision",
+            "-d",
+            help="answer an approval (approve | reject [REASON] | edit JSON) or a tool call in doubt "
+            "(done [RESULT] | failed REASON | retry)",
+        ),
     ] = None,
     max_loops: Annotated[int, typer.Option("--max-loops", help="agent/environment rounds per turn")] = 50,
     verbose: Annotated[
@@ -176,8 +221,10 @@ def chat_command(
 
     The conversation so far is shown, then you answer what the session waits for: a message
     (type it; /quit or end of input stops) or a tool call that needs approval ([y]es, [n]o
-    with a reason, or [e]dit its arguments as JSON). Every step is stored as it happens; a
-    waiting session is tagged 'waiting' and can be resumed by any later process. With
+    with a reason, or [e]dit its arguments as JSON), or a tool call left in doubt by a crash
+    ([d]one with its result, [f]ailed, or [r]etry: see docs/durability.md). Every step is
+    stored as it happens; a waiting session is tagged 'waiting' and can be resumed by any
+    later process. With
     --message/--decision the answers are taken from the command line instead of the terminal.
 
     Examples:
@@ -224,14 +271,16 @@ def _chat(
             typer.echo(f"session {session.metadata.id} in {db} ({len(session)} steps)")
             _show(session.steps, verbose)
         while True:
-            waiting = waiting_on(session, environment)
+            waiting = waiting_on(session, environment, store)
             if waiting is not None or "waiting" in _tags(store, session) or not _can_run(agent, session):
-                answered = _answer(session, waiting, inputs, environment)
+                answered = _answer(session, waiting, inputs, environment, store)
                 if answered is None:
                     break
                 session = answered
             turn = run_session(agent, environment, session, store=store, tags=["chat"], max_loops=max_loops)
             _show(turn.added, verbose)
+            if turn.waiting is not None and turn.waiting.kind == "in_doubt":
+                typer.echo(f"[waits: {turn.waiting.message}]")
             session = turn.tape
             if turn.stopped != "waiting":
                 error = session.metadata.error

@@ -2,9 +2,10 @@
 
 - ``/chat``: the sessions waiting for a person (tagged ``waiting``), and a form to start one
   with a registered agent;
-- ``/chat/{id}``: the conversation, and what the session waits for: a message box, or for each
+- ``/chat/{id}``: the conversation, and what the session waits for: a message box, for each
   tool call that needs approval a form to approve it, reject it (with a reason) or edit its
-  arguments.
+  arguments, and for each ``once`` tool call left in doubt (:mod:`tapekit.effects`) a form to
+  say it happened (with its result), it failed, or it may run again.
 
 Answers continue the stored session under its own id (the same tape grows, as with
 ``tapekit chat``): the person's step is appended, the agent runs until it waits again, and
@@ -34,9 +35,10 @@ from tapekit.human import (
     arun_session,
     reject,
     reply,
+    resolve_in_doubt,
     waiting_on,
 )
-from tapekit.store import TapeFilter
+from tapekit.store import TapeFilter, TapeStore
 from tapekit.studio.data import root_agent_name
 from tapekit.studio.pages import PageError, Studio, StudioDep, read_form
 from tapekit.studio.runs import RegisteredAgent
@@ -108,9 +110,11 @@ def registered_for(studio: Studio, tape_id: str, tags: list[str], tape: Tape[Any
     return found
 
 
-def waiting_for(tape: Tape[Any, Any], tags: list[str], reg: RegisteredAgent | None) -> Waiting | None:
-    """What the session waits for (a message, approvals), or None."""
-    waiting = waiting_on(tape, reg.environment if reg else None)
+def waiting_for(
+    tape: Tape[Any, Any], tags: list[str], reg: RegisteredAgent | None, store: TapeStore | None = None
+) -> Waiting | None:
+    """What the session waits for (tool calls in doubt, approvals, a message), or None."""
+    waiting = waiting_on(tape, reg.environment if reg else None, store)
     if waiting is None and WAITING_TAG in tags:
         return Waiting("external", message="the session waits for a message")
     return waiting
@@ -133,7 +137,7 @@ def chat_page(request: Request, tape_id: str, studio: StudioDep) -> Response:
         reg: RegisteredAgent | None = registered_for(studio, tape_id, info.tags, tape)
     except PageError:
         reg = None
-    waiting = waiting_for(tape, info.tags, reg)
+    waiting = waiting_for(tape, info.tags, reg, studio.store)
     return studio.render(
         request,
         "chat.html",
@@ -211,6 +215,23 @@ async def chat_decision(request: Request, tape_id: str, studio: StudioDep) -> Re
     """The person's decision on a tool call that needs approval."""
     form = await read_form(request)
     return await continue_session(studio, tape_id, form, decision(form))
+
+
+@router.post("/chat/{tape_id}/effect")
+async def chat_effect(request: Request, tape_id: str, studio: StudioDep) -> Response:
+    """The person's word on a tool call in doubt (it happened, it failed, run it again); the
+    session then runs on from it."""
+    form = await read_form(request)
+    key, choice, text = form.get("key", ""), form.get("decision", ""), form.get("text", "")
+    known = await run_in_threadpool(studio.store.tool_effect, key) if key else None
+    if known is None or known.tape_id != tape_id:
+        raise PageError(404, "No such tool call", f"Session {tape_id!r} has no tool call {key!r} in doubt.")
+
+    def settle(tape: Tape[Any, Any], reg: RegisteredAgent) -> Tape[Any, Any]:
+        resolve_in_doubt(studio.store, key, choice, text)
+        return tape
+
+    return await continue_session(studio, tape_id, form, settle)
 
 
 @router.post("/chat")
