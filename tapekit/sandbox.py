@@ -50,6 +50,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tapekit.effects import Effect
 from tapekit.environment import Tool
 from tapekit.errors import TapekitError
 
@@ -271,9 +272,15 @@ class Sandbox:
         ]
         return sorted(found)
 
-    def python_tool(self, name: str = "run_python") -> Tool:
+    def python_tool(self, name: str = "run_python", *, effect: Effect = "read") -> Tool:
         """A :class:`~tapekit.environment.Tool` that runs Python code here and answers with the
-        run as text (limits hit, exit code, output, files)."""
+        run as text (limits hit, exit code, output, files).
+
+        ``effect`` (:mod:`tapekit.effects`): the default ``"read"`` suits a sandbox whose working
+        directory lives and dies with the process (a resumed session in a new process gets a new
+        one, so running the code again there is the only way to have its files). Give
+        ``"once"`` for a sandbox on a working directory of yours that outlives the process, where
+        code run twice would append to its files twice."""
         sandbox = self
 
         async def run_python(code: str) -> str:
@@ -284,7 +291,7 @@ class Sandbox:
             """
             return (await sandbox.arun_python(code)).to_observation()
 
-        return Tool(run_python, name=name)
+        return Tool(run_python, name=name, effect=effect)
 
     def close(self) -> None:
         """Delete the temporary working directory (not one the caller gave)."""

@@ -144,6 +144,8 @@ def test_as_a_tool_in_a_tool_environment() -> None:
     observation = result.steps[-1]
     assert isinstance(observation, ToolResult)
     assert "1024" in str(observation.content)
+    with Sandbox() as box:  # a resumed session re-runs code by default; once for a workdir that outlives it
+        assert box.python_tool().effect == "read" and box.python_tool(effect="once").effect == "once"
 
 
 def test_refuses_to_run_unconfined(monkeypatch: pytest.MonkeyPatch) -> None:
