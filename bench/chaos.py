@@ -2,22 +2,23 @@
 
 Runs :func:`tapekit.testing.chaos.run_chaos` on the built-in payments workload (a ``once``
 payment tool on an SQLite "bank", a read-only balance check between payments) in every
-configuration asked for: store (SQLite, PostgreSQL from a throwaway cluster), loop (sync,
-async), workload (plain; ``fork``: the payments made by two clerks in concurrent fork branches;
-``reconcile``: the tool looks a payment up after a crash instead of a person), and the negative
-control (``control``: the payment tool declared without its effect, where duplicates must be
-found). Writes a JSON report (one entry per configuration, and the totals) and prints it.
+configuration asked for: store (SQLite, PostgreSQL from a throwaway cluster), loop (sync, async,
+or a batch of three sessions killed together), workload (plain; ``fork``: the payments made by
+two clerks in concurrent fork branches; ``reconcile``: the tool looks a payment up after a crash
+instead of a person), and the negative control (``control``: the payment tool declared without
+its effect, where duplicates must be found). Writes a JSON report (one entry per configuration,
+and the totals) and prints it.
 
-    python bench/chaos.py --scenarios 500 [--stores sqlite,postgres] [--loops sync,async]
+    python bench/chaos.py --scenarios 500 [--stores sqlite,postgres] [--loops sync,async,batch]
         [--workloads plain,fork,reconcile,control] [--out bench/results/chaos.json]
 
-The run resumes: configurations already in ``--out`` with at least ``--scenarios`` scenarios
-are skipped, so a stopped run continues with the same command.
-"""
+The run resumes: configurations already in ``--out`` with at least ``--scenarios`` scenarios are
+skipped, so a stopped run continues with the same command."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -39,6 +40,7 @@ WORKLOADS: dict[str, Callable[[], PaymentsWorkload]] = {
     "reconcile": lambda: PaymentsWorkload(reconcile=True),
     "control": lambda: PaymentsWorkload(effect="read"),
 }
+BATCH_SESSIONS = 3  # loop "batch": three sessions of the workload run by one batch
 
 
 def _stores(names: list[str]) -> tuple[dict[str, tuple[Callable[[Path], TapeStore], Any]], Any]:
@@ -79,7 +81,7 @@ def main() -> None:
     )
     parser.add_argument("--scenarios", type=int, default=500, help="scenarios per configuration")
     parser.add_argument("--stores", default="sqlite,postgres")
-    parser.add_argument("--loops", default="sync,async")
+    parser.add_argument("--loops", default="sync,async,batch")
     parser.add_argument("--workloads", default="plain,fork,reconcile,control")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench/results/chaos.json"))
@@ -98,8 +100,13 @@ def main() -> None:
                         if done.get(key, {}).get("scenarios", 0) >= args.scenarios:
                             continue
                         report = ChaosReport()
+                        workload = WORKLOADS[workload_name]()
+                        if loop == "batch":
+                            if workload.fork:
+                                continue  # the batch runs the plain sessions (forks: the other loops)
+                            workload = dataclasses.replace(workload, sessions=BATCH_SESSIONS)
                         run_chaos(
-                            WORKLOADS[workload_name](),
+                            workload,
                             open_store,
                             args.scenarios,
                             loop=loop,  # type: ignore[arg-type]

@@ -775,3 +775,22 @@ def test_ctrl_c_stops_the_command_and_says_how_to_resume(tmp_path: Path) -> None
     assert 4 <= done < 40
     rerun = CliRunner().invoke(app, [*args[:2], *args[2:], "--name", "ctrlc"])
     assert rerun.exit_code == 0 and f"{done} already done" in " ".join(rerun.output.split())
+
+
+def test_a_tape_that_waits_is_resumed_by_the_next_run_of_the_batch(tmp_path: Path) -> None:
+    """A tape stopped on an action that waits on the outside world (here a payment in doubt) is
+    stored without the done tag, so running the batch again resumes it instead of skipping it."""
+    from tapekit.human import reply
+    from tapekit.store import SQLiteStore
+    from tapekit.testing import payer
+
+    agent, env = payer.assistant()
+    starts = [reply(Tape(), "pay 6"), reply(Tape(), "pay 5")]  # the bank does not answer for 5
+    with SQLiteStore(tmp_path / "b.db") as store:
+        first = batch(agent, env, starts, store=store, name="pay")
+        assert [r.external for r in first] == [True, True]  # 6 paid, then the assistant waits; 5 in doubt
+        [doubt] = store.tool_effects(in_doubt=True)
+        store.resolve_tool_effect(doubt.key, result="paid 5 (checked)")
+        second = batch(agent, env, starts, store=store, name="pay")
+        assert [r.skipped for r in second] == [False, False] and [r.resumed for r in second] == [True, True]
+        assert any(getattr(s, "content", None) == "Done: paid 5 (checked)" for s in second[1].tape.steps)

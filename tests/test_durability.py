@@ -143,7 +143,7 @@ def test_a_branch_in_doubt_makes_the_session_wait(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(chaos._World, "pay", pay)
     workload = chaos.PaymentsWorkload(fork=True)
     agent, env = workload.build(world)
-    start = workload.start()
+    [start] = workload.starts()
     with SQLiteStore(tmp_path / "s.db") as store:
         events = list(main_loop(agent, start, env, store=store))
         waits = [e.external for e in events if e.external is not None]

@@ -208,6 +208,8 @@ async def _run_one(run: _Run, index: int, start: Tape[Any, Any]) -> BatchResult:
                 final = event.tape
             elif event.external is not None:
                 external = True
+                if recorder is not None:  # a waiting tape is not done: the next run resumes it
+                    recorder.done_tags = ()
         final = recorder.tape if recorder is not None else stored_form(final, key, start_id, len(start))
     except Exception as e:  # anything unexpected fails this tape only
         message = f"{type(e).__name__}: {e} (in batch {config.name!r})"

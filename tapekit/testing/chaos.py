@@ -21,8 +21,10 @@ it checks, against the workload's own record of the outside world:
   uninterrupted run's, and effects that did not happen exactly once in the end.
 
 Point it at your own agent by writing a :class:`Workload`; :class:`PaymentsWorkload` is the
-built-in one (``bench/chaos.py`` runs it on SQLite and PostgreSQL, the sync and async loops, and
-sessions whose payments are made inside fork branches). POSIX only (``os.fork``).
+built-in one (``bench/chaos.py`` runs it on SQLite and PostgreSQL, the sync and async loops,
+sessions whose payments are made inside fork branches, and ``loop="batch"``: several sessions
+run by one :func:`~tapekit.batch.batch`, killed together and resumed by running the batch
+again). POSIX only (``os.fork``).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any, Literal, Protocol
 
 from tapekit.agent import Agent, Node
 from tapekit.core import Fork, LLMOutput, Prompt, Respond, SetNextNode, StopStep, Tape, ToolCallRequest
-from tapekit.dialog import AssistantStep, ToolResult, UserStep, tool_calls_from_output, view_to_messages
+from tapekit.dialog import ToolResult, UserStep, tool_calls_from_output, view_to_messages
 from tapekit.effects import Effect, InDoubtToolCall, ToolEffect, tool_call_key
 from tapekit.environment import Environment, Tool, ToolEnvironment
 from tapekit.llm.base import LLMStream
@@ -102,7 +104,7 @@ def _kill_points() -> Iterator[None]:
             saved = args[0]._saved.get(args[2], (0,))[0] if acknowledges else 0
             out = original(*args, **kwargs)
             if acknowledges:
-                _write_report({"ack": saved})
+                _write_report({"ack": saved, "tape": args[2]})
             chaos_point(f"{name}:after")
             return out
 
@@ -127,8 +129,9 @@ class Workload(Protocol):
 
     name: str
 
-    def start(self) -> Tape[Any, Any]:
-        """The session's start tape (the same object for every run of a scenario)."""
+    def starts(self) -> list[Tape[Any, Any]]:
+        """The sessions' start tapes (the same objects for every run of a scenario): one for
+        the sync and async loops, any number for ``loop="batch"``."""
         ...
 
     def build(self, world: Path) -> tuple[Agent, Environment]:
@@ -195,8 +198,7 @@ class _PayNode(Node):
         elif agent.name == "clerk":
             yield Respond(content=output.content or "")
         else:
-            yield AssistantStep(content=output.content or "")
-            yield StopStep(reason="done")
+            yield StopStep(reason=output.content or "done")  # the answer (no message that waits for a reply)
 
 
 def _script(invoices: list[str], fork: bool) -> Callable[[Prompt], LLMOutput]:
@@ -205,12 +207,14 @@ def _script(invoices: list[str], fork: bool) -> Callable[[Prompt], LLMOutput]:
     def model(prompt: Prompt) -> LLMOutput:
         messages = prompt.messages
         user = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+        first = next((m["content"] for m in messages if m["role"] == "user"), "")
+        prefix = first.rsplit(" of ", 1)[1] + "-" if " of " in first else ""  # a batch's session
         results = sum(1 for m in messages if m["role"] == "tool")
         if fork and not user.startswith("invoices "):
             if any("answers" in str(m.get("content")) for m in messages):
                 return LLMOutput(content="all paid")
             return LLMOutput(content="fork")
-        mine = [i for i in invoices if not fork or i.startswith(user[-1])]
+        mine = [prefix + i for i in invoices if not fork or i.startswith(user[-1])]
         plan = [("pay", i) if k % 2 == 0 else ("balance", "") for i in mine for k in range(2)]
         done_before = 0
         if fork:  # a branch's own tool results only (those after its Call)
@@ -232,22 +236,30 @@ class PaymentsWorkload:
     read-only balance check between payments; ``fork`` pays them in two concurrent fork
     branches; ``reconcile`` lets the tool look a payment up by its key after a crash (else a
     person resolves the call in doubt); ``effect="read"`` declares the payment tool without its
-    effect, the negative control (the harness must then find duplicates)."""
+    effect, the negative control (the harness must then find duplicates); ``sessions`` > 1
+    makes that many sessions, each paying its own invoices (for ``loop="batch"``)."""
 
     invoices: list[str] = field(default_factory=lambda: ["A1", "B1", "A2", "B2"])
     fork: bool = False
     reconcile: bool = False
     effect: Effect = "once"
+    sessions: int = 1
     name: str = "payments"
-    _start: Tape[Any, Any] | None = None
+    _starts: list[Tape[Any, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._start = Tape(steps=[UserStep(content="pay the invoices")])
+        if self.sessions < 1:
+            raise ValueError(f"sessions must be at least 1, not {self.sessions}")
+        if self.sessions == 1:
+            self._starts = [Tape(steps=[UserStep(content="pay the invoices")])]
+        else:  # a batch: each session pays its own invoices ("s0-A1", ...)
+            self._starts = [
+                Tape(steps=[UserStep(content=f"pay the invoices of s{i}")]) for i in range(self.sessions)
+            ]
 
-    def start(self) -> Tape[Any, Any]:
-        """One start tape per workload object (made with it, so a forked child has it too)."""
-        assert self._start is not None
-        return self._start
+    def starts(self) -> list[Tape[Any, Any]]:
+        """The start tapes, made with the workload object (so a forked child has the same)."""
+        return self._starts
 
     def build(self, world: Path) -> tuple[Agent, Environment]:
         """The payer (and, with ``fork``, its clerk) on the scripted model."""
@@ -283,8 +295,10 @@ class PaymentsWorkload:
         return _World(world).rows() if world.exists() else []
 
     def expected(self) -> list[str]:
-        """Each invoice, once."""
-        return list(self.invoices)
+        """Each invoice of each session, once."""
+        if self.sessions == 1:
+            return list(self.invoices)
+        return [f"s{k}-{i}" for k in range(self.sessions) for i in self.invoices]
 
     def resolve(self, effect: ToolEffect, world: Path) -> dict[str, Any]:
         """The person looks the payment up at the bank by its key."""
@@ -334,13 +348,37 @@ class ChaosReport:
         }
 
 
-Loop = Literal["sync", "async"]
+Loop = Literal["sync", "async", "batch"]
+
+BATCH = "chaos"  # the batch's name, for loop="batch"
 
 
-def _run(workload: Workload, store: TapeStore, tape: Tape[Any, Any], world: Path, loop: Loop) -> Any:
-    """One run of the session from ``tape``: the final tape, or the InDoubtToolCall it stopped on."""
+def _stored_ids(workload: Workload, loop: Loop) -> list[str]:
+    """Where the sessions are stored: the start tape's id, or the batch's ids."""
+    if loop == "batch":
+        from tapekit.batch import batch_tape_id
+
+        return [batch_tape_id(BATCH, t.metadata.id) for t in workload.starts()]
+    return [workload.starts()[0].metadata.id]
+
+
+def _run(workload: Workload, store: TapeStore, world: Path, loop: Loop) -> list[Any]:
+    """One run of the stored sessions (from the store, else from their starts): per session,
+    its final tape or the InDoubtToolCall it stopped on (with the batch: None for a session
+    that stopped on a call in doubt)."""
     agent, env = workload.build(world)
-    tape_id = workload.start().metadata.id
+    if loop == "batch":
+        from tapekit.batch import batch
+
+        starts = workload.starts()
+        results = batch(agent, env, starts, store=store, name=BATCH, max_concurrency=len(starts))
+        return [None if r.external else r.tape for r in results]
+    start = workload.starts()[0]
+    try:
+        tape = store.get_tape(start.metadata.id)
+    except KeyError:
+        tape = start
+    tape_id = start.metadata.id
     waits: list[InDoubtToolCall] = []
     last = [tape]
 
@@ -353,14 +391,14 @@ def _run(workload: Workload, store: TapeStore, tape: Tape[Any, Any], world: Path
     if loop == "sync":
         for event in main_loop(agent, tape, env, store=store, tape_id=tape_id):
             follow(event)
-        return waits[0] if waits else last[0]
+        return [waits[0] if waits else last[0]]
 
     async def run() -> Any:
         async for event in amain_loop(agent, tape, env, store=store, tape_id=tape_id):
             follow(event)
         return waits[0] if waits else last[0]
 
-    return asyncio.run(run())
+    return [asyncio.run(run())]
 
 
 def _child(
@@ -371,7 +409,7 @@ def _child(
     _armed.update(target=target, seen=0, last="")
     try:
         with _kill_points(), open_store() as store:
-            _run(workload, store, workload.start(), world, loop)
+            _run(workload, store, world, loop)
         _write_report({"points": _armed["seen"]})
         os._exit(0)
     except BaseException as e:  # a failure in the child is a finding, not a crash of the harness
@@ -405,23 +443,18 @@ def _signature(tape: Tape[Any, Any]) -> list[Any]:
 
 def _resume_until_done(
     workload: Workload, store: TapeStore, world: Path, loop: Loop, report: ChaosReport
-) -> Tape[Any, Any] | None:
-    """Resume the stored session (or start it, if nothing was stored) until it ends; calls in
-    doubt are resolved as the workload says. None if it does not end in 10 rounds."""
-    start = workload.start()
+) -> list[Tape[Any, Any]] | None:
+    """Resume the stored sessions (or start them, if nothing was stored) until they end; calls
+    in doubt are resolved as the workload says. None if they do not end in 10 rounds."""
     for _ in range(10):
-        try:
-            tape = store.get_tape(start.metadata.id)
-        except KeyError:
-            tape = start
-        if tape.steps and isinstance(tape.steps[-1], StopStep):
-            return tape
-        out = _run(workload, store, tape, world, loop)
-        if isinstance(out, InDoubtToolCall):
-            store.resolve_tool_effect(out.effect.key, **workload.resolve(out.effect, world))
+        outs = _run(workload, store, world, loop)
+        doubt = store.tool_effects(in_doubt=True)
+        for effect in doubt:
+            store.resolve_tool_effect(effect.key, **workload.resolve(effect, world))
             report.in_doubt_resolved += 1
+        if doubt or any(not isinstance(out, Tape) for out in outs):
             continue
-        return out if isinstance(out, Tape) else None
+        return outs
     return None
 
 
@@ -431,7 +464,7 @@ def _scenario(
     path: Path,
     loop: Loop,
     target: int,
-    reference: list[Any],
+    reference: list[list[Any]],
     report: ChaosReport,
     n: int,
 ) -> None:
@@ -448,21 +481,27 @@ def _scenario(
     if killed is not None:
         report.killed += 1
         report.kill_points[killed] += 1
-    acked = max((r["ack"] for r in reports if "ack" in r), default=0)
+    acked: dict[str, int] = {}
+    for r in reports:
+        if "ack" in r:
+            acked[r["tape"]] = max(acked.get(r["tape"], 0), r["ack"])
     try:
         with open_store(path.with_suffix(".db")) as store:
-            start_id = workload.start().metadata.id
-            try:
-                stored = len(store.get_tape(start_id))
-            except KeyError:
-                stored = 0
-            if stored < acked:
-                report.lost_acknowledged += 1
-                report.failures.append(f"scenario {n}: {acked} steps acknowledged, {stored} stored")
-            final = _resume_until_done(workload, store, world, loop, report)
+            for tape_id, n_acked in acked.items():
+                try:
+                    stored = len(store.get_tape(tape_id))
+                except KeyError:
+                    stored = 0
+                if stored < n_acked:
+                    report.lost_acknowledged += 1
+                    report.failures.append(
+                        f"scenario {n}: {n_acked} steps of {tape_id} acknowledged, {stored} stored"
+                    )
+            finals = _resume_until_done(workload, store, world, loop, report)
             report.reconciled += sum(
                 1
-                for s in (final.steps if final else [])
+                for final in finals or []
+                for s in final.steps
                 if isinstance(s, ToolResult) and s.metadata.other.get("effect") == "reconciled"
             )
     except Exception as e:
@@ -474,10 +513,10 @@ def _scenario(
     if twice:
         report.duplicates += len(twice)
         report.failures.append(f"scenario {n} (killed at {killed}): done twice: {twice}")
-    if final is None:
+    if finals is None:
         report.unfinished += 1
         report.failures.append(f"scenario {n} (killed at {killed}): did not finish")
-    elif _signature(final) != reference or sorted(made) != sorted(workload.expected()):
+    elif [_signature(f) for f in finals] != reference or sorted(made) != sorted(workload.expected()):
         report.different += 1
         report.failures.append(f"scenario {n} (killed at {killed}): ended otherwise than uninterrupted")
 
@@ -520,7 +559,7 @@ def run_chaos(
     if status != 0 or not points:
         raise RuntimeError(f"the uninterrupted run of {workload.name!r} failed: {reports}")
     with open_store(base.with_suffix(".db")) as store:
-        reference = _signature(store.get_tape(workload.start().metadata.id))
+        reference = [_signature(store.get_tape(tape_id)) for tape_id in _stored_ids(workload, loop)]
 
     for n in range(scenarios):
         path = workdir / f"s{seed}-{n}"
