@@ -62,6 +62,7 @@ from tapekit.environment import (
 )
 from tapekit.errors import TapekitError
 from tapekit.evaluate import EvalReport, Score, Task, aevaluate, evaluate, rescore
+from tapekit.nodes import ToolCallingNode
 from tapekit.llm import LLM, FunctionLLM, LLMCall, LLMStream, ReplayLLM, ScriptedLLM, TrainingText
 from tapekit.optimize import AddDemos, BootstrapFewShot, InstructionSearch, Reflective, optimize
 from tapekit.orchestrator import (
@@ -199,6 +200,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolCallRequest",
+    "ToolCallingNode",
     "ToolEnvironment",
     "ToolResult",
     "TrainingText",

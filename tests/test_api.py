@@ -136,6 +136,7 @@ EXPORTED = sorted(
         "Tool",
         "ToolCall",
         "ToolCallRequest",
+        "ToolCallingNode",
         "ToolEnvironment",
         "ToolResult",
         "TrainingText",

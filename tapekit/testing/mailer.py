@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from typing import Any
 
-from tapekit.agent import Agent, Node
-from tapekit.core import LLMOutput, Prompt, SetNextNode, Step, Tape, ToolCallRequest
-from tapekit.dialog import AssistantStep, tool_calls_from_output, view_to_messages
+from tapekit.agent import Agent
+from tapekit.core import LLMOutput, Prompt, ToolCallRequest
 from tapekit.human import ApprovalEnvironment, approval_required
-from tapekit.llm import FunctionLLM, LLMStream
+from tapekit.llm import FunctionLLM
+from tapekit.nodes import ToolCallingNode
 
 OUTBOX: list[dict[str, str]] = []  # what send_email sent, in this process
 
@@ -66,29 +64,16 @@ def mail_brain(prompt: Prompt) -> LLMOutput:
     return LLMOutput(content=f"You said: {text}")
 
 
-class MailNode(Node):
-    """The assistant's only node: answer, or call a tool, then come back here."""
-
-    name: str = "reply"
-
-    def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
-        system = {"role": "system", "content": "You write and send emails for the user."}
-        messages = [system, *view_to_messages(agent.compute_view(tape).top.steps, agent.full_name)]
-        return Prompt(messages=messages, tools=ENVIRONMENT.tool_schemas())
-
-    def generate_steps(self, agent: Agent, tape: Tape[Any, Any], llm_stream: LLMStream) -> Iterator[Step]:
-        output = llm_stream.get_output()
-        yield SetNextNode(next_node="reply")
-        if output.tool_calls:
-            yield from tool_calls_from_output(output)
-        else:
-            yield AssistantStep(content=output.content or "")
-
-
 def make_agent() -> Agent:
     """The mail assistant on the scripted model."""
     return Agent.create(
-        "mailer", llms=FunctionLLM(fn=mail_brain, model_name="mail-brain"), nodes=[MailNode()]
+        "mailer",
+        llms=FunctionLLM(fn=mail_brain, model_name="mail-brain"),
+        nodes=[  # answer, or call a tool, then come back here
+            ToolCallingNode.for_environment(
+                ENVIRONMENT, name="reply", system="You write and send emails for the user.", final="message"
+            )
+        ],
     )
 
 

@@ -16,15 +16,13 @@ echoes anything else.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from typing import Any
 
-from tapekit.agent import Agent, Node
-from tapekit.core import LLMOutput, Prompt, SetNextNode, Step, Tape, ToolCallRequest
-from tapekit.dialog import AssistantStep, tool_calls_from_output, view_to_messages
+from tapekit.agent import Agent
+from tapekit.core import LLMOutput, Prompt, ToolCallRequest
 from tapekit.effects import EffectInDoubt, tool_call_key
 from tapekit.environment import Tool, ToolEnvironment
-from tapekit.llm import FunctionLLM, LLMStream
+from tapekit.llm import FunctionLLM
+from tapekit.nodes import ToolCallingNode
 
 BANK: list[tuple[int, str]] = []  # every payment the bank carried out: (amount, key)
 
@@ -59,25 +57,8 @@ def pay_brain(prompt: Prompt) -> LLMOutput:
     return LLMOutput(content=f"You said: {text}")
 
 
-class PayNode(Node):
-    """The assistant's only node: answer, or call ``pay``, then come back here."""
-
-    name: str = "reply"
-
-    def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
-        messages = view_to_messages(agent.compute_view(tape).top.steps, agent.full_name)
-        return Prompt(messages=messages, tools=ENVIRONMENT.tool_schemas())
-
-    def generate_steps(self, agent: Agent, tape: Tape[Any, Any], llm_stream: LLMStream) -> Iterator[Step]:
-        output = llm_stream.get_output()
-        yield SetNextNode(next_node="reply")
-        if output.tool_calls:
-            yield from tool_calls_from_output(output)
-        else:
-            yield AssistantStep(content=output.content or "")
-
-
 def assistant() -> tuple[Agent, ToolEnvironment]:
     """The agent and its environment, for ``tapekit chat --agent tapekit.testing.payer:assistant``."""
-    agent = Agent.create("payer", llms=FunctionLLM(fn=pay_brain, model_name="pay-brain"), nodes=[PayNode()])
+    node = ToolCallingNode.for_environment(ENVIRONMENT, name="reply", final="message")
+    agent = Agent.create("payer", llms=FunctionLLM(fn=pay_brain, model_name="pay-brain"), nodes=[node])
     return agent, ENVIRONMENT

@@ -8,15 +8,14 @@ linearly) and ``bench/peers.py`` (tapekit against LangGraph) run the same sessio
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
-from tapekit.agent import Agent, Node
-from tapekit.core import LLMOutput, Prompt, SetNextNode, StopStep, Tape, ToolCallRequest
-from tapekit.dialog import AssistantStep, SystemStep, UserStep, tool_calls_from_output, view_to_messages
+from tapekit.agent import Agent
+from tapekit.core import LLMOutput, Prompt, Tape, ToolCallRequest
+from tapekit.dialog import SystemStep, UserStep
 from tapekit.environment import ToolEnvironment
-from tapekit.llm.base import LLMStream
 from tapekit.llm.scripted import FunctionLLM
+from tapekit.nodes import ToolCallingNode
 
 __all__ = ["ReactNode", "ScriptedTurns", "add", "react_agent", "react_start"]
 
@@ -26,27 +25,13 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-class ReactNode(Node):
+class ReactNode(ToolCallingNode):
     """The user's ReAct node: the whole conversation as the prompt, with ``tools``; the model's
-    tool calls loop back to this node, a text answer ends the session."""
+    tool calls loop back to this node, a text answer ends the session (a
+    :class:`~tapekit.nodes.ToolCallingNode` with ``final="stop"``)."""
 
     name: str = "react"
-    tools: list[dict[str, Any]] = []
-
-    def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
-        """System message, user message and every turn so far, as chat messages."""
-        return Prompt(messages=view_to_messages(tape.steps, agent.name), tools=self.tools)
-
-    def generate_steps(self, agent: Agent, tape: Tape[Any, Any], llm_stream: LLMStream) -> Iterator[Any]:
-        """The tool calls (and a loop back), or the answer and a stop."""
-        output = llm_stream.get_output()
-        calls = tool_calls_from_output(output)
-        if calls:
-            yield SetNextNode(next_node="react")
-            yield from calls
-        else:
-            yield AssistantStep(content=output.content or "")
-            yield StopStep(reason="done")
+    final: Literal["message", "stop", "respond"] = "stop"
 
 
 class ScriptedTurns:
