@@ -203,3 +203,22 @@ def test_async_main_loop_runs_many_tapes_concurrently() -> None:
     assert all(t.steps[-1].content == "the answer is 42" for t in tapes)  # type: ignore[attr-defined]
     assert llm.peak == 20  # the first LLM calls of all 20 tapes are in flight together
     assert isinstance(tapes[0].steps[2], ToolCall)
+
+
+def test_a_stopped_session_resumed_does_nothing() -> None:
+    """A tape that ends with a StopStep (a session stored with its last step but killed before
+    its final write, say) is finished: the loop makes no step and calls no model."""
+    from tapekit import Agent, FunctionLLM, LLMOutput, StopStep, Tape, UserStep, main_loop
+    from tapekit.nodes import ToolCallingNode
+
+    calls: list[object] = []
+
+    def model(prompt: object) -> LLMOutput:
+        calls.append(prompt)
+        return LLMOutput(content="hi")
+
+    agent = Agent.create(name="a", llms=FunctionLLM(fn=model), nodes=[ToolCallingNode(final="stop")])
+    done = main_loop(agent, Tape(steps=[UserStep(content="hello")])).get_final_tape()
+    assert isinstance(done.steps[-1], StopStep) and len(calls) == 1
+    again = main_loop(agent, done).get_final_tape()
+    assert again.metadata.error is None and len(again) == len(done) and len(calls) == 1

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from tapekit._engine.moves import next_move, no_environment
 from tapekit._engine.turn import agent_turn, check_root
-from tapekit.core import Observation, Tape
+from tapekit.core import Observation, StopStep, Tape
 from tapekit.effects import InDoubtToolCall
 from tapekit.environment import Environment, ExternalObservationNeeded
 from tapekit.events import AgentEvent, MainLoopEvent
@@ -68,6 +68,8 @@ async def alternate(
     """
     if not branch_len:
         check_root(agent)
+        if tape.steps and isinstance(tape.steps[-1], StopStep):
+            return  # a stopped session (resumed after its last write, say) has nothing left to do
     root = agent.name
     loops = 0
     while max_loops is None or loops < max_loops:

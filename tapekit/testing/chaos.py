@@ -516,7 +516,11 @@ def _scenario(
     if finals is None:
         report.unfinished += 1
         report.failures.append(f"scenario {n} (killed at {killed}): did not finish")
-    elif [_signature(f) for f in finals] != reference or sorted(made) != sorted(workload.expected()):
+    elif (
+        [_signature(f) for f in finals] != reference
+        or any(f.metadata.error for f in finals)
+        or sorted(made) != sorted(workload.expected())
+    ):
         report.different += 1
         report.failures.append(f"scenario {n} (killed at {killed}): ended otherwise than uninterrupted")
 
