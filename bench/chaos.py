@@ -54,7 +54,7 @@ def _stores(names: list[str]) -> tuple[dict[str, tuple[Callable[[Path], TapeStor
         import psycopg
 
         from tapekit.store import PostgresStore
-        from tapekit.store._pgtemp import TempPostgres, postgres_unavailable
+        from tapekit.testing.postgres import TempPostgres, postgres_unavailable
 
         why = postgres_unavailable()
         if why:

@@ -31,7 +31,7 @@ from pathlib import Path
 from tapekit import AssistantThought, LLMCall, LLMOutput, Prompt, Tape, UserStep
 from tapekit.llm.base import TokenTrace
 from tapekit.store import open_store
-from tapekit.store._pgtemp import TempPostgres, postgres_unavailable
+from tapekit.testing.postgres import TempPostgres, postgres_unavailable
 
 STEPS_PER_TAPE = 50
 TEXT = "The quarterly revenue grew by 12 percent, driven by aggregates pricing and volume. " * 3

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tapekit.store import SQLiteStore, TapeStore
-from tapekit.store._pgtemp import TempPostgres, postgres_unavailable
+from tapekit.testing.postgres import TempPostgres, postgres_unavailable
 from tapekit.testing.chaos import PaymentsWorkload, run_chaos
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the harness forks (POSIX only)")

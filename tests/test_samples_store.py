@@ -12,7 +12,7 @@ import pytest
 from tapekit import LLMCall, LLMOutput, Prompt
 from tapekit.llm.base import TokenTrace
 from tapekit.store import open_store
-from tapekit.store._pgtemp import TempPostgres, postgres_unavailable
+from tapekit.testing.postgres import TempPostgres, postgres_unavailable
 from tapekit.store._tokens import decode_tokens, encode_tokens
 
 PG_UNAVAILABLE = postgres_unavailable()

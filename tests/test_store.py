@@ -32,7 +32,7 @@ from tapekit.store import (
     TapeStore,
     open_store,
 )
-from tapekit.store._pgtemp import TempPostgres, postgres_unavailable
+from tapekit.testing.postgres import TempPostgres, postgres_unavailable
 from tapekit.testing.analyst import ENVIRONMENT, make_analyst, start_tape
 from tapekit.testing.store_conformance import (
     CHECKS,

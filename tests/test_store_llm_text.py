@@ -28,7 +28,7 @@ from tapekit import (
 )
 from tapekit.llm.base import LLMStream
 from tapekit.store import TapeStore, open_store
-from tapekit.store._pgtemp import TempPostgres, postgres_unavailable
+from tapekit.testing.postgres import TempPostgres, postgres_unavailable
 from tapekit.store._text import text_problem
 from tapekit.structured import LLMOutputParsingFailure, StructuredNode
 

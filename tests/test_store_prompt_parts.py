@@ -22,7 +22,7 @@ from tapekit import LLMOutput, Prompt, amain_loop
 from tapekit.core import FrozenMessage
 from tapekit.llm.base import LLMCall
 from tapekit.store import SQLiteStore, TapeStore
-from tapekit.store._pgtemp import TempPostgres, postgres_unavailable
+from tapekit.testing.postgres import TempPostgres, postgres_unavailable
 from tapekit.store._prompts import PromptEncoder, is_reference
 from tapekit.store._writes import call_write
 from tapekit.testing.react import react_agent, react_start

@@ -15,6 +15,7 @@ colons as separators).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -22,7 +23,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from examples.form_filler.schema import Company, FunctionSchema, check_function_schema
-from tapekit._sync import run_sync
 from tapekit.core import Prompt
 from tapekit.llm.base import LLM
 
@@ -217,4 +217,4 @@ def generate_company(
     llm: LLM, real_name: str, fake_name: str, n_forms: int = 10, max_attempts: int = 3
 ) -> Company:
     """Sync version of :func:`agenerate_company`."""
-    return run_sync(agenerate_company(llm, real_name, fake_name, n_forms, max_attempts))
+    return asyncio.run(agenerate_company(llm, real_name, fake_name, n_forms, max_attempts))

@@ -8,6 +8,7 @@ is not asked about it. ``greadth.py`` gathers these labels into the report.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -22,7 +23,6 @@ from examples.form_filler.greadth_rules import (
     rule_labels,
 )
 from examples.form_filler.judge import GreadthJudge, JudgeVerdict, as_judge
-from tapekit._sync import run_sync
 from tapekit.core import Tape
 
 __all__ = ["Source", "TurnLabels", "label_turns", "labelled_turns"]
@@ -121,7 +121,7 @@ def labelled_turns(
     verdicts: list[dict[str, JudgeVerdict] | None] = [None] * len(turns)
     if judge is not None:
         valid = [i for i, t in enumerate(turns) if not any(f.fatal for f in check_turn(t))]
-        answers = run_sync(judge.ajudge([turns[i] for i in valid]))
+        answers = asyncio.run(judge.ajudge([turns[i] for i in valid]))
         for i, answer in zip(valid, answers, strict=True):
             verdicts[i] = answer
     return [(_labels(t, v), t) for t, v in zip(turns, verdicts, strict=True)]

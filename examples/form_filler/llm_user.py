@@ -23,7 +23,6 @@ from typing import Any
 
 from examples.form_filler.steps import CallFunctionAction, ExitAction, PromptUserForTextMessageAction
 from examples.form_filler.users import UserBehavior, UserIntent, purpose_of, respond
-from tapekit._sync import run_sync
 from tapekit.core import Prompt, Step, Tape
 from tapekit.dialog import UserStep
 from tapekit.llm.base import LLM, LLMError
@@ -149,7 +148,7 @@ class LLMUser:
         self, behavior: UserBehavior, tape: Tape[Any, Any], intent: UserIntent, seed: int = 0
     ) -> UserStep:
         """Sync version of :meth:`arespond`."""
-        return run_sync(self.arespond(behavior, tape, intent, seed))
+        return asyncio.run(self.arespond(behavior, tape, intent, seed))
 
     def respond_many(
         self, items: Sequence[tuple[Tape[Any, Any], UserIntent, UserBehavior]], seed: int = 0
@@ -166,7 +165,7 @@ class LLMUser:
 
             return list(await asyncio.gather(*(one(t, i, b) for t, i, b in items)))
 
-        return run_sync(all_of())
+        return asyncio.run(all_of())
 
     def __repr__(self) -> str:
         return f"LLMUser({type(self.llm).__name__}, model={self.model!r})"

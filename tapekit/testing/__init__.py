@@ -19,6 +19,12 @@ and the conformance suite every store backend passes.
 - :mod:`tapekit.testing.store_conformance`: what every :class:`~tapekit.store.TapeStore` backend
   must do, as check functions any test runner (or none) can run on a store factory; tapekit runs
   them on its memory, SQLite and PostgreSQL stores, and you can run them on your own backend.
+- :mod:`tapekit.testing.postgres`: a throwaway PostgreSQL cluster (``TempPostgres``) from the
+  server binaries on the machine, for tests and benchmarks of the PostgreSQL store.
+- :mod:`tapekit.testing.chaos`: the crash-test harness (kill a stored session at every point
+  that matters, resume it, count duplicate side effects and lost steps); ``PaymentsWorkload``.
+- :mod:`tapekit.testing.payer`: an assistant whose ``once`` payment tool meets a bank that does
+  not always answer (calls in doubt, for ``tapekit chat`` and the Studio).
 
 Importing :mod:`tapekit` does not import this package; the teams and the suite load only when
 named.
