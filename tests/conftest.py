@@ -117,10 +117,24 @@ TIERS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 
+# `study`: a learning regression run of an example pipeline (real training at a budget of
+# minutes, an assertion that the trained model beats its baseline). Studies check results, not
+# mechanics (each has a cheap mechanics test beside it), and the default run skips them, so the
+# README's test command stays within its time; `pytest --studies` runs them (before a release,
+# after a change to training). Mark one with @pytest.mark.study.
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--studies", action="store_true", help="also run the learning studies (@pytest.mark.study)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with the tiers its module belongs to (see TIERS)."""
+    """Mark each test with the tiers its module belongs to (see TIERS); skip the studies unless
+    --studies is given."""
     root = Path(__file__).resolve().parent
+    studies = config.getoption("--studies")
+    skip_study = pytest.mark.skip(reason="a learning study (minutes of training): run with pytest --studies")
     for item in items:
+        if not studies and item.get_closest_marker("study") is not None:
+            item.add_marker(skip_study)
         path = Path(str(item.path)).resolve()
         if root not in path.parents:
             continue

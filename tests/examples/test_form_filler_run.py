@@ -80,6 +80,27 @@ def test_synthetic_companies_are_valid_deterministic_and_new() -> None:
 CI_ARGS = ["--quick", "--synthetic", "15", "--beam", "6", "--steps", "320", "--eval", "19"]
 
 
+# The pipeline's mechanics at a budget of seconds: every stage runs and writes what it should
+# (the learning claims are the studies below, run with pytest --studies).
+TINY_ARGS = ["--quick", "--synthetic", "2", "--beam", "2", "--steps", "2", "--eval", "3"]
+
+
+def test_the_one_command_runs_every_stage_at_a_tiny_budget(tmp_path: Path, capsys: Any) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("trl")
+    from examples.form_filler import run
+
+    report = run.run(run.parse_args([*TINY_ARGS, "--out", str(tmp_path)]))
+    assert report.score(run.TEACHER).value == 1.0  # the teacher passes every turn it is scored on
+    assert set(report.summary()) >= {run.TEACHER, run.ZERO_SHOT, run.TUNED}
+    assert report.split == "val" and (tmp_path / "greadth.json").exists()
+    paired = json.loads((tmp_path / "paired.json").read_text())
+    assert [tuple(p) for p in paired["pairs"]] == [(run.TUNED, run.ZERO_SHOT), (run.TUNED, run.TEACHER)]
+    assert re.search(r"stage=trees split=val train_branches=\d+", capsys.readouterr().out)
+
+
+@pytest.mark.study
 def test_small_study_tunes_the_student_above_zero_shot(tmp_path: Path, capsys: Any) -> None:
     """Forms -> trees (all 19 behaviours) -> distillation -> GREADTH: the teacher passes every
     turn, the untrained student none, and the tuned student parses more turns and scores clearly
@@ -122,6 +143,7 @@ SMOLLM2_CI_ARGS = [
 ]  # fmt: skip
 
 
+@pytest.mark.study
 @needs_local_model
 def test_smollm2_tuned_beats_its_zero_shot_self_on_the_validation_turns_its_setting_was_chosen_on(
     tmp_path: Path,
