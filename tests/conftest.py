@@ -103,15 +103,17 @@ def llama_server() -> Iterator[Server]:
 # The tier of a module is written here, once, by path (a test may add its own marks too).
 TIERS: dict[str, tuple[str, ...]] = {
     "train": (
-        "test_train_", "test_rl", "test_samples", "test_head_loss", "test_tiny", "test_llm_transformers",
-        "test_llamacpp_reuse", "test_curriculum", "examples/test_math_distill", "examples/test_math_rl_stage",
-        "examples/test_form_filler_run", "examples/test_math_sec_study",
+        "training/test_train_", "training/test_rl", "training/test_samples", "training/test_head_loss",
+        "training/test_tiny", "llm/test_llm_transformers", "llm/test_llamacpp_reuse",
+        "training/test_curriculum",
+        "examples/test_math_distill", "examples/test_math_rl_stage", "examples/test_form_filler_run",
+        "examples/test_math_sec_study",
     ),
-    "browser": ("test_studio_browser", "examples/test_web_agent_run"),  # tests/web marks its own
+    "browser": ("studio/test_studio_browser", "examples/test_web_agent_run"),  # tests/web marks its own
     "slow": (
-        "test_rl_distributed", "test_train_distributed", "test_batch_ray", "test_rl_ray_rollouts",
-        "examples/test_form_filler_run", "examples/test_math_distill", "examples/test_optimize_rag",
-        "examples/test_commands", "test_sandbox", "examples/test_web_agent_run",
+        "training/test_rl_distributed", "training/test_train_distributed", "batch/test_batch_ray",
+        "training/test_rl_ray_rollouts", "examples/test_form_filler_run", "examples/test_math_distill",
+        "examples/test_optimize_rag", "examples/test_commands", "test_sandbox", "examples/test_web_agent_run",
         "examples/test_math_sec_study", "test_chaos",
     ),
 }  # fmt: skip
@@ -123,7 +125,9 @@ TIERS: dict[str, tuple[str, ...]] = {
 # README's test command stays within its time; `pytest --studies` runs them (before a release,
 # after a change to training). Mark one with @pytest.mark.study.
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--studies", action="store_true", help="also run the learning studies (@pytest.mark.study)")
+    parser.addoption(
+        "--studies", action="store_true", help="also run the learning studies (@pytest.mark.study)"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

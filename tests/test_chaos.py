@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from tapekit.store import SQLiteStore, TapeStore
-from tapekit.testing.postgres import TempPostgres, postgres_unavailable
 from tapekit.testing.chaos import PaymentsWorkload, run_chaos
+from tapekit.testing.postgres import TempPostgres, postgres_unavailable
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the harness forks (POSIX only)")
 

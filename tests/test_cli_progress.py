@@ -105,10 +105,10 @@ def test_eval_and_batch_print_nothing_progress_like_off_a_terminal(tmp_path: Pat
     assert not [mark for mark in PROGRESS_LIKE if mark in evaluated.stdout], evaluated.stdout
     assert evaluated.stderr == ""
 
-    from tests.test_batch import make_tapes
+    from tests.batch.test_batch import make_tapes
 
     (tmp_path / "tapes.jsonl").write_text("".join(json.dumps(t.model_dump()) + "\n" for t in make_tapes(3)))
-    batched = tapekit("batch", "tests.test_batch:factory", "--tapes", "tapes.jsonl", "--db", "b.db")
+    batched = tapekit("batch", "tests.batch.test_batch:factory", "--tapes", "tapes.jsonl", "--db", "b.db")
     assert batched.returncode == 0, batched.stderr
     assert "3 of 3 finished" in batched.stderr  # the summary line
     for text in (batched.stdout, batched.stderr):

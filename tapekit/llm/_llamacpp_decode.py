@@ -8,7 +8,7 @@ identically whether its batch holds 2 or 200 tokens, but not when the batch hold
 sampling loop feeds the sampled tokens one at a time). So only positions that were evaluated as
 part of a prompt (a batch) are reused, and the suffix fed is always at least 2 tokens: the logits
 and the cache are then bit for bit those of a cold evaluation of the whole prompt
-(tests/test_llamacpp_reuse.py checks this on real prompts).
+(tests/llm/test_llamacpp_reuse.py checks this on real prompts).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ or ``eager`` attention (CPU), transformers' mask builder finds the same boundari
 position ids and builds a block-diagonal causal mask, **provided no KV cache is passed**
 (``use_cache=False``, set on the model's config here; with a cache the detection is skipped
 and samples would see each other). On CPU the loss is the model's own (see
-:func:`_model_loss_trainer`), not TRL's chunked LM head. ``tests/test_train_sft.py`` checks
+:func:`_model_loss_trainer`), not TRL's chunked LM head. ``tests/training/test_train_sft.py`` checks
 that the loss of a packed batch equals the token-weighted loss of the same samples run one by one.
 """
 

@@ -1,7 +1,7 @@
 """The math case study's RL stage (``examples/math_study/rl_stage.py``): its setup refuses a
 reward that is not a scorer, grades the curriculum's arms by level or by size, and keeps the
 fixed curriculum's order easy to hard on a pool with a hard tail. The RL loop itself is tested
-on a toy setup (``tests/rl_toy.py``) in ``tests/test_rl_loop.py``."""
+on a toy setup (``tests/training/rl_toy.py``) in ``tests/training/test_rl_loop.py``."""
 
 from __future__ import annotations
 

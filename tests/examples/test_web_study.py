@@ -132,7 +132,7 @@ def test_quick_grpo_raises_the_pool_success_of_the_task_the_sft_student_half_sol
     assert all(r["rollouts"] == 32 for r in rl_log)  # 8 seeds x 4
     pool = {t.id for t in study.rl_tasks(settings)}
     import tapekit.web  # noqa: F401  (the web steps, to read the tapes back)
-    from tests.rl_toy import rollout_results
+    from tests.training.rl_toy import rollout_results
 
     for step in rollout_results(out / "tapes.db", "rl", len(rl_log)):
         assert {task for task, _ in step} == pool and len(step) == 4 * len(pool)  # every seed, every step
