@@ -99,6 +99,7 @@ def test_arguments_are_checked() -> None:
         study.parse_args(["--resample-rounds", "-1"])
 
 
+@pytest.mark.study
 @pytest.mark.slow
 @pytest.mark.train
 @pytest.mark.browser
