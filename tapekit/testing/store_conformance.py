@@ -811,6 +811,36 @@ def check_long_conversations_read_back_byte_identical(make_store: StoreFactory, 
             )
 
 
+def check_the_tool_effect_journal(make_store: StoreFactory, tmp: Path) -> None:
+    """The journal of ``once`` tool calls (:mod:`tapekit.effects`): a record is committed when
+    written, read back by key and by tape, keeps its first write's time, and a call in doubt is
+    resolved once (done, failed or retry), in the order the records were started."""
+    store = make_store()
+    try:
+        store._record_effect("k1", "t1", "pay", {"amount": 5, "note": "ü 😀"}, "started")
+        store._record_effect("k2", "t2", "pay", {"amount": 7}, "started")
+        first = store.tool_effect("k1")
+        if first is None or first.state != "started" or not first.in_doubt:
+            raise AssertionError(f"k1 after its intent: expected a call in doubt, got {first!r}")
+        _equal(first.arguments, {"amount": 5, "note": "ü 😀"}, "journalled arguments")
+        store._record_effect("k1", "t1", "pay", {"amount": 5, "note": "ü 😀"}, "done", {"receipt": [1, 2]})
+        done = store.tool_effect("k1")
+        if done is None:
+            raise AssertionError("k1 is gone from the journal after its outcome")
+        _equal((done.state, done.result, done.error), ("done", {"receipt": [1, 2]}, None), "k1 done")
+        _equal(done.created, first.created, "the first write's time")
+        _equal([e.key for e in store.tool_effects("t1")], ["k1"], "effects of tape t1")
+        _equal([e.key for e in store.tool_effects(in_doubt=True)], ["k2"], "effects in doubt")
+        _equal(store.tool_effect("nope"), None, "an unknown key")
+        resolved = store.resolve_tool_effect("k2", error="declined")
+        _equal((resolved.state, resolved.error), ("failed", "declined"), "k2 resolved as failed")
+        with _raises(ValueError, "not in doubt"):
+            store.resolve_tool_effect("k2", retry=True)
+        _equal([e.key for e in store.tool_effects()], ["k1", "k2"], "every effect, oldest first")
+    finally:
+        store.close()
+
+
 CHECKS: tuple[Check, ...] = (
     check_a_recorded_session_round_trips,
     check_a_typed_tape_keeps_its_context_step_classes_and_metadata,
@@ -833,6 +863,7 @@ CHECKS: tuple[Check, ...] = (
     check_text_no_database_holds_is_refused_at_save,
     check_a_closed_store_refuses_and_flush_commits,
     check_one_store_is_shared_by_threads,
+    check_the_tool_effect_journal,
 )
 """Every check, in the order :func:`run_conformance` runs them."""
 
