@@ -19,6 +19,7 @@ from tapekit.agent import Agent
 from tapekit.batch._config import BatchConfig, LLMConcurrency, team
 from tapekit.batch._results import BatchResult, BatchStats, batch_tags, batch_tape_id
 from tapekit.core import LLMOutput, Prompt, Tape
+from tapekit.effects import InDoubtToolCall
 from tapekit.environment import Environment
 from tapekit.llm.base import LLM, LLMEvent, TrainingText
 from tapekit.orchestrator import amain_loop
@@ -208,8 +209,8 @@ async def _run_one(run: _Run, index: int, start: Tape[Any, Any]) -> BatchResult:
                 final = event.tape
             elif event.external is not None:
                 external = True
-                if recorder is not None:  # a waiting tape is not done: the next run resumes it
-                    recorder.done_tags = ()
+                if recorder is not None and isinstance(event.external, InDoubtToolCall):
+                    recorder.done_tags = ()  # not done until resolved: the next run resumes it
         final = recorder.tape if recorder is not None else stored_form(final, key, start_id, len(start))
     except Exception as e:  # anything unexpected fails this tape only
         message = f"{type(e).__name__}: {e} (in batch {config.name!r})"
