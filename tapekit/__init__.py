@@ -62,8 +62,8 @@ from tapekit.environment import (
 )
 from tapekit.errors import TapekitError
 from tapekit.evaluate import EvalReport, Score, Task, aevaluate, evaluate, rescore
-from tapekit.nodes import ToolCallingNode
 from tapekit.llm import LLM, FunctionLLM, LLMCall, LLMStream, ReplayLLM, ScriptedLLM, TrainingText
+from tapekit.nodes import ToolCallingNode
 from tapekit.optimize import AddDemos, BootstrapFewShot, InstructionSearch, Reflective, optimize
 from tapekit.orchestrator import (
     AsyncMainLoopStream,
