@@ -322,25 +322,19 @@ STAGE = re.compile(
 )
 
 
-@pytest.mark.skipif(not HAVE_TRAIN, reason="needs the train extra (torch, transformers, trl, datasets)")
-def test_the_pipeline_runs_every_stage_at_a_tiny_budget(tmp_path: Path) -> None:
-    """The mechanics (the learning claim is the study below, pytest --studies): teacher tapes,
-    the zero-shot student, SFT for two steps and its evaluation, the table and the files."""
+def _quick_run(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``examples/math_distill.py --quick`` (with ``extra``) into ``out``; it must succeed. One
+    torch thread: on a 2-core machine shared with other work it is the faster setting."""
     done = subprocess.run(
         [
             sys.executable,
             str(ROOT / "examples" / "math_distill.py"),
             "--quick",
-            "--train",
-            "8",
-            "--val",
-            "4",
-            "--steps",
-            "2",
+            *extra,
             "--threads",
             "1",
             "--out",
-            str(tmp_path),
+            str(out),
         ],
         capture_output=True,
         text=True,
@@ -348,6 +342,14 @@ def test_the_pipeline_runs_every_stage_at_a_tiny_budget(tmp_path: Path) -> None:
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.skipif(not HAVE_TRAIN, reason="needs the train extra (torch, transformers, trl, datasets)")
+def test_the_pipeline_runs_every_stage_at_a_tiny_budget(tmp_path: Path) -> None:
+    """The mechanics (the learning claim is the study below, pytest --studies): teacher tapes,
+    the zero-shot student, SFT for two steps and its evaluation, the table and the files."""
+    done = _quick_run(tmp_path, "--train", "8", "--val", "4", "--steps", "2")
     stages = {m[1] for m in re.finditer(r"^stage=(\w+) \S+ split=val n=4 exact=", done.stdout, re.M)}
     assert stages == {"teacher", "zero_shot", "sft"}, done.stdout
     assert "math distillation" in done.stdout and (tmp_path / "tapes.db").is_file()
@@ -357,23 +359,7 @@ def test_the_pipeline_runs_every_stage_at_a_tiny_budget(tmp_path: Path) -> None:
 @pytest.mark.study
 @pytest.mark.skipif(not HAVE_TRAIN, reason="needs the train extra (torch, transformers, trl, datasets)")
 def test_quick_run_shows_the_tiny_student_improving(tmp_path: Path) -> None:
-    done = subprocess.run(
-        # one torch thread: on a 2-core machine shared with other work it is the faster setting
-        [
-            sys.executable,
-            str(ROOT / "examples" / "math_distill.py"),
-            "--quick",
-            "--threads",
-            "1",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = _quick_run(tmp_path)
     stages: dict[str, Any] = {m[1]: (float(m[2]), float(m[5])) for m in STAGE.finditer(done.stdout)}
     for m in STAGE.finditer(done.stdout):  # pass@1 inside its 95 % interval
         assert float(m[3]) <= float(m[2]) <= float(m[4])
