@@ -70,6 +70,65 @@ def test_batched_generate_records_the_sampling_logprobs_of_each_row() -> None:
     assert llm.generate_batch(prompts, seed=6) != results
 
 
+def test_what_a_batchs_prompts_share_is_prefilled_once_with_the_same_samples_and_logprobs() -> None:
+    import torch
+
+    from tapekit.llm.batched import SHARED_PREFIX_MIN, BatchedTransformersLLM, left_pad, shared_prompt_cache
+    from tests.training.rl_toy import PROBLEMS, make_model
+
+    model, tokenizer = make_model()
+    questions = [tokenizer(p.question, add_special_tokens=False)["input_ids"] for p in PROBLEMS[:3]]
+    assert len({len(p) for p in questions}) > 1  # rows of different lengths: padding between them
+    system = questions[0][:4] * 6  # a shared "system prompt" of 24 tokens
+    assert len(system) >= SHARED_PREFIX_MIN
+    seen: list[tuple[int, ...]] = []  # the (rows, positions) of each forward pass
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append(tuple(kw["input_ids"].shape)) if "input_ids" in kw else None,
+        with_kwargs=True,
+    )
+
+    def both(prompts: list[list[int]]) -> tuple[list[Any], list[Any], list[list[tuple[int, ...]]]]:
+        passes = []
+        results = []
+        for share in (True, False):
+            seen.clear()
+            llm = BatchedTransformersLLM.from_model(
+                model, tokenizer, temperature=1.0, max_tokens=8, share_prompts=share
+            )
+            results.append(llm.generate_batch(prompts, seed=11))
+            passes.append(list(seen))
+        return results[0], results[1], passes
+
+    try:
+        # a GRPO step's first turn: three groups of four identical prompts, one system prompt
+        grouped = sorted(system + q for q in questions for _ in range(4))
+        width = max(len(p) for p in grouped)
+        got, want, (shared, full) = both(grouped)
+        rests = sorted(len(q) - 1 for q in questions)  # each distinct prompt's rest, alone, unpadded
+        assert shared[0] == (1, len(system)) and sorted(n for _, n in shared[1:4]) == rests
+        assert {rows for rows, _ in shared[1:4]} == {1} and shared[4] == (12, 1)
+        assert full[0] == (12, width)  # the old way: every row's whole prompt
+        assert len({tuple(ids) for ids, _ in got[:4]}) > 1  # a group's rows still sample apart
+        # an evaluation: every prompt distinct, the system prompt shared
+        distinct = [system + q for q in questions]
+        got2, want2, (shared2, _) = both(distinct)
+        assert shared2[0] == (1, len(system)) and sorted(n for _, n in shared2[1:4]) == rests
+        assert sum(n for _, n in shared2[:4]) < 3 * max(map(len, distinct))  # fewer than left-padded
+    finally:
+        hook.remove()
+    for a, b in ((got, want), (got2, want2)):
+        assert [ids for ids, _ in a] == [ids for ids, _ in b]
+        for (_, x), (_, y) in zip(a, b, strict=True):
+            assert x == pytest.approx(y, abs=1e-4)
+    # nothing shared: a plain left-padded batch and no cache
+    ids, mask, cache = shared_prompt_cache(model, questions, 0)
+    assert (
+        cache is None
+        and torch.equal(ids, left_pad(questions, 0)[0])
+        and torch.equal(mask, left_pad(questions, 0)[1])
+    )
+
+
 def test_the_batched_sampler_draws_from_the_warped_distribution_and_records_its_logprobs() -> None:
     import torch
 

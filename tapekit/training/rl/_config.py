@@ -113,6 +113,8 @@ class RolloutConfig(BaseModel):
 
     - ``tasks_per_step`` tasks, ``group_size`` sampled attempts of each (one GRPO group), at
       ``temperature`` with at most ``max_tokens`` per LLM call and ``max_loops`` agent turns.
+    - ``share_prompts`` (the in-process engine): a batch's identical prompts (a group's first
+      turn) are run through the model once and their KV cache shared.
     - ``resample_rounds`` > 0: dynamic sampling (as in DAPO): up to that many more rounds, each
       drawing as many new tasks as the step lacks groups whose rewards differ (one process only).
     - ``engine``: ``"transformers"`` (a batched ``generate`` in this process, the default) or
@@ -133,6 +135,7 @@ class RolloutConfig(BaseModel):
     max_tokens: int = Field(64, gt=0)
     max_loops: int | None = 8
     resample_rounds: int = Field(0, ge=0)
+    share_prompts: bool = True
     engine: Literal["transformers", "llamacpp"] = "transformers"
     gguf: str | None = None
     threads: int | None = None

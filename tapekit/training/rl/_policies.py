@@ -74,14 +74,26 @@ class LocalPolicy(RolloutPolicy):
     of the model that loads each published state dict (the trained model is left alone)."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, *, temperature: float, max_tokens: int, copy_model: bool = False
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        temperature: float,
+        max_tokens: int,
+        copy_model: bool = False,
+        share_prompts: bool = True,
     ) -> None:
         from tapekit.llm.batched import BatchedTransformersLLM
 
         self.copy_model = copy_model
         self.actor = copy.deepcopy(model).eval() if copy_model else model
         self.llm = BatchedTransformersLLM.from_model(
-            self.actor, tokenizer, model_name="rl-policy", temperature=temperature, max_tokens=max_tokens
+            self.actor,
+            tokenizer,
+            model_name="rl-policy",
+            temperature=temperature,
+            max_tokens=max_tokens,
+            share_prompts=share_prompts,
         )
         self.batcher = self.llm.batcher
         self._lock = threading.Lock()
@@ -417,6 +429,7 @@ def make_policy(
             temperature=rollouts.temperature,
             max_tokens=rollouts.max_tokens,
             copy_model=copy_model,
+            share_prompts=rollouts.share_prompts,
         )
     if config.lora is None:
         raise TrainingError(
