@@ -19,7 +19,9 @@ page seed from ``numpy.random.RandomState(s).randint(0, 1_000_000)``.)
 
 The split (:data:`SPLIT`): :data:`TRAIN_TASKS` (the tasks with a teacher) on training seeds,
 validation seeds to choose settings on, **test seeds nobody tunes on**, and
-:data:`HELD_OUT_TASKS` never trained on (evaluated on the test seeds).
+:data:`HELD_OUT_TASKS` never trained on (evaluated on the test seeds), and
+:data:`TEACHERLESS_TASKS`, tasks with no teacher that RL trains on (their own training,
+validation and test seeds, the same ranges).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "HELD_OUT_TASKS",
     "SPLIT",
     "STEP_LIMITS",
+    "TEACHERLESS_TASKS",
     "TRAIN_TASKS",
     "MiniWobSplit",
     "MiniWobTask",
@@ -85,6 +88,11 @@ HELD_OUT_TASKS: tuple[str, ...] = (
     "click-collapsible",
 )
 """Tasks never trained or tuned on, close in skill to the training tasks: generalisation."""
+
+TEACHERLESS_TASKS: tuple[str, ...] = ()
+"""Tasks with no teacher that RL trains on from a reward alone (examples/web_agent/teacherless.py
+chose them on their validation seeds: the SFT student solves 5-60 % of them). Neither training
+nor held-out tasks; split by seed as the training tasks are."""
 
 STEP_LIMITS: dict[str, int] = {
     "click-button": 5,
@@ -257,7 +265,7 @@ def split_of(task: str, seed: int) -> SplitName | None:
     """The part of :data:`SPLIT` the episode ``(task, seed)`` belongs to, or None when it is
     outside the split (a task the split does not name, or a seed outside its part's range)."""
     task = task.removeprefix("miniwob.")
-    if task in SPLIT.train_tasks:
+    if task in SPLIT.train_tasks or task in TEACHERLESS_TASKS:
         for part, seeds in (
             ("train", SPLIT.train_seeds),
             ("validation", SPLIT.validation_seeds),

@@ -1,0 +1,405 @@
+"""GRPO on MiniWob++ tasks that no teacher covers: a reward and no demonstrations.
+
+The practical case for RL: an SFT student trained on the 14 tasks that have a programmatic
+teacher, then GRPO, in the browser, only on tasks that have none (and are not among the
+held-out tasks, which stay untouched for generalisation). Every stage writes its files under
+``--out`` and picks up where it stopped when run again (the same command):
+
+    python examples/web_agent/teacherless.py sft            # the SFT student (teacher episodes, then SFT)
+    python examples/web_agent/teacherless.py screen         # the candidates on their validation seeds
+    python examples/web_agent/teacherless.py rl --seed 0    # GRPO on the chosen tasks (resumes)
+    python examples/web_agent/teacherless.py test           # once, for the final runs: before and after
+    python examples/web_agent/teacherless.py all --seeds 0 1 2   # everything above, in order
+
+- ``sft``: the teacher's solved episodes on ``--teacher-seeds`` training seeds of each of the 14
+  tasks, then ``--sft-steps`` SFT steps (8 rows, learning rate 5e-5, as the web study's SFT),
+  checkpointed every 5 steps. The student is ``OUT/student``.
+- ``screen``: the student, greedy, on ``--screen-seeds`` validation seeds of each of
+  :data:`CANDIDATES` (fixed here, before anything was run). The RL tasks are those it solves
+  5–60 % of the time (a task it always fails gives GRPO no signal; one it mostly solves leaves
+  little to gain); ``screen.json`` lists every candidate and the choice. The choice is then
+  written into the split (``tapekit.web.miniwob.TEACHERLESS_TASKS``), with its own training,
+  validation and test seeds.
+- ``rl --seed S``: GRPO from the student on the RL tasks' training seeds (``--rl-seeds`` of
+  each, from ``1000 S + 500``), ``--steps`` steps, a checkpoint after every step
+  (``OUT/rl-seedS``: weights, optimiser, RNG, curriculum, log), the validation seeds scored
+  every ``--eval-every`` steps (``val.jsonl``). Killed, the same command continues.
+- ``test``: the student and each finished seed's final policy, greedy, on the RL tasks' test
+  seeds and the 14 teacher tasks' test seeds (forgetting); each policy is evaluated once
+  (``test.json`` keeps the result, and a second call only adds policies not yet evaluated).
+
+Every stage's wall seconds go to ``OUT/ledger.jsonl``; tapes to ``OUT/tapes.db``. The write-up
+is docs/experiments/web-teacherless.md, its tables and picture drawn by
+scripts/plot_teacherless.py from these files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tapekit import evaluate, open_store
+from tapekit.evaluate import Task
+from tapekit.llm import BatchedTransformersLLM, TransformersLLM
+from tapekit.training import (
+    RLRunConfig,
+    RLSetup,
+    SFTConfig,
+    StepCallback,
+    StepRecord,
+    make_samples,
+    train_rl,
+    train_sft,
+)
+from tapekit.training.rl import CurriculumConfig, GRPOConfig, RolloutConfig
+from tapekit.web import WebEnvironment, web_agent, without_thoughts
+from tapekit.web.miniwob import SPLIT, TEACHERLESS_TASKS, eval_tasks, reward_scorer, start_tape
+from tapekit.web.teacher import teacher_agent
+
+CANDIDATES: tuple[str, ...] = (
+    "click-test",
+    "click-test-2",
+    "click-test-transfer",
+    "click-widget",
+    "click-checkboxes-soft",
+    "click-checkboxes-transfer",
+    "click-tab-2-medium",
+    "enter-text-dynamic",
+    "unicode-test",
+    "identify-shape",
+    "sign-agreement",
+    "social-media",
+    "email-inbox-delete",
+    "multi-orderings",
+    "find-word",
+    "odd-or-even",
+)
+"""The tasks screened for RL, fixed before any was run: MiniWob++ tasks with no teacher, not
+held out, whose pages read as text in the accessibility tree (no drawing or dragging)."""
+
+SCREEN_RANGE = (0.05, 0.60)
+"""A candidate is an RL task when the student's greedy validation success is in this range."""
+
+MAX_TOKENS = 64
+
+
+def student_agent(llm: Any) -> Any:
+    """The student's agent, as in the web study: the action alone, held to the page's bids."""
+    return web_agent(llm, name="student", constrain="page", rationale=False)
+
+
+def log(out: Path, stage: str, seconds: float, **more: Any) -> None:
+    """One line of ``OUT/ledger.jsonl``: a stage's wall seconds."""
+    with (out / "ledger.jsonl").open("a") as f:
+        f.write(json.dumps({"stage": stage, "seconds": round(seconds, 1), **more}) + "\n")
+
+
+def reward(sample: Any) -> float:
+    """A sample's reward (the one scorer's value)."""
+    return float(next(iter(sample.scores.values())).value)
+
+
+def load(path: Path | None) -> tuple[Any, Any]:
+    """A student saved with ``save_pretrained`` (None: the untrained embedded SmolLM2), fp32."""
+    if path is None:
+        return TransformersLLM(device="cpu", dtype="float32").load()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(
+        path
+    )
+
+
+def greedy(model: Any, tokenizer: Any, env: WebEnvironment, tasks: list[Task], name: str, store: Any) -> Any:
+    """The policy's greedy episodes on ``tasks`` (up to 32 decoded together; an episode the
+    browser failed is run once more, and left out of the figures if it fails again)."""
+    llm = BatchedTransformersLLM.from_model(model.eval(), tokenizer, temperature=0.0, max_tokens=MAX_TOKENS)
+    llm.batcher.max_wait_s = 0.5  # the episodes' next requests arrive within a browser step
+    return evaluate(
+        student_agent(llm),
+        env,
+        tasks,
+        reward_scorer,
+        name=name,
+        store=store,
+        max_concurrency=min(len(tasks), 32),
+        environment_retries=1,
+    )
+
+
+def per_task(report: Any) -> dict[str, dict[str, float]]:
+    """``{task: {seed: reward}}`` of a report, environment failures left out."""
+    table: dict[str, dict[str, float]] = {}
+    for sample in report.without_environment_failures().samples:
+        task, seed = sample.task_id.rsplit("/", 1)
+        table.setdefault(task, {})[seed] = reward(sample)
+    return table
+
+
+# --- stages -------------------------------------------------------------------------------
+
+
+def stage_sft(args: argparse.Namespace, out: Path) -> None:
+    """The SFT student in ``OUT/student`` (skipped when it is there; resumes from ``OUT/sft``)."""
+    if (out / "student" / "config.json").exists():
+        print("sft: OUT/student is there", flush=True)
+        return
+    started = time.perf_counter()
+    model, tokenizer = load(None)
+    store = open_store(str(out / "tapes.db"))
+    tapes_file = out / "sft" / "teacher_tapes.jsonl"
+    tapes_file.parent.mkdir(parents=True, exist_ok=True)
+    if not tapes_file.exists():
+        tasks = [
+            Task(id=f"{t}/{s}", start=start_tape(t, s), category=t)
+            for t in SPLIT.train_tasks
+            for s in SPLIT.train_seeds[: args.teacher_seeds]
+        ]
+        with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
+            report = evaluate(teacher_agent(), env, tasks, reward_scorer, name="teacher", store=store)
+        solved = [
+            report.tapes[s.tape_id] for s in report.samples if reward(s) > 0 and s.tape_id in report.tapes
+        ]
+        tmp = tapes_file.with_suffix(".tmp")
+        tmp.write_text("".join(without_thoughts(t).model_dump_json() + "\n" for t in solved))
+        tmp.replace(tapes_file)
+        log(out, "teacher", time.perf_counter() - started, episodes=len(tasks), solved=len(solved))
+    from tapekit import Tape
+
+    tapes: list[Any] = [Tape.model_validate_json(line) for line in tapes_file.read_text().splitlines()]
+    samples = make_samples(
+        tapes, reuse_with=student_agent(TransformersLLM.from_model(model, tokenizer)), tokenizer=tokenizer
+    )
+    sft_dir = out / "sft"
+    config = SFTConfig(
+        output_dir=str(sft_dir),
+        lora=None,
+        learning_rate=5e-5,
+        lr_scheduler="constant",
+        max_steps=args.sft_steps,
+        batch_size=2,  # packed rows of up to 1,024 tokens
+        grad_accum=4,
+        max_length=1024,
+        device="cpu",
+        dtype="auto",
+        seed=0,
+        logging_steps=1,
+        save_steps=5,
+        save_total_limit=1,
+        resume=any(sft_dir.glob("checkpoint-*")),
+    )
+    began = time.perf_counter()
+    train_sft(samples.dataset, model, tokenizer=tokenizer, config=config)
+    model.save_pretrained(out / "student")
+    tokenizer.save_pretrained(out / "student")
+    log(out, "sft", time.perf_counter() - began, steps=args.sft_steps, tapes=len(tapes))
+    store.close()
+
+
+def stage_screen(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Each candidate's greedy validation success under the student, and the choice."""
+    path = out / "screen.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    model, tokenizer = load(out / "student")
+    store = open_store(str(out / "tapes.db"))
+    tasks = eval_tasks("validation", args.screen_seeds, CANDIDATES)
+    started = time.perf_counter()
+    with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
+        report = greedy(model, tokenizer, env, tasks, "screen", store)
+    table = per_task(report)
+    success = {t: sum(v.values()) / len(v) if v else None for t, v in table.items()}
+    low, high = SCREEN_RANGE
+    chosen = [t for t in CANDIDATES if success.get(t) is not None and low <= success[t] <= high]  # type: ignore[operator]
+    result = {
+        "seeds": args.screen_seeds,
+        "range": SCREEN_RANGE,
+        "success": success,
+        "per_task": table,
+        "chosen": chosen,
+    }
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    log(out, "screen", time.perf_counter() - started, episodes=len(tasks))
+    store.close()
+    print(f"screen: {json.dumps(success)}\nchosen: {chosen}", flush=True)
+    return result
+
+
+class Validation(StepCallback):
+    """Scores the policy on the RL tasks' validation seeds every ``every`` steps (and at the
+    last), appending to ``val.jsonl``; points already there (a resumed run) are not redone."""
+
+    def __init__(self, run: Path, every: int, last: int, score: Any) -> None:
+        self.path, self.every, self.last, self.score = run / "val.jsonl", every, last, score
+        self.done = (
+            {json.loads(line)["step"] for line in self.path.read_text().splitlines()}
+            if self.path.exists()
+            else set()
+        )
+
+    def on_step(self, record: StepRecord) -> bool | None:
+        """Evaluate at the points; never stops the run."""
+        step = record.step
+        if step in self.done or (step % self.every and step != self.last):
+            return None
+        point = {"step": step, **self.score(step)}
+        with self.path.open("a") as f:
+            f.write(json.dumps(point) + "\n")
+        self.done.add(step)
+        print(f"  validation at step {step}: {point['success']:.3f}", flush=True)
+        return None
+
+
+def stage_rl(args: argparse.Namespace, out: Path, seed: int) -> None:
+    """GRPO from the student on the RL tasks, seed ``seed``; resumes from its last step."""
+    import torch
+
+    run = out / f"rl-seed{seed}"
+    if (run / "final" / "config.json").exists():
+        print(f"rl seed {seed}: finished", flush=True)
+        return
+    run.mkdir(parents=True, exist_ok=True)
+    tasks = list(TEACHERLESS_TASKS)
+    if not tasks:
+        raise SystemExit(
+            "no RL tasks in the split yet: run `screen` and write its choice into TEACHERLESS_TASKS"
+        )
+    torch.manual_seed(seed)
+    model, tokenizer = load(out / "student")
+    store = open_store(str(out / "tapes.db"))
+    pool = [
+        Task(id=f"{t}/{s}", start=start_tape(t, s), category=t)
+        for t in tasks
+        for s in SPLIT.train_seeds[1000 * seed + 500 : 1000 * seed + 500 + args.rl_seeds]
+    ]
+    val = eval_tasks("validation", args.val_seeds, tasks)
+    started = time.perf_counter()
+    with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
+
+        def score(step: int) -> dict[str, Any]:
+            report = greedy(model, tokenizer, env, val, f"rl-seed{seed}-val{step}", store)
+            table = per_task(report)
+            values = [v for seeds in table.values() for v in seeds.values()]
+            model.train()
+            return {"success": sum(values) / len(values), "per_task": table}
+
+        setup = RLSetup(
+            agent_for=student_agent,
+            environment=env,
+            tasks=pool,
+            scorers={"reward": reward_scorer},
+            reward="reward",
+        )
+        config = RLRunConfig(
+            output_dir=str(run),
+            run_name=f"rl-seed{seed}",
+            steps=args.steps,
+            learning_rate=args.lr,
+            grpo=GRPOConfig(scale_rewards=False, micro_batch_size=4, kl_coef=args.kl_coef),
+            rollouts=RolloutConfig(
+                tasks_per_step=args.tasks_per_step,
+                group_size=args.group_size,
+                temperature=args.temperature,
+                max_tokens=MAX_TOKENS,
+                max_loops=None,
+            ),
+            curriculum=CurriculumConfig(kind="uniform"),
+            lora=None,
+            seed=seed,
+            checkpoint=True,
+            resume=True,
+        )
+        train_rl(
+            setup,
+            model,
+            tokenizer,
+            config,
+            store=store,
+            callbacks=[Validation(run, args.eval_every, args.steps, score)],
+        )
+    model.save_pretrained(run / "final")
+    tokenizer.save_pretrained(run / "final")
+    log(out, f"rl-seed{seed}", time.perf_counter() - started, steps=args.steps, lr=args.lr)
+    store.close()
+
+
+def stage_test(args: argparse.Namespace, out: Path) -> None:
+    """The student and every finished seed, greedy, on the test seeds; each evaluated once."""
+    path = out / "test.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    policies = {"student": out / "student"}
+    policies.update(
+        {d.name: d / "final" for d in sorted(out.glob("rl-seed*")) if (d / "final" / "config.json").exists()}
+    )
+    todo = {name: where for name, where in policies.items() if name not in results}
+    if not todo:
+        print("test: every policy is evaluated", flush=True)
+        return
+    tasks = eval_tasks("test", args.test_seeds, TEACHERLESS_TASKS) + eval_tasks("test", args.forgetting_seeds)
+    store = open_store(str(out / "tapes.db"))
+    with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
+        for name, where in todo.items():
+            started = time.perf_counter()
+            model, tokenizer = load(where)
+            report = greedy(model, tokenizer, env, tasks, f"test-{name}", store)
+            results[name] = {
+                "per_task": per_task(report),
+                "environment_failures": report.n_environment_failures,
+            }
+            path.write_text(json.dumps(results, indent=1) + "\n")
+            log(out, f"test-{name}", time.perf_counter() - started, episodes=len(tasks))
+            print(f"test: {name} done", flush=True)
+    store.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("stage", choices=["sft", "screen", "rl", "test", "all"])
+    p.add_argument("--out", default="runs/teacherless")
+    p.add_argument("--seed", type=int, default=0, help="rl: the training seed")
+    p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="all: the training seeds")
+    p.add_argument("--teacher-seeds", type=int, default=16)
+    p.add_argument("--sft-steps", type=int, default=30)
+    p.add_argument("--screen-seeds", type=int, default=20)
+    p.add_argument("--rl-seeds", type=int, default=64, help="training seeds per RL task in the pool")
+    p.add_argument("--val-seeds", type=int, default=20)
+    p.add_argument("--test-seeds", type=int, default=40, help="test seeds per RL task")
+    p.add_argument("--forgetting-seeds", type=int, default=20, help="test seeds per teacher task")
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--eval-every", type=int, default=30)
+    p.add_argument("--lr", type=float, default=3e-5)
+    p.add_argument("--kl-coef", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--tasks-per-step", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ignore = out / ".gitignore"  # the logs are committed; weights, checkpoints and tapes are not
+    if not ignore.exists():
+        ignore.write_text(
+            "student/\nsft/checkpoint-*/\nrl-seed*/ckpt-*/\nrl-seed*/final/\nrl-seed*/latest.json\n*.db*\n"
+        )
+    if args.stage in ("sft", "all"):
+        stage_sft(args, out)
+    if args.stage in ("screen", "all"):
+        stage_screen(args, out)
+    if args.stage == "rl":
+        stage_rl(args, out, args.seed)
+    if args.stage == "all":
+        for seed in args.seeds:
+            stage_rl(args, out, seed)
+    if args.stage in ("test", "all"):
+        stage_test(args, out)
+
+
+if __name__ == "__main__":
+    main()

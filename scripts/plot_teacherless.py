@@ -1,0 +1,156 @@
+"""Summarise the teacherless RL study (examples/web_agent/teacherless.py): tables and a picture.
+
+Reads ``screen.json``, ``test.json``, ``ledger.jsonl`` and each ``rl-seed*/`` folder's
+``rl_log.jsonl`` and ``val.jsonl`` under the study's ``--out`` folder, and writes into ``--to``:
+
+- ``summary.json`` and ``table.md``: the screening (every candidate's validation success and
+  the choice); on the RL tasks' test seeds, the student's success and each training seed's
+  after GRPO, per task; the gain after − before with the **training seed as the unit**
+  (``tapekit.evaluate.seed_paired_difference``: the mean over seeds of each seed's mean
+  per-episode difference, an item-bootstrap interval with items resampled within tasks and
+  the seeds held fixed, and a seed-level Student-t interval); the same on the 14 teacher
+  tasks' test seeds (forgetting), per task; and every run's steps and seconds;
+- ``curves.png``: validation success on the RL tasks along GRPO (one line per seed), and the
+  rollouts' mean reward per step.
+
+Needs matplotlib (``pip install 'tapekit[plots]'``).
+
+    python scripts/plot_teacherless.py runs/teacherless --to docs/experiments/web-teacherless
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from tapekit.evaluate import clopper_pearson, seed_paired_difference
+from tapekit.web.miniwob import SPLIT, TEACHERLESS_TASKS
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of ``path`` (none when it is missing)."""
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def success(table: dict[str, dict[str, float]], tasks: list[str]) -> dict[str, Any]:
+    """Per task and overall: passes, episodes, success with its exact interval."""
+    out: dict[str, Any] = {}
+    total = passed = 0
+    for task in tasks:
+        values = list(table.get(task, {}).values())
+        k, n = int(sum(values)), len(values)
+        total, passed = total + n, passed + k
+        if n:
+            e = clopper_pearson(k, n)
+            out[task] = {"passed": k, "n": n, "success": k / n, "low": e.low, "high": e.high}
+    if total:
+        e = clopper_pearson(passed, total)
+        out["all"] = {"passed": passed, "n": total, "success": passed / total, "low": e.low, "high": e.high}
+    return out
+
+
+def gain(test: dict[str, Any], runs: list[str], tasks: list[str]) -> Any:
+    """After − before on ``tasks``' test episodes, the training seed as the unit (None: no run)."""
+    before = test["student"]["per_task"]
+    pairs: dict[str, dict[str, tuple[float, float]]] = {}
+    for run in runs:
+        after = test[run]["per_task"]
+        pairs[run] = {
+            f"{t}/{s}": (after[t][s], before[t][s])
+            for t in tasks
+            for s in after.get(t, {})
+            if s in before.get(t, {})
+        }
+    pairs = {r: p for r, p in pairs.items() if p}
+    if not pairs:
+        return None
+    return seed_paired_difference(pairs, strata=lambda item: item.rsplit("/", 1)[0], n_resamples=10_000)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("folder", type=Path, help="the study's --out folder")
+    p.add_argument("--to", type=Path, required=True)
+    args = p.parse_args()
+    args.to.mkdir(parents=True, exist_ok=True)
+    root: Path = args.folder
+    screen = json.loads((root / "screen.json").read_text()) if (root / "screen.json").exists() else None
+    test = json.loads((root / "test.json").read_text()) if (root / "test.json").exists() else {}
+    runs = sorted(r for r in test if r.startswith("rl-seed"))
+    rl_tasks, teacher_tasks = list(TEACHERLESS_TASKS), list(SPLIT.train_tasks)
+    summary: dict[str, Any] = {"screen": screen, "ledger": lines(root / "ledger.jsonl"), "runs": {}}
+    md = ["# Teacherless RL: the tables", ""]
+    if screen:
+        md += ["## Screening (validation seeds, greedy)", "", "| task | success | chosen |", "|---|---|---|"]
+        for task, value in screen["success"].items():
+            shown = "—" if value is None else f"{value:.2f}"
+            md.append(f"| {task} | {shown} | {'yes' if task in screen['chosen'] else ''} |")
+        md.append("")
+    for name, tasks in (("RL tasks", rl_tasks), ("teacher tasks (forgetting)", teacher_tasks)):
+        if "student" not in test:
+            break
+        policies = ["student", *runs]
+        table = {policy: success(test[policy]["per_task"], tasks) for policy in policies}
+        summary["runs"][name] = table
+        md += [
+            f"## Test seeds: {name}",
+            "",
+            "| task | " + " | ".join(policies) + " |",
+            "|---" * (len(policies) + 1) + "|",
+        ]
+        for task in [*tasks, "all"]:
+            cells = []
+            for policy in policies:
+                row = table[policy].get(task)
+                cells.append("—" if row is None else f"{row['success']:.2f} ({row['passed']}/{row['n']})")
+            md.append(f"| {task} | " + " | ".join(cells) + " |")
+        difference = gain(test, runs, tasks)
+        if difference is not None:
+            summary[f"gain {name}"] = difference.model_dump()
+            md += ["", f"After − before, the training seed as the unit: {difference}", ""]
+            per_task_lines = []
+            for task in tasks:
+                d = gain(test, runs, [task])
+                if d is not None:
+                    per_task_lines.append(f"- {task}: {d}")
+            md += [*per_task_lines, ""]
+    for run_dir in sorted(root.glob("rl-seed*")):
+        steps = lines(run_dir / "rl_log.jsonl")
+        summary.setdefault("rl", {})[run_dir.name] = {
+            "steps": len(steps),
+            "seconds": round(sum(s.get("step_seconds", 0.0) for s in steps), 1),
+            "validation": lines(run_dir / "val.jsonl"),
+        }
+    (args.to / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    (args.to / "table.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    plot(root, args.to / "curves.png")
+
+
+def plot(root: Path, path: Path) -> None:
+    """Validation success along GRPO and the rollouts' mean reward, one line per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for run_dir in sorted(root.glob("rl-seed*")):
+        val = lines(run_dir / "val.jsonl")
+        if val:
+            left.plot([v["step"] for v in val], [v["success"] for v in val], marker="o", label=run_dir.name)
+        steps = lines(run_dir / "rl_log.jsonl")
+        if steps:
+            right.plot([s["step"] for s in steps], [s.get("reward_mean") or 0.0 for s in steps], alpha=0.7)
+    left.set(xlabel="GRPO step", ylabel="validation success (RL tasks, greedy)", ylim=(0, 1))
+    right.set(xlabel="GRPO step", ylabel="rollouts' mean reward", ylim=(0, 1))
+    if left.lines:
+        left.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
