@@ -24,6 +24,10 @@ informative groups. The configurations:
 
     python bench/grpo.py                                  # ~30 minutes on 2 cores
     python bench/grpo.py --configs before,shared --steps 4 --rounds 2
+    git worktree add /tmp/before ae42f21 && python bench/grpo.py --before-tree /tmp/before
+
+Each configuration runs in a process of its own; with ``--before-tree`` the ``before`` ones
+import tapekit from that checkout (the code before the change, whole), the others from this one.
 """
 
 from __future__ import annotations
@@ -33,11 +37,14 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ("before", "shared", "async", "eval-before", "eval-shared")
 
 
@@ -97,9 +104,12 @@ def evaluation(name: str, path: Path, args: argparse.Namespace) -> dict[str, Any
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    llm = BatchedTransformersLLM.from_model(
-        model, tokenizer, temperature=0.0, max_tokens=64, share_prompts=name == "eval-shared"
+    knobs = (
+        {"share_prompts": name == "eval-shared"}
+        if "share_prompts" in BatchedTransformersLLM.model_fields
+        else {}
     )
+    llm = BatchedTransformersLLM.from_model(model, tokenizer, temperature=0.0, max_tokens=64, **knobs)
     llm.batcher.max_wait_s = 0.5  # as the study's evaluation
     tasks = eval_tasks("validation", args.eval_seeds)
     with tempfile.TemporaryDirectory() as tmp, WebEnvironment(max_concurrent=32, timeout_s=30) as env:
@@ -167,7 +177,11 @@ def run(name: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
                 temperature=1.0,
                 max_tokens=64,
                 max_loops=None,
-                share_prompts=name != "before",
+                **(
+                    {"share_prompts": name != "before"}
+                    if "share_prompts" in RolloutConfig.model_fields
+                    else {}
+                ),
             ),
             curriculum=CurriculumConfig(kind="uniform"),
             lora=None,
@@ -195,6 +209,28 @@ def run(name: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def one(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Configuration ``name`` in a process of its own (tapekit from ``--before-tree`` for the
+    before configurations, when given); its row, with the commit of the tapekit it imported."""
+    tree = Path(args.before_tree) if args.before_tree and name in ("before", "eval-before") else ROOT
+    argv = [a for a in sys.argv[1:] if not a.startswith("--one")]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), *argv, "--one", name],
+        env=env,
+        cwd=tree,
+        capture_output=True,
+        text=True,
+    )
+    rows = [line[4:] for line in done.stdout.splitlines() if line.startswith("ROW ")]
+    if done.returncode or not rows:
+        raise SystemExit(f"{name} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    commit = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=tree
+    ).stdout.strip()
+    return {**json.loads(rows[-1]), "tapekit": commit}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--student", default=str(Path(tempfile.gettempdir()) / "tapekit-bench-student"))
@@ -210,7 +246,23 @@ def main() -> None:
     parser.add_argument("--eval-seeds", type=int, default=4, help="validation seeds per task (eval-*)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", help="append the results as JSON lines here")
+    parser.add_argument(
+        "--before-tree",
+        help="a checkout of the code before (e.g. `git worktree add /tmp/before ae42f21`): the "
+        "before and eval-before configurations import tapekit from it, the others from this tree",
+    )
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # run one configuration in this process
     args = parser.parse_args()
+    if args.one:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        measure = evaluation if args.one.startswith("eval-") else run
+        import tapekit
+
+        row = {**measure(args.one, Path(args.student), args), "imported": str(Path(tapekit.__file__).parent)}
+        print("ROW " + json.dumps(row), flush=True)
+        return
     configs = args.configs.split(",")
     if unknown := sorted(set(configs) - set(CONFIGS)):
         parser.error(f"--configs: unknown {unknown}; choose from {', '.join(CONFIGS)}")
@@ -229,8 +281,7 @@ def main() -> None:
     for round_ in range(args.rounds):
         for name in configs:
             started = time.strftime("%Y-%m-%dT%H:%M:%S")
-            measure = evaluation if name.startswith("eval-") else run
-            row = {"round": round_, "started": started, **measure(name, path, args)}
+            row = {"round": round_, "started": started, **one(name, args)}
             row["load_after"] = round(os.getloadavg()[0], 2)
             rows.append(row)
             print(json.dumps(row), flush=True)

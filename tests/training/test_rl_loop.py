@@ -365,6 +365,48 @@ def test_lockstep_batches_wait_for_every_session_and_ignore_arrival_order() -> N
     assert asyncio.run(run(prompts[::-1])).calls == first
 
 
+def test_one_batch_decodes_at_a_time_and_what_arrives_meanwhile_goes_in_the_next() -> None:
+    import asyncio
+    import threading
+    import time
+
+    from tapekit.llm.batched import RequestBatcher
+
+    class Slow:
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+            self.running = 0
+            self.most = 0
+            self.lock = threading.Lock()
+
+        def generate_batch(
+            self, prompts: list[list[int]], seed: int | None
+        ) -> list[tuple[list[int], list[float]]]:
+            with self.lock:
+                self.running += 1
+                self.most = max(self.most, self.running)
+                self.sizes.append(len(prompts))
+            time.sleep(0.3)  # a decode long enough for the others to arrive during it
+            with self.lock:
+                self.running -= 1
+            return [([p[0]], [-1.0]) for p in prompts]
+
+    async def run() -> Slow:
+        batcher, llm = RequestBatcher(max_wait_s=0.01), Slow()
+
+        async def one(k: int) -> tuple[list[int], list[float]]:
+            await asyncio.sleep(0.0 if k == 0 else 0.05 + 0.01 * k)  # one first, then nine during its decode
+            return await batcher.submit(llm, [k])  # type: ignore[arg-type]
+
+        outs = await asyncio.wait_for(asyncio.gather(*(one(k) for k in range(10))), 20)
+        assert [o[0] for o in outs] == [[k] for k in range(10)]
+        return llm
+
+    llm = asyncio.run(run())
+    assert llm.most == 1  # never two batches at once (each would take every CPU thread)
+    assert llm.sizes == [1, 9]  # the nine that came during the first decode: one batch
+
+
 def test_rollouts_do_not_depend_on_timing_even_with_a_task_drawn_twice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

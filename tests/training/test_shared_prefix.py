@@ -112,3 +112,42 @@ def test_a_grpo_step_with_and_without_sharing_moves_the_weights_alike() -> None:
         torch.testing.assert_close(p, wb[name], rtol=1e-3, atol=1e-4, msg=name)
         moved += int(not torch.equal(p, dict(model.named_parameters())[name]))
     assert moved > 0
+
+
+def test_a_common_system_prompt_runs_once_per_micro_batch_with_the_same_logprobs_and_grads() -> None:
+    from tapekit.training.rl._shared_prefix import COMMON_MIN
+
+    model, tok = make_model()
+    system = tok("You add numbers. Answer with the sum, nothing else, please, now.")["input_ids"]
+    assert len(system) >= COMMON_MIN
+    rows = []
+    for i, question in enumerate(["12+7=", "3+4=", "5+5=", "3+4="]):  # distinct pages, one repeated
+        prompt = system + tok(question)["input_ids"]
+        answer = [5 + i, 6, 7][: 1 + i % 3]
+        mask = [0] * len(prompt) + [1] * len(answer)
+        rows.append({
+            "input_ids": prompt + answer, "loss_mask": mask, "tape_id": f"t{i}", "task_id": f"task{i}",
+            "logprobs": [-0.5 if m else 0.0 for m in mask], "has_logprobs": True, "reward": float(i % 2),
+        })  # fmt: skip
+    batch = make_rl_batch(rows, RLConfig())
+    args = (batch.input_ids, batch.attention_mask, batch.loss_mask, 0.7)
+    seen: list[tuple[int, ...]] = []
+    hook = model.model.register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    weights = torch.randn(batch.input_ids.shape)
+    try:
+        shared = shared_prefix_logprobs(model, *args)
+    finally:
+        hook.remove()
+    assert shared is not None
+    assert seen[0][0] == 1 and seen[0][1] >= len(system)  # the common prefix, once, one row
+    assert sum(n for _, n in seen) < int(batch.attention_mask.sum())  # fewer positions than the rows' tokens
+    plain = masked_token_logprobs(model, *args)
+    on = batch.loss_mask.bool()
+    torch.testing.assert_close(shared[on], plain[on], rtol=1e-5, atol=1e-5)
+    shared_grads = torch.autograd.grad((shared * weights).sum(), params)
+    plain_grads = torch.autograd.grad((plain * weights).sum(), params)
+    for a, b in zip(shared_grads, plain_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)

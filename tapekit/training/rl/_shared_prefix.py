@@ -6,6 +6,11 @@ observation, the same system text. In a web or tool step that prompt is most of 
 times. :func:`shared_prefix_logprobs` groups the rows whose tokens before their first trained
 token are identical, runs that prefix once (keeping its key/value cache and its last hidden
 state), repeats the cache for the group's rows and runs only each row's own continuation on it.
+And every prompt of an agent begins with the same system prompt: when the groups' prefixes
+share at least :data:`COMMON_MIN` tokens, that common part runs once per micro-batch and each
+group's prefix runs on its cache (a multi-turn episode's later turns are groups of one row,
+each with its own page, all after the same system text). Each group runs at its own length, so
+no padding is computed either.
 
 The log-probs are the plain pass's, position for position (the same attention over the same
 tokens; only the batching of the prefix differs, so floats differ in the last bits), and so are
@@ -25,9 +30,13 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
+from tapekit.llm._kv import cache_of, kv_layers
 from tapekit.training import _head_loss
 
-__all__ = ["prefix_groups", "shared_prefix_logprobs"]
+__all__ = ["COMMON_MIN", "prefix_groups", "shared_prefix_logprobs"]
+
+COMMON_MIN = 16
+"""The shortest common prefix of a micro-batch's groups worth a forward pass of its own."""
 
 
 def prefix_groups(rows: Sequence[Sequence[int]], first_trained: Sequence[int]) -> list[tuple[int, list[int]]]:
@@ -66,13 +75,33 @@ def shared_prefix_logprobs(
     lengths = attention_mask.sum(dim=1).tolist()
     rows = [input_ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
     groups = prefix_groups(rows, _first_trained(mask))
-    if not any(len(members) > 1 for _, members in groups):
+    common = _common_length([rows[members[0]][:length] for length, members in groups])
+    if common < COMMON_MIN or len(groups) < 2:
+        common = 0
+    if not common and not any(len(members) > 1 for _, members in groups):
         return None
     decoder, head = parts
+    base: tuple[int, list[tuple[Any, Any]]] | None = None
+    if common:  # the groups' common prefix (the system prompt), once
+        first = groups[0][1][0]
+        cache = _output_cache(decoder(input_ids=input_ids[first : first + 1, :common], use_cache=True))
+        base = (common, kv_layers(cache))
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     for length, members in groups:
-        _group_logprobs(decoder, head, input_ids, lengths, mask, length, members, temperature, out)
+        _group_logprobs(decoder, head, input_ids, lengths, mask, length, members, temperature, out, base)
     return out
+
+
+def _common_length(prefixes: list[list[int]]) -> int:
+    """The longest prefix the ``prefixes`` share, leaving each at least one token of its own
+    (the token whose hidden state predicts its group's first trained token)."""
+    if not prefixes:
+        return 0
+    most = min(len(p) for p in prefixes) - 1
+    n = 0
+    while n < most and all(p[n] == prefixes[0][n] for p in prefixes):
+        n += 1
+    return n
 
 
 @functools.cache
@@ -99,14 +128,21 @@ def _group_logprobs(
     members: list[int],
     temperature: float,
     out: Any,
+    base: tuple[int, list[tuple[Any, Any]]] | None = None,
 ) -> None:
-    """One prefix group: the prefix once, the rows' continuations on its repeated cache; their
+    """One prefix group: the prefix once (on ``base``, the cache of the micro-batch's common
+    prefix and its length, when given), the rows' continuations on its repeated cache; their
     log-probs written into ``out`` in place (each row's positions ``length`` … its end)."""
     import torch
 
     device = input_ids.device
     first = members[0]
-    prefix = decoder(input_ids=input_ids[first : first + 1, :length], use_cache=True)
+    if base is None:
+        prefix = decoder(input_ids=input_ids[first : first + 1, :length], use_cache=True)
+    else:
+        common, layers = base
+        on_base = {_cache_kwarg(decoder.__class__): cache_of(layers)}  # a new cache: base stays as it is
+        prefix = decoder(input_ids=input_ids[first : first + 1, common:length], use_cache=True, **on_base)
     last = prefix.last_hidden_state[:, -1:]  # predicts each row's first trained token
     # each row's own tokens after the prefix, but its last (which predicts nothing)
     tails = [int(lengths[i]) - length - 1 for i in members]
