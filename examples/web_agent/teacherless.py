@@ -13,7 +13,7 @@ held-out tasks, which stay untouched for generalisation). Every stage writes its
 
 - ``sft``: the teacher's solved episodes on ``--teacher-seeds`` training seeds of each of the 14
   tasks, then ``--sft-steps`` SFT steps (8 rows, learning rate 5e-5, as the web study's SFT),
-  checkpointed every 5 steps. The student is ``OUT/student``.
+  checkpointed every 5 steps. The student is ``OUT/sft/final``.
 - ``screen``: the student, greedy, on ``--screen-seeds`` validation seeds of each of
   :data:`CANDIDATES` (fixed here, before anything was run). The RL tasks are those it solves
   5–60 % of the time (a task it always fails gives GRPO no signal; one it mostly solves leaves
@@ -84,6 +84,7 @@ SCREEN_RANGE = (0.05, 0.60)
 """A candidate is an RL task when the student's greedy validation success is in this range."""
 
 MAX_TOKENS = 64
+STUDENT = "sft/final"  # where train_sft leaves the SFT student, under OUT
 
 
 def student_agent(llm: Any) -> Any:
@@ -144,16 +145,16 @@ def per_task(report: Any) -> dict[str, dict[str, float]]:
 
 
 def stage_sft(args: argparse.Namespace, out: Path) -> None:
-    """The SFT student in ``OUT/student`` (skipped when it is there; resumes from ``OUT/sft``)."""
-    if (out / "student" / "config.json").exists():
-        print("sft: OUT/student is there", flush=True)
+    """The SFT student in ``OUT/sft/final`` (skipped when it is there; resumes its checkpoints)."""
+    if (out / STUDENT / "config.json").exists():
+        print(f"sft: {out / STUDENT} is there", flush=True)
         return
     started = time.perf_counter()
     model, tokenizer = load(None)
     store = open_store(str(out / "tapes.db"))
-    tapes_file = out / "sft" / "teacher_tapes.jsonl"
-    tapes_file.parent.mkdir(parents=True, exist_ok=True)
-    if not tapes_file.exists():
+    solved_file = out / "sft" / "teacher.json"  # the solved teacher tapes' ids (the tapes are in tapes.db)
+    solved_file.parent.mkdir(parents=True, exist_ok=True)
+    if not solved_file.exists():
         tasks = [
             Task(id=f"{t}/{s}", start=start_tape(t, s), category=t)
             for t in SPLIT.train_tasks
@@ -161,16 +162,13 @@ def stage_sft(args: argparse.Namespace, out: Path) -> None:
         ]
         with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
             report = evaluate(teacher_agent(), env, tasks, reward_scorer, name="teacher", store=store)
-        solved = [
-            report.tapes[s.tape_id] for s in report.samples if reward(s) > 0 and s.tape_id in report.tapes
-        ]
-        tmp = tapes_file.with_suffix(".tmp")
-        tmp.write_text("".join(without_thoughts(t).model_dump_json() + "\n" for t in solved))
-        tmp.replace(tapes_file)
+        store.flush()
+        solved = [s.tape_id for s in report.samples if reward(s) > 0 and s.tape_id in report.tapes]
+        solved_file.write_text(json.dumps({"episodes": len(tasks), "solved": solved}) + "\n")
         log(out, "teacher", time.perf_counter() - started, episodes=len(tasks), solved=len(solved))
-    from tapekit import Tape
-
-    tapes: list[Any] = [Tape.model_validate_json(line) for line in tapes_file.read_text().splitlines()]
+    ids = json.loads(solved_file.read_text())["solved"]
+    # the student writes no rationale: the teacher's thoughts are not part of what it learns
+    tapes = [without_thoughts(store.get_tape(i)) for i in ids]
     samples = make_samples(
         tapes, reuse_with=student_agent(TransformersLLM.from_model(model, tokenizer)), tokenizer=tokenizer
     )
@@ -193,9 +191,7 @@ def stage_sft(args: argparse.Namespace, out: Path) -> None:
         resume=any(sft_dir.glob("checkpoint-*")),
     )
     began = time.perf_counter()
-    train_sft(samples.dataset, model, tokenizer=tokenizer, config=config)
-    model.save_pretrained(out / "student")
-    tokenizer.save_pretrained(out / "student")
+    train_sft(samples.dataset, model, tokenizer=tokenizer, config=config)  # the student: sft/final
     log(out, "sft", time.perf_counter() - began, steps=args.sft_steps, tapes=len(tapes))
     store.close()
 
@@ -205,7 +201,7 @@ def stage_screen(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     path = out / "screen.json"
     if path.exists():
         return json.loads(path.read_text())
-    model, tokenizer = load(out / "student")
+    model, tokenizer = load(out / STUDENT)
     store = open_store(str(out / "tapes.db"))
     tasks = eval_tasks("validation", args.screen_seeds, CANDIDATES)
     started = time.perf_counter()
@@ -269,7 +265,7 @@ def stage_rl(args: argparse.Namespace, out: Path, seed: int) -> None:
             "no RL tasks in the split yet: run `screen` and write its choice into TEACHERLESS_TASKS"
         )
     torch.manual_seed(seed)
-    model, tokenizer = load(out / "student")
+    model, tokenizer = load(out / STUDENT)
     store = open_store(str(out / "tapes.db"))
     pool = [
         Task(id=f"{t}/{s}", start=start_tape(t, s), category=t)
@@ -331,7 +327,7 @@ def stage_test(args: argparse.Namespace, out: Path) -> None:
     """The student and every finished seed, greedy, on the test seeds; each evaluated once."""
     path = out / "test.json"
     results = json.loads(path.read_text()) if path.exists() else {}
-    policies = {"student": out / "student"}
+    policies = {"student": out / STUDENT}
     policies.update(
         {d.name: d / "final" for d in sorted(out.glob("rl-seed*")) if (d / "final" / "config.json").exists()}
     )
@@ -363,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="rl: the training seed")
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="all: the training seeds")
     p.add_argument("--teacher-seeds", type=int, default=16)
-    p.add_argument("--sft-steps", type=int, default=30)
+    p.add_argument("--sft-steps", type=int, default=24)
     p.add_argument("--screen-seeds", type=int, default=20)
     p.add_argument("--rl-seeds", type=int, default=64, help="training seeds per RL task in the pool")
     p.add_argument("--val-seeds", type=int, default=20)
@@ -386,7 +382,8 @@ def main(argv: list[str] | None = None) -> None:
     ignore = out / ".gitignore"  # the logs are committed; weights, checkpoints and tapes are not
     if not ignore.exists():
         ignore.write_text(
-            "student/\nsft/checkpoint-*/\nrl-seed*/ckpt-*/\nrl-seed*/final/\nrl-seed*/latest.json\n*.db*\n"
+            "sft/checkpoint-*/\nsft/final/*\n!sft/final/tapekit_train.json\n"
+            "rl-seed*/ckpt-*/\nrl-seed*/.ckpt-*\nrl-seed*/final/\nrl-seed*/latest.json\n*.db*\n"
         )
     if args.stage in ("sft", "all"):
         stage_sft(args, out)
