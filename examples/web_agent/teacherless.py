@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from tapekit import evaluate, open_store
+from tapekit.errors import ReconstructionError
 from tapekit.evaluate import Task
 from tapekit.llm import BatchedTransformersLLM, TransformersLLM
 from tapekit.training import (
@@ -168,10 +169,19 @@ def stage_sft(args: argparse.Namespace, out: Path) -> None:
         log(out, "teacher", time.perf_counter() - started, episodes=len(tasks), solved=len(solved))
     ids = json.loads(solved_file.read_text())["solved"]
     # the student writes no rationale: the teacher's thoughts are not part of what it learns
-    tapes = [without_thoughts(store.get_tape(i)) for i in ids]
-    samples = make_samples(
-        tapes, reuse_with=student_agent(TransformersLLM.from_model(model, tokenizer)), tokenizer=tokenizer
-    )
+    student = student_agent(TransformersLLM.from_model(model, tokenizer))
+    tapes, dropped = [], []
+    for tape in (without_thoughts(store.get_tape(i)) for i in ids):
+        try:  # a tape the student's agent would not have written (it aborts a 4th identical action)
+            student.reuse(tape)
+            tapes.append(tape)
+        except ReconstructionError:
+            dropped.append(tape.metadata.id)
+    if dropped:
+        print(
+            f"sft: {len(dropped)} teacher tapes the student cannot reproduce left out: {dropped}", flush=True
+        )
+    samples = make_samples(tapes, reuse_with=student, tokenizer=tokenizer)
     sft_dir = out / "sft"
     config = SFTConfig(
         output_dir=str(sft_dir),
@@ -192,7 +202,7 @@ def stage_sft(args: argparse.Namespace, out: Path) -> None:
     )
     began = time.perf_counter()
     train_sft(samples.dataset, model, tokenizer=tokenizer, config=config)  # the student: sft/final
-    log(out, "sft", time.perf_counter() - began, steps=args.sft_steps, tapes=len(tapes))
+    log(out, "sft", time.perf_counter() - began, steps=args.sft_steps, tapes=len(tapes), dropped=dropped)
     store.close()
 
 
