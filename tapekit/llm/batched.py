@@ -44,7 +44,7 @@ from typing import Any
 from pydantic import PrivateAttr
 
 from tapekit.core import Prompt
-from tapekit.llm._kv import cache_kwarg, cache_of, kv_layers
+from tapekit.llm._kv import cache_kwarg, cache_of, common_prefix_length, kv_layers
 from tapekit.llm.base import LLMError, LLMEvent
 from tapekit.llm.transformers import TransformersLLM, _eos_ids, _pad_id
 
@@ -344,12 +344,7 @@ def shared_prompt_cache(model: Any, prompts: list[list[int]], pad: int) -> tuple
 
     firsts: dict[tuple[int, ...], int] = {}
     rows = [firsts.setdefault(tuple(p), len(firsts)) for p in prompts]
-    shortest = min(len(p) for p in prompts)
-    common = 0
-    for column in zip(*prompts, strict=False):
-        if common >= shortest - 1 or any(t != column[0] for t in column):
-            break
-        common += 1
+    common = common_prefix_length(prompts)
     if common < SHARED_PREFIX_MIN:
         common = 0
     if common == 0 and len(firsts) == len(prompts):

@@ -25,12 +25,10 @@ share a prefix, and the caller takes its unshared path.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
-from tapekit.llm._kv import cache_of, kv_layers
+from tapekit.llm._kv import cache_kwarg, cache_of, common_prefix_length, kv_layers
 from tapekit.training import _head_loss
 
 __all__ = ["COMMON_MIN", "prefix_groups", "shared_prefix_logprobs"]
@@ -75,7 +73,7 @@ def shared_prefix_logprobs(
     lengths = attention_mask.sum(dim=1).tolist()
     rows = [input_ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
     groups = prefix_groups(rows, _first_trained(mask))
-    common = _common_length([rows[members[0]][:length] for length, members in groups])
+    common = common_prefix_length([rows[members[0]][:length] for length, members in groups])
     if common < COMMON_MIN or len(groups) < 2:
         common = 0
     if not common and not any(len(members) > 1 for _, members in groups):
@@ -90,26 +88,6 @@ def shared_prefix_logprobs(
     for length, members in groups:
         _group_logprobs(decoder, head, input_ids, lengths, mask, length, members, temperature, out, base)
     return out
-
-
-def _common_length(prefixes: list[list[int]]) -> int:
-    """The longest prefix the ``prefixes`` share, leaving each at least one token of its own
-    (the token whose hidden state predicts its group's first trained token)."""
-    if not prefixes:
-        return 0
-    most = min(len(p) for p in prefixes) - 1
-    n = 0
-    while n < most and all(p[n] == prefixes[0][n] for p in prefixes):
-        n += 1
-    return n
-
-
-@functools.cache
-def _cache_kwarg(decoder_class: Any) -> str:
-    """The name under which the decoder class's ``forward`` takes a key/value cache: ``cache``
-    in recent transformers, ``past_key_values`` before (looked up once per class)."""
-    params = inspect.signature(decoder_class.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 def _output_cache(output: Any) -> Any:
@@ -141,7 +119,7 @@ def _group_logprobs(
         prefix = decoder(input_ids=input_ids[first : first + 1, :length], use_cache=True)
     else:
         common, layers = base
-        on_base = {_cache_kwarg(decoder.__class__): cache_of(layers)}  # a new cache: base stays as it is
+        on_base = {cache_kwarg(decoder): cache_of(layers)}  # a new cache: base stays as it is
         prefix = decoder(input_ids=input_ids[first : first + 1, common:length], use_cache=True, **on_base)
     last = prefix.last_hidden_state[:, -1:]  # predicts each row's first trained token
     # each row's own tokens after the prefix, but its last (which predicts nothing)
@@ -157,7 +135,7 @@ def _group_logprobs(
             ids[j, : tails[j]] = input_ids[i, length : length + tails[j]]
             own[j, : tails[j]] = 1
         attention = torch.cat([torch.ones((k, length), dtype=torch.long, device=device), own], dim=1)
-        on_cache = {_cache_kwarg(decoder.__class__): cache}
+        on_cache = {cache_kwarg(decoder): cache}
         hidden = decoder(input_ids=ids, attention_mask=attention, **on_cache).last_hidden_state
         hidden = torch.cat([last.expand(k, 1, -1), hidden], dim=1)  # [k, width + 1, H]
     else:
