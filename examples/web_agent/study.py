@@ -174,7 +174,7 @@ def teacher_tapes(settings: Settings, env: WebEnvironment, store: Any, ledger: L
         teacher_agent(), env, tasks, reward_scorer, name=f"teacher-seed{settings.seed}", store=store
     )
     ledger.add("teacher", time.perf_counter() - started, episodes=len(tasks))
-    solved = {s.tape_id for s in report.samples if _reward(s) > 0}
+    solved = {s.tape_id for s in report.samples if sample_reward(s) > 0}
     # the student writes no rationale: the teacher's thoughts are not part of what it learns
     return [without_thoughts(tape) for tape_id, tape in report.tapes.items() if tape_id in solved]
 
@@ -370,7 +370,7 @@ def sft_run(settings: Settings, model: Any, tokenizer: Any, tapes: list[Any], bu
     train_sft(samples.dataset, model, tokenizer=tokenizer, config=config, callbacks=[budget])
 
 
-def _reward(sample: Any) -> float:
+def sample_reward(sample: Any) -> float:
     """A sample's reward (the one scorer's value)."""
     return float(next(iter(sample.scores.values())).value)
 
@@ -670,7 +670,7 @@ def run_arm(settings: Settings) -> dict[str, Any]:
                     "high": score.high if score else None,
                     # beside binary success, which counts MiniWob's partial credit as a pass
                     "raw_reward": raw_of(report, part.samples),
-                    "per_task": {s.task_id: _reward(s) for s in part.samples},
+                    "per_task": {s.task_id: sample_reward(s) for s in part.samples},
                     "environment_failures": whole.n_environment_failures,  # the browser failed: not scored
                 }
         if pool and settings.pool_samples:  # the policy as GRPO samples it, on the pool's seeds
@@ -679,7 +679,7 @@ def run_arm(settings: Settings) -> dict[str, Any]:
                 temperature=settings.temperature, k=settings.pool_samples, max_tokens=settings.max_tokens,
             )  # fmt: skip
             kept = report.without_environment_failures().samples
-            rates = success_by_seed((sample.task_id, _reward(sample)) for sample in kept)
+            rates = success_by_seed((sample.task_id, sample_reward(sample)) for sample in kept)
             point["pool_sampled"] = {
                 "success": sum(rates.values()) / len(rates) if rates else None,
                 "raw_reward": raw_of(report, kept),

@@ -11,6 +11,9 @@ held-out tasks, which stay untouched for generalisation). Every stage writes its
     python examples/web_agent/teacherless.py test           # once, for the final runs: before and after
     python examples/web_agent/teacherless.py all --seeds 0 1 2   # everything above, in order
 
+The student's agent, its evaluation (greedy, up to 32 episodes decoded together, a browser
+failure run once more) and its answer cap are the web study's (``examples/web_agent/study.py``).
+
 - ``sft``: the teacher's solved episodes on ``--teacher-seeds`` training seeds of each of the 14
   tasks, then ``--sft-steps`` SFT steps (8 rows, learning rate 5e-5, as the web study's SFT),
   checkpointed every 5 steps. The student is ``OUT/sft/final``.
@@ -37,14 +40,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a script: make `examples` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from examples.web_agent.study import Settings, evaluate_student, load_student, sample_reward, student_agent
 from tapekit import evaluate, open_store
 from tapekit.errors import ReconstructionError
 from tapekit.evaluate import Task
-from tapekit.llm import BatchedTransformersLLM, TransformersLLM
+from tapekit.llm import TransformersLLM
 from tapekit.training import (
     RLRunConfig,
     RLSetup,
@@ -56,7 +64,7 @@ from tapekit.training import (
     train_sft,
 )
 from tapekit.training.rl import CurriculumConfig, GRPOConfig, RolloutConfig
-from tapekit.web import WebEnvironment, web_agent, without_thoughts
+from tapekit.web import WebEnvironment, without_thoughts
 from tapekit.web.miniwob import SPLIT, TEACHERLESS_TASKS, eval_tasks, reward_scorer, start_tape
 from tapekit.web.teacher import teacher_agent
 
@@ -84,13 +92,8 @@ held out, whose pages read as text in the accessibility tree (no drawing or drag
 SCREEN_RANGE = (0.05, 0.60)
 """A candidate is an RL task when the student's greedy validation success is in this range."""
 
-MAX_TOKENS = 64
+MAX_TOKENS = Settings.max_tokens  # the study's answer cap: the page schema keeps answers within it
 STUDENT = "sft/final"  # where train_sft leaves the SFT student, under OUT
-
-
-def student_agent(llm: Any) -> Any:
-    """The student's agent, as in the web study: the action alone, held to the page's bids."""
-    return web_agent(llm, name="student", constrain="page", rationale=False)
 
 
 def log(out: Path, stage: str, seconds: float, **more: Any) -> None:
@@ -99,15 +102,8 @@ def log(out: Path, stage: str, seconds: float, **more: Any) -> None:
         f.write(json.dumps({"stage": stage, "seconds": round(seconds, 1), **more}) + "\n")
 
 
-def reward(sample: Any) -> float:
-    """A sample's reward (the one scorer's value)."""
-    return float(next(iter(sample.scores.values())).value)
-
-
-def load(path: Path | None) -> tuple[Any, Any]:
-    """A student saved with ``save_pretrained`` (None: the untrained embedded SmolLM2), fp32."""
-    if path is None:
-        return TransformersLLM(device="cpu", dtype="float32").load()
+def load(path: Path) -> tuple[Any, Any]:
+    """A student saved by ``train_sft`` (``save_pretrained``), in fp32."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -116,29 +112,12 @@ def load(path: Path | None) -> tuple[Any, Any]:
     )
 
 
-def greedy(model: Any, tokenizer: Any, env: WebEnvironment, tasks: list[Task], name: str, store: Any) -> Any:
-    """The policy's greedy episodes on ``tasks`` (up to 32 decoded together; an episode the
-    browser failed is run once more, and left out of the figures if it fails again)."""
-    llm = BatchedTransformersLLM.from_model(model.eval(), tokenizer, temperature=0.0, max_tokens=MAX_TOKENS)
-    llm.batcher.max_wait_s = 0.5  # the episodes' next requests arrive within a browser step
-    return evaluate(
-        student_agent(llm),
-        env,
-        tasks,
-        reward_scorer,
-        name=name,
-        store=store,
-        max_concurrency=min(len(tasks), 32),
-        environment_retries=1,
-    )
-
-
 def per_task(report: Any) -> dict[str, dict[str, float]]:
     """``{task: {seed: reward}}`` of a report, environment failures left out."""
     table: dict[str, dict[str, float]] = {}
     for sample in report.without_environment_failures().samples:
         task, seed = sample.task_id.rsplit("/", 1)
-        table.setdefault(task, {})[seed] = reward(sample)
+        table.setdefault(task, {})[seed] = sample_reward(sample)
     return table
 
 
@@ -151,7 +130,7 @@ def stage_sft(args: argparse.Namespace, out: Path) -> None:
         print(f"sft: {out / STUDENT} is there", flush=True)
         return
     started = time.perf_counter()
-    model, tokenizer = load(None)
+    model, tokenizer = load_student()
     store = open_store(str(out / "tapes.db"))
     solved_file = out / "sft" / "teacher.json"  # the solved teacher tapes' ids (the tapes are in tapes.db)
     solved_file.parent.mkdir(parents=True, exist_ok=True)
@@ -164,7 +143,7 @@ def stage_sft(args: argparse.Namespace, out: Path) -> None:
         with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
             report = evaluate(teacher_agent(), env, tasks, reward_scorer, name="teacher", store=store)
         store.flush()
-        solved = [s.tape_id for s in report.samples if reward(s) > 0 and s.tape_id in report.tapes]
+        solved = [s.tape_id for s in report.samples if sample_reward(s) > 0 and s.tape_id in report.tapes]
         solved_file.write_text(json.dumps({"episodes": len(tasks), "solved": solved}) + "\n")
         log(out, "teacher", time.perf_counter() - started, episodes=len(tasks), solved=len(solved))
     ids = json.loads(solved_file.read_text())["solved"]
@@ -216,7 +195,7 @@ def stage_screen(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     tasks = eval_tasks("validation", args.screen_seeds, CANDIDATES)
     started = time.perf_counter()
     with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
-        report = greedy(model, tokenizer, env, tasks, "screen", store)
+        report = evaluate_student(model, tokenizer, env, tasks, "screen", store)
     table = per_task(report)
     success = {t: sum(v.values()) / len(v) if v else None for t, v in table.items()}
     low, high = SCREEN_RANGE
@@ -287,10 +266,9 @@ def stage_rl(args: argparse.Namespace, out: Path, seed: int) -> None:
     with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
 
         def score(step: int) -> dict[str, Any]:
-            report = greedy(model, tokenizer, env, val, f"rl-seed{seed}-val{step}", store)
+            report = evaluate_student(model, tokenizer, env, val, f"rl-seed{seed}-val{step}", store)
             table = per_task(report)
             values = [v for seeds in table.values() for v in seeds.values()]
-            model.train()
             return {"success": sum(values) / len(values), "per_task": table}
 
         setup = RLSetup(
@@ -351,7 +329,7 @@ def stage_test(args: argparse.Namespace, out: Path) -> None:
         for name, where in todo.items():
             started = time.perf_counter()
             model, tokenizer = load(where)
-            report = greedy(model, tokenizer, env, tasks, f"test-{name}", store)
+            report = evaluate_student(model, tokenizer, env, tasks, f"test-{name}", store)
             results[name] = {
                 "per_task": per_task(report),
                 "environment_failures": report.n_environment_failures,
