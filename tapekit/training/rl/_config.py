@@ -113,8 +113,9 @@ class RolloutConfig(BaseModel):
 
     - ``tasks_per_step`` tasks, ``group_size`` sampled attempts of each (one GRPO group), at
       ``temperature`` with at most ``max_tokens`` per LLM call and ``max_loops`` agent turns.
-    - ``share_prompts`` (the in-process engine): a batch's identical prompts (a group's first
-      turn) are run through the model once and their KV cache shared.
+    - ``share_prompts`` (the in-process engine): what a batch's prompts share (a group's
+      identical first-turn prompts, the common system prompt) is prefilled once and its KV cache
+      shared (:func:`~tapekit.llm.batched.shared_prompt_cache`).
     - ``resample_rounds`` > 0: dynamic sampling (as in DAPO): up to that many more rounds, each
       drawing as many new tasks as the step lacks groups whose rewards differ (one process only).
     - ``engine``: ``"transformers"`` (a batched ``generate`` in this process, the default) or
