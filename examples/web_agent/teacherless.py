@@ -24,7 +24,9 @@ failure run once more) and its answer cap are the web study's (``examples/web_ag
   written into the split (``tapekit.web.miniwob.TEACHERLESS_TASKS``), with its own training,
   validation and test seeds.
 - ``rl --seed S``: GRPO from the student on the RL tasks' training seeds (``--rl-seeds`` of
-  each, from ``1000 S + 500``), ``--steps`` steps, a checkpoint after every step
+  each, from ``1000 S + 500``), ``--steps`` steps of ``--tasks-per-step`` groups whose attempts
+  disagree (up to ``--resample-rounds`` more rounds of tasks replace groups that all scored the
+  same, which carry no gradient), a checkpoint after every step
   (``OUT/rl-seedS``: weights, optimiser, RNG, curriculum, log), the validation seeds scored
   every ``--eval-every`` steps (``val.jsonl``). Killed, the same command continues.
 - ``test``: the student and each finished seed's final policy, greedy, on the RL tasks' test
@@ -290,6 +292,7 @@ def stage_rl(args: argparse.Namespace, out: Path, seed: int) -> None:
                 temperature=args.temperature,
                 max_tokens=MAX_TOKENS,
                 max_loops=None,
+                resample_rounds=args.resample_rounds,
             ),
             curriculum=CurriculumConfig(kind="uniform"),
             lora=None,
@@ -353,13 +356,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--val-seeds", type=int, default=20)
     p.add_argument("--test-seeds", type=int, default=40, help="test seeds per RL task")
     p.add_argument("--forgetting-seeds", type=int, default=20, help="test seeds per teacher task")
-    p.add_argument("--steps", type=int, default=120)
-    p.add_argument("--eval-every", type=int, default=30)
+    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--lr", type=float, default=3e-5)
     p.add_argument("--kl-coef", type=float, default=0.0)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--tasks-per-step", type=int, default=4)
     p.add_argument("--group-size", type=int, default=8)
+    p.add_argument(
+        "--resample-rounds",
+        type=int,
+        default=2,
+        help="rl: up to this many more rounds of tasks for groups whose attempts all scored the same",
+    )
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
     import torch
