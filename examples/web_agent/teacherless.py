@@ -24,9 +24,10 @@ failure run once more) and its answer cap are the web study's (``examples/web_ag
   written into the split (``tapekit.web.miniwob.TEACHERLESS_TASKS``), with its own training,
   validation and test seeds.
 - ``rl --seed S``: GRPO from the student on the RL tasks' training seeds (``--rl-seeds`` of
-  each, from ``1000 S + 500``), ``--steps`` steps of ``--tasks-per-step`` groups whose attempts
-  disagree (up to ``--resample-rounds`` more rounds of tasks replace groups that all scored the
-  same, which carry no gradient), a checkpoint after every step
+  each, from ``1000 S + 500``), ``--steps`` steps of ``--tasks-per-step`` pages with
+  ``--group-size`` attempts each, the rewards compared within each task (``--group-key
+  category``: the student's attempts at one page nearly always score alike, so a page is no
+  group), a checkpoint after every step
   (``OUT/rl-seedS``: weights, optimiser, RNG, curriculum, log), the validation seeds scored
   every ``--eval-every`` steps (``val.jsonl``). Killed, the same command continues.
 - ``test``: the student and each finished seed's final policy, greedy, on the RL tasks' test
@@ -51,13 +52,15 @@ if __package__ in (None, ""):  # run as a script: make `examples` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.web_agent.study import Settings, evaluate_student, load_student, sample_reward, student_agent
-from tapekit import evaluate, open_store
-from tapekit.errors import ReconstructionError
+from tapekit import ReconstructionError, evaluate, open_store
 from tapekit.evaluate import Task
 from tapekit.llm import TransformersLLM
 from tapekit.training import (
+    CurriculumConfig,
+    GRPOConfig,
     RLRunConfig,
     RLSetup,
+    RolloutConfig,
     SFTConfig,
     StepCallback,
     StepRecord,
@@ -65,10 +68,16 @@ from tapekit.training import (
     train_rl,
     train_sft,
 )
-from tapekit.training.rl import CurriculumConfig, GRPOConfig, RolloutConfig
-from tapekit.web import WebEnvironment, without_thoughts
-from tapekit.web.miniwob import SPLIT, TEACHERLESS_TASKS, eval_tasks, reward_scorer, start_tape
-from tapekit.web.teacher import teacher_agent
+from tapekit.web import (
+    SPLIT,
+    TEACHERLESS_TASKS,
+    WebEnvironment,
+    eval_tasks,
+    reward_scorer,
+    start_tape,
+    teacher_agent,
+    without_thoughts,
+)
 
 CANDIDATES: tuple[str, ...] = (
     "click-test",
@@ -285,7 +294,9 @@ def stage_rl(args: argparse.Namespace, out: Path, seed: int) -> None:
             run_name=f"rl-seed{seed}",
             steps=args.steps,
             learning_rate=args.lr,
-            grpo=GRPOConfig(scale_rewards=False, micro_batch_size=4, kl_coef=args.kl_coef),
+            grpo=GRPOConfig(
+                scale_rewards=False, micro_batch_size=4, kl_coef=args.kl_coef, group_key=args.group_key
+            ),
             rollouts=RolloutConfig(
                 tasks_per_step=args.tasks_per_step,
                 group_size=args.group_size,
@@ -361,13 +372,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lr", type=float, default=3e-5)
     p.add_argument("--kl-coef", type=float, default=0.0)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--tasks-per-step", type=int, default=4)
-    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--tasks-per-step", type=int, default=16, help="rl: pages (task, seed) per step")
+    p.add_argument("--group-size", type=int, default=2, help="rl: attempts at each page")
+    p.add_argument(
+        "--group-key",
+        choices=["category", "task_id"],
+        default="category",
+        help="rl: compare the rewards of a step's attempts at one task (category) or one page (task_id)",
+    )
     p.add_argument(
         "--resample-rounds",
         type=int,
-        default=2,
-        help="rl: up to this many more rounds of tasks for groups whose attempts all scored the same",
+        default=0,
+        help="rl (--group-key task_id): up to this many more rounds for pages whose attempts all agree",
     )
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)

@@ -582,6 +582,33 @@ def test_merge_batches_joins_rounds_of_one_step_and_refuses_others() -> None:
         merge_batches(first, RolloutBatch(4, 4, [], [], "strict"))
 
 
+def test_groups_by_category_compare_tasks_whose_own_attempts_agree() -> None:
+    # a small model's attempts at one page nearly always score alike (no GRPO signal per task);
+    # grouped by category, a solved and a failed task of one kind make one group with a signal
+    from tapekit import Tape
+    from tapekit.training.rl import RLRunConfig, RolloutBatch, live_groups
+
+    def tape(task: str, category: str | None, reward: float) -> Tape:
+        t = Tape()
+        t.metadata.result = {"task_id": task, "category": category, "reward": reward}
+        return t
+
+    tapes = [tape("a/1", "a", 1.0), tape("a/1", "a", 1.0), tape("a/2", "a", 0.0), tape("a/2", "a", 0.0)]
+    tapes += [tape("b/1", "b", 0.0), tape("b/1", "b", 0.0), tape("x", None, 1.0), tape("y", None, 0.0)]
+    batch = RolloutBatch(0, 0, tapes, [], "reward")
+    assert live_groups(batch) == 0  # every task's attempts agree
+    assert live_groups(batch, "task_id") == 0
+    assert live_groups(batch, "category") == 2  # a (1 vs 0) and the uncategorised "default" (x vs y)
+    with pytest.raises(ValueError, match="'task_id' or 'category'"):
+        live_groups(batch, "page")
+    config = RLRunConfig(grpo={"group_key": "category"})
+    assert config.step_config(0).group_key == "category"
+    with pytest.raises(ValueError, match="needs grpo.group_key 'task_id'"):
+        RLRunConfig(grpo={"group_key": "category"}, rollouts={"resample_rounds": 1})
+    with pytest.raises(ValueError, match="group_key"):
+        RLRunConfig(grpo={"group_key": "page"})
+
+
 def _cli(config: Path, *extra: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "2"}
     code = "import torch; torch.set_num_threads(2); from tapekit.cli import app; app()"

@@ -35,16 +35,6 @@ if TYPE_CHECKING:
     from tapekit.evaluate import Task
     from tapekit.training.curriculum import CategorySampler
 
-__all__ = [
-    "MOVED",
-    "CurriculumConfig",
-    "GRPOConfig",
-    "RLConfig",
-    "RLRunConfig",
-    "RolloutConfig",
-    "make_sampler",
-]
-
 
 class _StepKnobs(BaseModel):
     """The GRPO knobs that one :func:`~tapekit.training.rl.grpo_step` reads (the base of both
@@ -60,6 +50,7 @@ class _StepKnobs(BaseModel):
     micro_batch_size: int | None = Field(None, gt=0)
     negative_scale: float = Field(1.0, ge=0, le=1)
     share_prefix: bool = True
+    group_key: str = "task_id"
 
 
 class GRPOConfig(_StepKnobs):
@@ -75,10 +66,16 @@ class GRPOConfig(_StepKnobs):
     - ``negative_scale`` multiplies the negative advantages (1.0: plain GRPO; 0.0: only the
       rollouts better than their group's mean are reinforced, as rejection sampling does).
     - ``share_prefix``: a group's shared prompt runs through the model once per micro-batch.
+    - ``group_key``: what a group is, the rollouts whose rewards are compared: ``"task_id"``
+      (the ``group_size`` attempts of one task, GRPO's group) or ``"category"`` (every rollout
+      of the step in one task category, several tasks' attempts: a baseline per kind of task,
+      for when one task's attempts nearly always score alike, as a small model's attempts at
+      one page do; the tasks' own difficulty then adds to the advantage's variance).
     - ``ppo_epochs`` x ``minibatches``: the optimiser steps made on each step's rollouts
       (minibatches of whole groups; from the second on, the ratio leaves 1 and clipping acts).
     """
 
+    group_key: Literal["task_id", "category"] = "task_id"  # the rollout rows' grouping columns
     ppo_epochs: int = Field(1, gt=0)
     minibatches: int = Field(1, gt=0)
 
@@ -98,7 +95,6 @@ class RLConfig(_StepKnobs):
     temperature: float = Field(1.0, gt=0)
     max_tokens: int | None = None
     max_grad_norm: float = 1.0
-    group_key: str = "task_id"
     pad_id: int = 0
 
     @model_validator(mode="after")
@@ -311,6 +307,11 @@ class RLRunConfig(TrainConfig):
         if isinstance(self.resume, str):
             raise ValueError(
                 "RLRunConfig: resume is true or false (RL resumes from output_dir's newest checkpoint)"
+            )
+        if self.rollouts.resample_rounds and self.grpo.group_key != "task_id":
+            raise ValueError(
+                "RLRunConfig: rollouts.resample_rounds draws more tasks for tasks whose attempts all "
+                f"scored alike, which needs grpo.group_key 'task_id' (not {self.grpo.group_key!r})"
             )
         return self
 

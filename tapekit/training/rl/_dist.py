@@ -55,8 +55,6 @@ from tapekit.training.rl._record import RLStepRecord, mean_std
 from tapekit.training.rl._step import RLStepStats, grpo_step
 from tapekit.training.rl._step import merge_stats as merge_step_stats
 
-__all__ = ["RLDist", "RankPolicy", "batch_weight", "merge_records"]
-
 RANK_SEED = 104_729  # a prime: rank r's rollouts are seeded seed + r * RANK_SEED
 SAME = ("step", "policy_version", "rollout_version", "policy_lag", "sampler_values", "sampler_probs")
 WEIGHTED = ("loss", "clip_fraction", "ratio_mean", "kl")
@@ -181,6 +179,11 @@ class RLDist:
             raise TrainingError(
                 f"rollouts.resample_rounds runs in one process only ({self.world} were started): the "
                 "ranks would draw different numbers of tasks; use resample_rounds: 0"
+            )
+        if config.grpo.group_key != "task_id":
+            raise TrainingError(
+                f"grpo.group_key={config.grpo.group_key!r} runs in one process only ({self.world} were "
+                "started): a category's tasks are spread over the ranks, which compare rewards apart"
             )
         if config.rollouts.tasks_per_step < self.world:
             raise TrainingError(

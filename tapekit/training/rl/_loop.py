@@ -51,8 +51,6 @@ from tapekit.training.rl._rollouts import (
     rollout_rows,
 )
 
-__all__ = ["RLRunResult", "RLSetup", "train_rl"]
-
 LOG = "rl_log.jsonl"
 
 
@@ -178,7 +176,7 @@ class _Run:
         version = policy.activate()  # the newest published version samples (and is recorded)
         batch = self._collect(policy, step, version, tasks, 0)
         for extra in range(1, wanted.resample_rounds + 1):
-            missing = wanted.tasks_per_step - live_groups(batch)
+            missing = wanted.tasks_per_step - live_groups(batch, self.rl.group_key)
             if missing <= 0:
                 break
             with self.lock:

@@ -32,16 +32,6 @@ from tapekit.evaluate import Score, Task
 from tapekit.llm.base import LLMCall
 from tapekit.store.base import TapeStore
 
-__all__ = [
-    "RolloutBatch",
-    "collect_rollouts",
-    "live_groups",
-    "merge_batches",
-    "rollout_rows",
-    "rollout_tags",
-    "score_value",
-]
-
 
 @dataclass
 class RolloutBatch:
@@ -266,13 +256,15 @@ def collect_rollouts(
     return run_sync(acollect_rollouts(agent, environment, tasks, scorers, **options))
 
 
-def live_groups(rollouts: RolloutBatch) -> int:
-    """How many of the batch's groups (its kept tapes grouped by task) are not zero-advantage
-    groups of :func:`~tapekit.training.rl.group_advantages`: the groups that give GRPO a
-    gradient."""
+def live_groups(rollouts: RolloutBatch, key: str = "task_id") -> int:
+    """How many of the batch's groups (its kept tapes grouped by ``key``: ``"task_id"`` or
+    ``"category"``, as the rows of :func:`rollout_rows`) are not zero-advantage groups of
+    :func:`~tapekit.training.rl.group_advantages`: the groups that give GRPO a gradient."""
     from tapekit.training.rl._advantages import group_advantages
 
-    keys = [t.metadata.result["task_id"] for t in rollouts.kept]
+    if key not in ("task_id", "category"):
+        raise ValueError(f"live_groups: key is 'task_id' or 'category', not {key!r}")
+    keys = [_group_of(t.metadata.result, key) for t in rollouts.kept]
     groups = group_advantages(rollouts.rewards, keys)
     return len(groups.groups) - len(groups.zero_groups)
 
@@ -324,10 +316,15 @@ def rollout_rows(
     for row in samples.dataset:
         result = by_id[row["tape_id"]]
         row["task_id"] = result["task_id"]
-        row["category"] = result["category"] or "default"
+        row["category"] = _group_of(result, "category")
         row["policy_version"] = result["policy_version"]
         rows.append(row)
     return rows
+
+
+def _group_of(result: Mapping[str, Any], key: str) -> str:
+    """A rollout's group under ``key`` (a task without a category is in ``"default"``)."""
+    return str(result[key]) if key == "task_id" else str(result["category"] or "default")
 
 
 def _reward(tape: Tape[Any, Any]) -> float:
