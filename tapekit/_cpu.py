@@ -21,8 +21,6 @@ import platform
 from functools import cache
 from pathlib import Path
 
-__all__ = ["cpu_flags", "native_bf16", "native_bf16_reason", "usable_cpus"]
-
 _BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 

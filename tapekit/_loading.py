@@ -9,8 +9,6 @@ if TYPE_CHECKING:
     from tapekit.agent import Agent
     from tapekit.environment import Environment
 
-__all__ = ["load_factory", "load_object"]
-
 
 def load_object(target: str) -> Any:
     """The object that ``target`` (``package.module:attr``, ``attr`` may be dotted) names."""

@@ -18,8 +18,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MAX_ATTACHMENT_BYTES", "Attachment", "StepPresentation", "media_type_matches"]
-
 MAX_ATTACHMENT_BYTES = 20_000_000
 """The largest attachment :meth:`Attachment.data` gives (larger data counts as none)."""
 

@@ -21,28 +21,18 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny
 
 from tapekit import reconstruction
 from tapekit._engine.loop import turn
-from tapekit._engine.runs import node_run_steps
+from tapekit._engine.runs import node_run_steps as node_run_steps
 from tapekit.core import LLMOutput, PartialStep, Prompt, Step, Tape
-from tapekit.errors import AgentError, ReconstructionError
-from tapekit.events import AgentEvent, AgentStream, AsyncAgentStream
+from tapekit.errors import AgentError
+from tapekit.errors import ReconstructionError as ReconstructionError
+from tapekit.events import AgentEvent as AgentEvent
+from tapekit.events import AgentStream, AsyncAgentStream
 from tapekit.llm.base import LLM, LLMCall, LLMStream, TrainingText
 from tapekit.reconstruction import NodeRun
 from tapekit.views import TapeView, TapeViewStack
 
 if TYPE_CHECKING:
     from tapekit.environment import Environment
-
-__all__ = [
-    "Agent",
-    "AgentError",
-    "AgentEvent",
-    "AgentStream",
-    "AsyncAgentStream",
-    "Node",
-    "NodeRun",
-    "ReconstructionError",
-    "node_run_steps",
-]
 
 
 class Node(BaseModel):

@@ -18,45 +18,12 @@ from typing import Annotated, Any, Generic, Literal, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, WrapValidator
 
-from tapekit._presentation import MAX_ATTACHMENT_BYTES, Attachment, StepPresentation, media_type_matches
+from tapekit._presentation import MAX_ATTACHMENT_BYTES as MAX_ATTACHMENT_BYTES
+from tapekit._presentation import Attachment as Attachment
+from tapekit._presentation import StepPresentation
+from tapekit._presentation import media_type_matches as media_type_matches
 from tapekit.errors import TapekitError
 from tapekit.sequence import StepSequence
-
-__all__ = [
-    "MAX_ATTACHMENT_BYTES",
-    "Action",
-    "Attachment",
-    "Branch",
-    "Call",
-    "ControlStep",
-    "Fork",
-    "FrozenMessage",
-    "FrozenMessageList",
-    "GenericAction",
-    "GenericObservation",
-    "GenericThought",
-    "LLMOutput",
-    "Observation",
-    "PartialStep",
-    "Prompt",
-    "Respond",
-    "SetNextNode",
-    "Step",
-    "StepMetadata",
-    "StepPresentation",
-    "StepSequence",
-    "StopStep",
-    "Tape",
-    "TapeMetadata",
-    "Thought",
-    "ToolCallRequest",
-    "UnknownStepKindError",
-    "find_step_class",
-    "media_type_matches",
-    "new_id",
-    "register_step_module",
-    "step_kinds",
-]
 
 
 def new_id() -> str:

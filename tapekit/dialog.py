@@ -28,17 +28,6 @@ from tapekit.core import (
 )
 from tapekit.llm.base import escape_lone_surrogates
 
-__all__ = [
-    "AssistantStep",
-    "AssistantThought",
-    "SystemStep",
-    "ToolCall",
-    "ToolResult",
-    "UserStep",
-    "tool_calls_from_output",
-    "view_to_messages",
-]
-
 
 class SystemStep(Observation):
     """A system message given to the agent (instructions that arrive on the tape)."""

@@ -56,18 +56,6 @@ if TYPE_CHECKING:
     from tapekit.recording import SessionRecorder
     from tapekit.store.base import TapeStore
 
-__all__ = [
-    "EFFECTS",
-    "NOT_DONE",
-    "UNKNOWN",
-    "Effect",
-    "EffectInDoubt",
-    "EffectState",
-    "InDoubtToolCall",
-    "Reconcile",
-    "ToolEffect",
-    "tool_call_key",
-]
 
 Effect = Literal["read", "idempotent", "once"]
 """What running a tool again does: see the module docstring."""

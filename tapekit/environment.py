@@ -24,19 +24,6 @@ from tapekit.effects import EFFECTS, Effect, EffectInDoubt, call_key
 from tapekit.effects import journal as current_journal
 from tapekit.errors import ExternalObservationNeeded, TapekitError
 
-__all__ = [
-    "ENVIRONMENT_FAILURE",
-    "Environment",
-    "ExternalObservationNeeded",
-    "Tool",
-    "ToolEnvironment",
-    "UnknownActionError",
-    "environment_failure",
-    "tool",
-    "unanswered_actions",
-    "unanswered_indices",
-]
-
 ENVIRONMENT_FAILURE = "environment_failure"
 """The ``metadata.other`` key under which an environment says, on the observation that ends an
 episode, that the episode ended because the environment failed (a browser that crashed and

@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tapekit.core import Action
 
-__all__ = ["AgentError", "ExternalObservationNeeded", "ReconstructionError", "TapekitError", "TrainingError"]
-
 
 class TapekitError(Exception):
     """The root of every exception tapekit raises on purpose."""

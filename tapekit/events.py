@@ -20,15 +20,6 @@ from tapekit.llm.base import LLMCall
 if TYPE_CHECKING:
     from tapekit.environment import ExternalObservationNeeded
 
-__all__ = [
-    "AgentEvent",
-    "AgentStream",
-    "AsyncAgentStream",
-    "AsyncMainLoopStream",
-    "MainLoopEvent",
-    "MainLoopStream",
-]
-
 
 @dataclass(frozen=True, slots=True)
 class AgentEvent:

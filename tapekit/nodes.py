@@ -20,8 +20,6 @@ from tapekit.dialog import AssistantStep, ToolCall, tool_calls_from_output, view
 from tapekit.environment import ToolEnvironment
 from tapekit.llm.base import LLMStream
 
-__all__ = ["ToolCallingNode"]
-
 
 @functools.lru_cache(maxsize=256)
 def _system_message(text: str) -> FrozenMessage:

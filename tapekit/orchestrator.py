@@ -29,19 +29,6 @@ from tapekit.reconstruction import rebuilt_runs
 from tapekit.recording import SessionRecorder
 from tapekit.store.base import TapeStore
 
-__all__ = [
-    "AsyncMainLoopStream",
-    "MainLoopEvent",
-    "MainLoopStream",
-    "ReplayResult",
-    "amain_loop",
-    "areplay_tape",
-    "async_main_loop",
-    "main_loop",
-    "reconstruct_llm_calls",
-    "replay_tape",
-]
-
 
 def amain_loop(
     agent: Agent,

@@ -23,18 +23,6 @@ from tapekit.views import TapeViewStack
 if TYPE_CHECKING:
     from tapekit.agent import Agent, Node
 
-__all__ = [
-    "NodeRun",
-    "RebuiltRun",
-    "get_node_runs",
-    "make_training_text",
-    "node_run_context",
-    "node_run_steps",
-    "rebuilt_runs",
-    "reuse",
-    "visible_prefix",
-]
-
 
 class NodeRun(NamedTuple):
     """A node run found on a tape: the node and the index of the run's first step."""

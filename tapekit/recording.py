@@ -26,7 +26,6 @@ from tapekit.events import MainLoopEvent
 if TYPE_CHECKING:
     from tapekit.store.base import TapeStore
 
-__all__ = ["DEFAULT_MAX_PENDING", "SessionRecorder", "stored_form"]
 
 DEFAULT_MAX_PENDING = 10_000
 

@@ -13,16 +13,6 @@ from typing import Any
 from tapekit.core import Action, ControlStep, Observation, Step, StepPresentation, Tape
 from tapekit.llm.base import LLMCall
 
-__all__ = [
-    "presentation",
-    "render_step",
-    "render_tape",
-    "shorten",
-    "step_author",
-    "step_category",
-    "step_summary",
-]
-
 logger = logging.getLogger(__name__)
 
 

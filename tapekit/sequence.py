@@ -17,8 +17,6 @@ from typing import Any, Generic, TypeVar, overload
 from pydantic import GetCoreSchemaHandler
 from pydantic_core import core_schema
 
-__all__ = ["StepSequence"]
-
 S = TypeVar("S")
 _T = TypeVar("_T")
 

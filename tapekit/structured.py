@@ -21,15 +21,6 @@ from tapekit.dialog import view_to_messages
 from tapekit.errors import TapekitError
 from tapekit.llm.base import LLMStream, escape_lone_surrogates
 
-__all__ = [
-    "LLMOutputParsingFailure",
-    "StepParsingError",
-    "StructuredNode",
-    "parse_steps",
-    "steps_or_failure",
-    "steps_schema",
-]
-
 
 class LLMOutputParsingFailure(Thought):
     """The LLM's output could not be turned into steps: ``error`` says why, ``raw`` is the text."""

@@ -15,8 +15,6 @@ from typing import Any, TypeVar
 
 from tapekit.core import Call, Fork, Respond, SetNextNode, Step, StepSequence, Tape
 
-__all__ = ["TapeView", "TapeViewStack", "cached_fold"]
-
 _T = TypeVar("_T")
 
 

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from tapekit.core import Tape
     from tapekit.store import TapeStore
 
-__all__ = ["batch_command", "read_tapes"]
 
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130

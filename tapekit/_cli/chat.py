@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from tapekit.human import Waiting
     from tapekit.store import TapeStore
 
-__all__ = ["chat_command", "chat_line"]
 
 QUIT = {"/quit", "/exit", "/q"}
 

@@ -26,18 +26,6 @@ if TYPE_CHECKING:
     from tapekit.environment import Environment
     from tapekit.store import TapeStore
 
-__all__ = [
-    "CliError",
-    "check_writable",
-    "fail",
-    "load_target",
-    "open_cli_store",
-    "pick_tape",
-    "project_on_path",
-    "read_tape_file",
-    "read_text",
-]
-
 
 class CliError(TapekitError):
     """A mistake in the command's input: printed as ``error: ...`` with exit code 2."""

@@ -28,7 +28,6 @@ from tapekit._cli.common import (
 if TYPE_CHECKING:
     from tapekit.evaluate import SampleResult, Task
 
-__all__ = ["eval_command"]
 
 BUILT_IN = ("exact", "contains")
 

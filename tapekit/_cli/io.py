@@ -10,8 +10,6 @@ import typer
 
 from tapekit._cli.common import CliError, check_writable, fail, open_cli_store, pick_tape
 
-__all__ = ["export_command", "import_app"]
-
 import_app = typer.Typer(
     help="Load tapes into a store: a tapekit JSONL export, or the reference TapeAgents package's files.",
     no_args_is_help=True,

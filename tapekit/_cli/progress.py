@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["live_progress"]
-
 
 @contextmanager
 def live_progress(

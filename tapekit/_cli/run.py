@@ -18,8 +18,6 @@ from tapekit._cli.common import (
     read_tape_file,
 )
 
-__all__ = ["replay_command", "run_command"]
-
 
 def run_command(
     target: Annotated[str, typer.Argument(help="module:attr giving an Agent or (agent, environment)")],

@@ -14,8 +14,6 @@ from typing import Any
 
 import typer
 
-__all__ = ["train_app"]
-
 train_app = typer.Typer(
     name="train",
     help="Fine-tune a model on samples made from tapes (SFT, DPO) or by RL on its rollouts (train extra).",

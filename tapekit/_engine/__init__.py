@@ -13,7 +13,8 @@ Imports run one way: ``loop`` → ``turn`` → ``forks`` → ``moves`` → ``run
 loop to the forks it runs, so no module imports one above it.
 """
 
-from tapekit._engine.loop import alternate, turn
-from tapekit._engine.moves import Move, next_move, no_environment
-
-__all__ = ["Move", "alternate", "next_move", "no_environment", "turn"]
+from tapekit._engine.loop import alternate as alternate
+from tapekit._engine.loop import turn as turn
+from tapekit._engine.moves import Move as Move
+from tapekit._engine.moves import next_move as next_move
+from tapekit._engine.moves import no_environment as no_environment

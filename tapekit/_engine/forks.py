@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     from tapekit.agent import Agent
     from tapekit.environment import Environment
 
-__all__ = ["BranchLoop", "ForkOutcome", "run_fork"]
-
 
 class BranchLoop(Protocol):
     """The loop a branch runs in: :func:`tapekit._engine.loop.alternate`'s signature."""

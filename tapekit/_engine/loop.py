@@ -27,7 +27,6 @@ from tapekit.events import AgentEvent, MainLoopEvent
 if TYPE_CHECKING:
     from tapekit.agent import Agent
 
-__all__ = ["alternate", "turn"]
 
 logger = logging.getLogger(__name__)
 

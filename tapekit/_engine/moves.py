@@ -17,8 +17,6 @@ from tapekit.views import TapeViewStack
 if TYPE_CHECKING:
     from tapekit.agent import Agent, Node
 
-__all__ = ["Move", "next_move", "no_environment"]
-
 
 class Move:
     """Who moves next on a tape (see :func:`next_move`).

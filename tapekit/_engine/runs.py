@@ -20,17 +20,6 @@ from tapekit.core import (
 from tapekit.errors import AgentError
 from tapekit.views import TapeViewStack
 
-__all__ = [
-    "attributed",
-    "closes_branch",
-    "content_diff",
-    "ends_turn",
-    "node_run_steps",
-    "pending_fork",
-    "tape_of",
-    "with_last",
-]
-
 
 def tape_of(tape: Tape[Any, Any], ranges: tuple[tuple[int, int], ...]) -> Tape[Any, Any]:
     """The tape made of the steps in ``ranges`` (context and metadata kept). A single range

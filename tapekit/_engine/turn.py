@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from tapekit.agent import Agent, Node
     from tapekit.environment import Environment
 
-__all__ = ["Called", "Finished", "agent_turn", "call_llm", "check_root", "finish_open_run"]
 
 logger = logging.getLogger("tapekit.agent")  # the agent's failures log where they always did
 

@@ -18,7 +18,6 @@ from tapekit.store.base import TapeStore
 if TYPE_CHECKING:
     from tapekit.batch._results import BatchStats
 
-__all__ = ["DEFAULT_CONCURRENCY", "BatchConfig", "BatchOptions", "LLMConcurrency", "check_inputs"]
 
 DEFAULT_CONCURRENCY = 64
 _NAME = re.compile(r"^[\w.\-/]+$")

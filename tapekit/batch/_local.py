@@ -26,8 +26,6 @@ from tapekit.orchestrator import amain_loop
 from tapekit.recording import SessionRecorder, stored_form
 from tapekit.store.base import TapeFilter, TapeStore
 
-__all__ = ["alocal"]
-
 
 class _LimitedLLM(LLM):
     """Another LLM behind a semaphore: at most ``limit`` of its requests in flight. It reports

@@ -38,8 +38,6 @@ from tapekit.core import Tape
 from tapekit.environment import Environment
 from tapekit.store.base import TapeStore
 
-__all__ = ["aray_batch"]
-
 
 def _split(total: int, parts: int, index: int) -> int:
     """Share ``index`` of ``total`` split into ``parts`` near-equal shares, at least 1."""

@@ -10,8 +10,6 @@ from typing import Any
 
 from tapekit.core import Tape
 
-__all__ = ["BatchResult", "BatchStats", "batch_tags", "batch_tape_id"]
-
 
 @dataclass(frozen=True, slots=True)
 class BatchResult:

@@ -26,8 +26,6 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from tapekit.evaluate._stats import DEFAULT_RESAMPLES, Estimate, bootstrap_mean, paired_difference
 
-__all__ = ["Estimate", "EvalReport", "JsonReport", "SampleResult", "Score", "pass_at_k", "pass_hat_k"]
-
 
 class Score(BaseModel):
     """What a scorer says about one tape: a ``value`` (higher is better, usually in [0, 1]),

@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     from tapekit.core import Tape
     from tapekit.evaluate import Task
 
-__all__ = ["contains_answer", "exact_answer", "final_answer"]
-
 
 def final_answer(tape: Tape[Any, Any]) -> str | None:
     """The text of the last assistant message on ``tape`` (``None`` when there is none)."""

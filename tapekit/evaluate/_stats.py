@@ -78,18 +78,6 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = [
-    "Estimate",
-    "SeedPairedDifference",
-    "bootstrap_mean",
-    "clopper_pearson",
-    "mcnemar_exact",
-    "paired_difference",
-    "seed_paired_difference",
-    "student_t_interval",
-    "student_t_quantile",
-]
-
 _SeedT = TypeVar("_SeedT", bound=Hashable)
 _ItemT = TypeVar("_ItemT", bound=Hashable)
 

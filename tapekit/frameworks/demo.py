@@ -13,8 +13,6 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-__all__ = ["Demo"]
-
 
 class Demo(BaseModel):
     """One worked example: input fields and the output fields the LLM should give for them.

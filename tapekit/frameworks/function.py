@@ -31,15 +31,6 @@ from tapekit.frameworks.demo import Demo
 from tapekit.llm.base import LLMStream
 from tapekit.structured import LLMOutputParsingFailure
 
-__all__ = [
-    "InputField",
-    "LLMFunction",
-    "LLMFunctionError",
-    "LLMFunctionNode",
-    "OutputField",
-    "StepSource",
-]
-
 
 class LLMFunctionError(TapekitError, ValueError):
     """An LLM function's output lacks a field, or its inputs or outputs are missing or unknown."""

@@ -26,8 +26,6 @@ from tapekit.frameworks.demo import Demo
 from tapekit.llm.base import LLM, LLMStream
 from tapekit.structured import LLMOutputParsingFailure, StructuredNode, steps_schema
 
-__all__ = ["MonoAgent", "MonoNode", "estimate_tokens", "token_counter"]
-
 TRIMMED_NOTE = "trimmed to fit the prompt budget: {n} tokens left out"
 
 

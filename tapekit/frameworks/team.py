@@ -27,23 +27,6 @@ from tapekit.dialog import AssistantStep, UserStep
 from tapekit.errors import AgentError
 from tapekit.llm.base import LLM, LLMStream
 
-__all__ = [
-    "AllOf",
-    "AnyOf",
-    "FunctionTermination",
-    "InitiatorNode",
-    "ManagerNode",
-    "MaxTurns",
-    "TeamAgent",
-    "TeamMessage",
-    "TeamTerminated",
-    "Termination",
-    "TextMention",
-    "WorkerNode",
-    "conversation",
-    "load_termination",
-]
-
 
 class TeamMessage(BaseModel):
     """One message of a team conversation: who said it, what, and whether a team member

@@ -26,8 +26,6 @@ from typing import Any
 from tapekit.errors import TapekitError
 from tapekit.llm.base import LLMEvent, StreamedOutput, TokenTrace
 
-__all__ = ["ChatChunkFolder", "SSEDecoder", "decode_json", "encode_json"]
-
 try:  # optional: used when installed, never required (the fallbacks give the same values)
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment

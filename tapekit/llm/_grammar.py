@@ -27,8 +27,6 @@ from typing import Any
 
 from tapekit.llm.base import LLMError
 
-__all__ = ["JSON_LAYOUT", "RowConstraints", "ll_tokenizer"]
-
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """The layout the grammar allows: ``json.dumps``'s default separators and no other whitespace."""
 

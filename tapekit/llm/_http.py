@@ -23,14 +23,6 @@ from tapekit.errors import TapekitError
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = [
-    "HTTPStatusFailure",
-    "SessionPool",
-    "TransportFailure",
-    "env_proxy",
-    "open_stream",
-    "status_message",
-]
 
 RETRY_STATUSES = frozenset({408, 409, 429})
 MAX_RETRY_AFTER_S = 60.0

@@ -15,8 +15,6 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["cache_kwarg", "cache_of", "common_prefix_length", "kv_layers"]
-
 
 def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
     """The length of the longest prefix every row shares, leaving each row at least one token

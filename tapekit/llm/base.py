@@ -25,21 +25,6 @@ from tapekit._sync import iterate_sync, run_sync
 from tapekit.core import LLMOutput, Prompt, Step, ToolCallRequest
 from tapekit.errors import TapekitError
 
-__all__ = [
-    "LLM",
-    "LLMCall",
-    "LLMError",
-    "LLMEvent",
-    "LLMStream",
-    "StreamedOutput",
-    "TokenTrace",
-    "TrainingText",
-    "answer_text",
-    "escape_lone_surrogates",
-    "llm_calls_of",
-]
-
-
 _M = TypeVar("_M", bound=BaseModel)
 _SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 

@@ -48,8 +48,6 @@ from tapekit.llm._kv import cache_kwarg, cache_of, common_prefix_length, kv_laye
 from tapekit.llm.base import LLMError, LLMEvent
 from tapekit.llm.transformers import TransformersLLM, _eos_ids, _pad_id
 
-__all__ = ["BatchedTransformersLLM", "BatcherStats", "RequestBatcher", "left_pad", "shared_prompt_cache"]
-
 
 @dataclass
 class BatcherStats:

@@ -18,8 +18,6 @@ from tapekit.core import LLMOutput, Prompt
 from tapekit.llm.base import LLMEvent
 from tapekit.llm.wrapper import WrapperLLM
 
-__all__ = ["CachedLLM"]
-
 
 class CachedLLM(WrapperLLM):
     """Answers from ``path`` (an SQLite file; it may be the store's file) when the exact prompt

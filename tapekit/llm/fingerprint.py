@@ -14,8 +14,6 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["hf_tokenizer_fingerprint", "tokenizer_fingerprint"]
-
 _VERSION = "tk1"
 
 

@@ -33,8 +33,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GGUFBase", "export_lora_gguf", "lora_gguf_tensors", "read_gguf_base", "write_lora_gguf"]
-
 _LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<side>[AB])(?:\.[^.]+)?\.weight$")
 _ROTARY = {"attn_q", "attn_k"}  # GGUF llama permutes these projections' output rows
 

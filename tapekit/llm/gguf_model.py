@@ -27,8 +27,6 @@ from typing import Any, Literal
 
 from tapekit.llm.gguf_lora import _rotary_rows, read_gguf_base
 
-__all__ = ["export_model_gguf", "model_gguf_tensors"]
-
 Quantization = Literal["q8_0", "f16", "f32", "base"]
 _SKIP_KEYS = ("GGUF.", "general.file_type")  # written by the writer itself / set below
 

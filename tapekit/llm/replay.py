@@ -12,8 +12,6 @@ from tapekit.core import LLMOutput, Prompt
 from tapekit.errors import TapekitError
 from tapekit.llm.base import LLM, LLMCall, LLMEvent
 
-__all__ = ["ReplayLLM", "ReplayMissError"]
-
 
 class ReplayMissError(TapekitError, LookupError):
     """The prompt was never recorded; the message shows its diff to the closest recorded one."""

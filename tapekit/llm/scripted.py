@@ -17,8 +17,6 @@ from pydantic import PrivateAttr
 from tapekit.core import LLMOutput, Prompt
 from tapekit.llm.base import LLM, LLMEvent
 
-__all__ = ["FunctionLLM", "ScriptedLLM"]
-
 _WORDS = re.compile(r"\S+\s*|\s+")
 
 

@@ -22,8 +22,6 @@ from tapekit.core import Prompt
 from tapekit.llm.base import LLM, LLMError, LLMEvent
 from tapekit.llm.openai_compat import OpenAICompatibleLLM
 
-__all__ = ["ServerPoolLLM"]
-
 
 class _Sticky:
     """Round robin over servers, one pick per asyncio task (the batch runner runs each tape in

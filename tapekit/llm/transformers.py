@@ -24,8 +24,6 @@ from tapekit.core import LLMOutput, Prompt
 from tapekit.llm.base import LLM, LLMError, LLMEvent, TokenTrace, TrainingText, answer_text
 from tapekit.llm.llamacpp import plain_messages, smollm2_path
 
-__all__ = ["TransformersLLM"]
-
 
 class TransformersLLM(LLM):
     """A causal LM run with ``transformers`` in this process.

@@ -17,8 +17,6 @@ from pydantic import SerializeAsAny
 from tapekit.core import LLMOutput, Prompt
 from tapekit.llm.base import LLM, LLMEvent, TrainingText
 
-__all__ = ["WrapperLLM"]
-
 
 class WrapperLLM(LLM):
     """An LLM that passes everything to ``llm`` unless a subclass overrides it.

@@ -30,16 +30,6 @@ from tapekit.llm.base import LLMCall, TrainingText
 from tapekit.migrate.steps import EXTRA, ReferenceFormatError, from_reference_steps, to_reference_steps
 from tapekit.store.base import TapeNotFoundError, TapeStore
 
-__all__ = [
-    "ImportReport",
-    "import_reference",
-    "read_llm_calls",
-    "read_reference_file",
-    "read_training_texts",
-    "reference_tape",
-    "to_reference_tape",
-]
-
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _TAPE_META = ("id", "parent_id", "author", "author_tape_id", "n_added_steps", "error", "result")
 IMPORT_TAG = "tapeagents"

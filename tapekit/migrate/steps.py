@@ -33,15 +33,6 @@ from tapekit.core import (
 from tapekit.dialog import AssistantStep, AssistantThought, SystemStep, ToolCall, ToolResult, UserStep
 from tapekit.errors import TapekitError
 
-__all__ = [
-    "GenericAction",
-    "GenericObservation",
-    "GenericThought",
-    "ReferenceFormatError",
-    "from_reference_steps",
-    "to_reference_steps",
-]
-
 EXTRA = "tapeagents"  # the metadata.other key holding what tapekit's classes have no field for
 _META_KEYS = ("id", "prompt_id", "node", "agent", "llm", "other")
 

@@ -16,8 +16,6 @@ from tapekit.optimize._targets import OptimizeError, read_params, resolve_target
 from tapekit.optimize.base import Optimizer
 from tapekit.store.base import TapeStore
 
-__all__ = ["OptimizeResult", "OptimizerRun", "optimize"]
-
 
 @dataclass
 class OptimizerRun:

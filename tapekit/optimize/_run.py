@@ -25,8 +25,6 @@ from tapekit.evaluate import EvalReport, SampleResult, Task, aevaluate
 from tapekit.optimize._targets import NodeParams, Params, with_params
 from tapekit.store.base import TapeStore
 
-__all__ = ["BudgetExhausted", "Candidate", "Judge", "Search", "candidate_tag"]
-
 
 class BudgetExhausted(TapekitError):
     """An evaluation would need more rollouts than the budget has left (nothing was run)."""

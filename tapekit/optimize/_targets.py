@@ -19,18 +19,6 @@ from pydantic import BaseModel, TypeAdapter
 from tapekit.agent import Agent, Node
 from tapekit.errors import TapekitError
 
-__all__ = [
-    "CONFIG_FORMAT",
-    "NodeParams",
-    "OptimizeError",
-    "load_optimized",
-    "optimisable_nodes",
-    "read_params",
-    "resolve_targets",
-    "save_optimized",
-    "with_params",
-]
-
 CONFIG_FORMAT = "tapekit.optimize/1"
 
 

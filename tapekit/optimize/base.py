@@ -18,8 +18,6 @@ from tapekit.core import Tape
 from tapekit.evaluate import EvalReport, SampleResult
 from tapekit.optimize._run import Search
 
-__all__ = ["Optimizer", "RunView", "demos_from_report", "demos_from_teacher", "node_runs", "render_run"]
-
 
 class Optimizer(BaseModel):
     """Base class of the optimisers: ``search`` tries candidates through the search state."""

@@ -23,8 +23,6 @@ from tapekit.optimize._run import Search
 from tapekit.optimize._targets import NodeParams, Params
 from tapekit.optimize.base import Optimizer, demos_from_report, demos_from_teacher
 
-__all__ = ["AddDemos", "BootstrapFewShot", "bootstrap_pool"]
-
 
 def bootstrap_pool(
     search: Search, params: Params | None = None, teacher: Agent | None = None

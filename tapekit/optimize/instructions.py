@@ -20,8 +20,6 @@ from tapekit.optimize._run import Search
 from tapekit.optimize._targets import NodeParams, Params
 from tapekit.optimize.base import Optimizer, demos_from_report, feedback_of, node_runs, render_run
 
-__all__ = ["InstructionSearch", "parse_instructions", "proposal_prompt"]
-
 _PROPOSER_SYSTEM = (
     "You improve the instructions of one step (a node) of an LLM agent. You see its current "
     "instruction and examples of what it did on tasks that went well and tasks that went wrong, "

@@ -26,8 +26,6 @@ from tapekit.llm.base import LLM
 from tapekit.optimize._run import Candidate, Search, merged
 from tapekit.optimize.base import Optimizer, feedback_of, node_runs, render_run
 
-__all__ = ["Reflective", "pareto_front", "reflection_prompt", "select_parent"]
-
 _REFLECT_SYSTEM = (
     "You improve one step (a node) of an LLM agent by rewriting its instruction. You see the "
     "current instruction and the node's inputs and outputs on some tasks, with the evaluator's "

@@ -22,8 +22,6 @@ from tapekit.core import Call, Respond, Step, TapeMetadata
 from tapekit.dialog import ToolCall, ToolResult
 from tapekit.llm.base import LLMCall
 
-__all__ = ["STEP_EVENT", "SpanBuilder", "SpanRecord", "span_id", "trace_id"]
-
 STEP_EVENT = "tapekit.step"
 _NS = 1_000_000_000
 

@@ -24,7 +24,6 @@ from tapekit.otel._build import SpanBuilder, SpanRecord
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
-__all__ = ["OtelTracer"]
 
 logger = logging.getLogger(__name__)
 

@@ -20,17 +20,6 @@ if TYPE_CHECKING:
 
     from tapekit.store.base import TapeStore
 
-__all__ = [
-    "SEMCONV_VERSION",
-    "export_tapes_otlp",
-    "llm_calls_from_otlp_json",
-    "otlp_json_from_protobuf",
-    "tape_span_records",
-    "tape_spans",
-    "tapes_from_otlp_json",
-    "tapes_to_otlp_json",
-    "write_otlp_json",
-]
 
 SEMCONV_VERSION = "1.41.0"
 SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"

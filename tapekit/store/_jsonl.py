@@ -37,16 +37,6 @@ from tapekit.store._writes import (
 )
 from tapekit.store.base import TapeInfo
 
-__all__ = [
-    "JSONL_FORMAT",
-    "JSONL_VERSION",
-    "ExportedTape",
-    "Import",
-    "read_import",
-    "read_jsonl_lines",
-    "write_jsonl",
-]
-
 JSONL_FORMAT = "tapekit-store"
 JSONL_VERSION = 1
 

@@ -57,15 +57,6 @@ from tapekit.llm.base import Prompt
 from tapekit.store._text import model_json
 from tapekit.store._tokens import ids_body, prompt_node_of
 
-__all__ = [
-    "Part",
-    "PromptEncoder",
-    "is_reference",
-    "needed_parts",
-    "prompt_json",
-    "resolve_rows",
-]
-
 #: a row of the ``prompt_parts`` table: ``(hash, prev, body)``
 Part = tuple[str, str | None, str]
 

@@ -19,8 +19,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-__all__ = ["check_text", "model_json", "text_problem"]
-
 
 def text_problem(value: str, allow_nul: bool = False) -> str | None:
     """Why ``value`` cannot be stored (None: it can)."""

@@ -29,8 +29,6 @@ from typing import Any
 
 from tapekit.llm.base import TokenTrace
 
-__all__ = ["decode_tokens", "encode_tokens", "encode_tokens_apart", "ids_body", "ids_of", "prompt_node_of"]
-
 _SWAP = sys.byteorder != "little"
 _ID_TYPES = {2: "H", 4: "i"}  # id_bytes -> array typecode
 

@@ -18,8 +18,6 @@ from typing import Any
 from tapekit.store._writes import Write, WriteGroup, describe, flat
 from tapekit.store.base import StoreWriteError, TapeStore
 
-__all__ = ["QueuedTapeStore"]
-
 
 @dataclass(slots=True)
 class _Flush:

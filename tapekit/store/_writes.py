@@ -24,26 +24,6 @@ from tapekit.store._prompts import Part, PromptEncoder, prompt_json
 from tapekit.store._text import check_text, model_json
 from tapekit.store._tokens import decode_tokens, encode_tokens_apart
 
-__all__ = [
-    "CallWrite",
-    "EffectWrite",
-    "KnownSteps",
-    "TagWrite",
-    "TapeRows",
-    "TapeWrite",
-    "Write",
-    "WriteGroup",
-    "call_from_row",
-    "call_write",
-    "check_id",
-    "check_tags",
-    "context_json",
-    "describe",
-    "flat",
-    "serialised",
-    "steps_digest",
-]
-
 
 @dataclass(slots=True)
 class TapeWrite:

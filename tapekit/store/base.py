@@ -54,8 +54,6 @@ if TYPE_CHECKING:
 
 _KNOWN_TAPES = 64  # tapes whose hashed step objects a store keeps (see TapeStore._known)
 
-__all__ = ["StoreWriteError", "TapeFilter", "TapeInfo", "TapeNotFoundError", "TapeStore", "Totals"]
-
 
 class StoreWriteError(TapekitError, RuntimeError):
     """Queued writes the database refused (each named); the store's other writes were committed

@@ -31,8 +31,6 @@ from tapekit.store._writes import (
 )
 from tapekit.store.base import TapeFilter, TapeInfo, TapeStore, Totals
 
-__all__ = ["MemoryStore"]
-
 
 @dataclass(slots=True)
 class _StoredTape:

@@ -22,8 +22,6 @@ from typing import Any
 
 from tapekit.store._sql import ADDED_COLUMNS, REQUIRED_COLUMNS, SCHEMA, SQLTapeStore, foreign_tables
 
-__all__ = ["PostgresStore"]
-
 _CREATED = re.compile(r"IF NOT EXISTS (\w+)")  # the table or index a SCHEMA statement makes
 _RETRIES = 10  # about 10 s of backoff in all
 

@@ -18,9 +18,7 @@ from typing import Any
 
 from tapekit._sqlite import connect
 from tapekit.store._sql import ADDED_COLUMNS, SCHEMA, SQLTapeStore, foreign_tables
-from tapekit.store.base import Totals
-
-__all__ = ["SQLiteStore", "Totals"]
+from tapekit.store.base import Totals as Totals
 
 # pages of 16 KiB for new files (SQLite's default is 4 KiB): committing batches of steps and LLM
 # calls takes the writer about a fifth less CPU time; files made with another page size keep it

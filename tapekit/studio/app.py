@@ -39,11 +39,11 @@ from starlette.staticfiles import StaticFiles
 
 from tapekit.store import TapeStore, open_store
 from tapekit.studio import browse, chat, diffs, edits
-from tapekit.studio.pages import HERE, STEPS_PER_PAGE, TAPES_PER_PAGE, PageError, Studio, studio_of
+from tapekit.studio.pages import HERE, PageError, Studio, studio_of
+from tapekit.studio.pages import STEPS_PER_PAGE as STEPS_PER_PAGE
+from tapekit.studio.pages import TAPES_PER_PAGE as TAPES_PER_PAGE
 from tapekit.studio.runs import AgentSource, load_agents
 from tapekit.studio.security import SecurityMiddleware, is_loopback
-
-__all__ = ["STEPS_PER_PAGE", "TAPES_PER_PAGE", "create_app", "serve", "serve_in_thread"]
 
 logger = logging.getLogger(__name__)
 

@@ -36,8 +36,6 @@ from tapekit.studio.pages import (
 )
 from tapekit.studio.runs import next_actor
 
-__all__ = ["router"]
-
 router = APIRouter()
 """``/``, ``/tapes``, ``/tapes/{id}``, ``/tapes/{id}/steps/{index}`` and a step's attachments,
 ``/tapes/{id}/steps/{index}/{name}.{extension}``."""

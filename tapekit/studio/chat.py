@@ -43,8 +43,6 @@ from tapekit.studio.data import root_agent_name
 from tapekit.studio.pages import PageError, Studio, StudioDep, read_form
 from tapekit.studio.runs import RegisteredAgent
 
-__all__ = ["ChatLine", "chat_lines", "router"]
-
 router = APIRouter()
 """``/chat`` (the sessions waiting for a person, a form to start one), ``/chat/{id}`` and the
 answers posted to it."""

@@ -36,32 +36,6 @@ from tapekit.rendering import presentation, shorten, step_author, step_category
 from tapekit.store import TapeInfo, TapeStore
 from tapekit.views import TapeView, TapeViewStack
 
-__all__ = [
-    "BatchMatch",
-    "DiffRow",
-    "Panel",
-    "ShownAttachment",
-    "StepRow",
-    "TapeCache",
-    "UnknownStep",
-    "ViewInfo",
-    "attachment_bytes",
-    "batch_pairs",
-    "diff_rows",
-    "lenient_step",
-    "lenient_steps",
-    "lenient_tape",
-    "panel",
-    "restore_noted",
-    "root_agent_name",
-    "shown_fields",
-    "start_key",
-    "step_author",
-    "step_row",
-    "step_summary",
-    "view_infos",
-]
-
 SUMMARY_WIDTH = 240
 SHORT_TEXT = 80
 """A field's text up to this long, on one line, shows as a labelled value; longer, as a block."""

@@ -22,8 +22,6 @@ from tapekit.studio.pages import (
     page_of,
 )
 
-__all__ = ["router"]
-
 router = APIRouter()
 """``/diff`` and ``/diff/batches``."""
 

@@ -23,8 +23,6 @@ from tapekit.studio.runs import (
     truncated_tape,
 )
 
-__all__ = ["router"]
-
 router = APIRouter()
 """The edit, delete and append routes of a tape, and ``/runs``."""
 

@@ -27,25 +27,6 @@ from tapekit.studio.data import TapeCache, lenient_steps, lenient_tape, step_row
 from tapekit.studio.runs import RegisteredAgent
 from tapekit.studio.security import CsrfError, check_csrf
 
-__all__ = [
-    "MAX_BATCH",
-    "MAX_FORM_BYTES",
-    "STEPS_PER_PAGE",
-    "TAPES_PER_PAGE",
-    "PageError",
-    "Studio",
-    "StudioDep",
-    "int_param",
-    "maybe_info",
-    "page_count",
-    "page_of",
-    "read_form",
-    "readable",
-    "studio_of",
-    "tape_url",
-    "templates",
-]
-
 HERE = Path(__file__).parent
 STEPS_PER_PAGE = 200
 TAPES_PER_PAGE = 50

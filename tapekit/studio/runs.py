@@ -24,21 +24,6 @@ from tapekit.orchestrator import amain_loop
 from tapekit.recording import SessionRecorder
 from tapekit.store.base import TapeStore
 
-__all__ = [
-    "AgentSource",
-    "NothingToDoError",
-    "RegisteredAgent",
-    "RunResult",
-    "StepInputError",
-    "advance",
-    "appended_tape",
-    "edited_tape",
-    "load_agents",
-    "next_actor",
-    "parse_step",
-    "truncated_tape",
-]
-
 AgentSource = str | Agent | tuple[Agent, Environment] | Callable[[], Agent | tuple[Agent, Environment | None]]
 """What may register an agent: ``"module:attr"``, an agent, ``(agent, environment)``, or a
 callable returning either."""

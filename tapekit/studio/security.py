@@ -25,8 +25,6 @@ from starlette.responses import RedirectResponse, Response
 
 from tapekit.errors import TapekitError
 
-__all__ = ["AUTH_COOKIE", "CSRF_COOKIE", "CsrfError", "SecurityMiddleware", "check_csrf", "is_loopback"]
-
 AUTH_COOKIE = "tapekit_studio_auth"
 CSRF_COOKIE = "tapekit_studio_csrf"
 CSP = (

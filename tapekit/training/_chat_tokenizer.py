@@ -11,8 +11,6 @@ from tapekit.errors import TrainingError
 from tapekit.llm.base import answer_text
 from tapekit.llm.llamacpp import plain_messages
 
-__all__ = ["ChatTokenizer"]
-
 
 class ChatTokenizer:
     """The training tokenizer: wraps a Hugging Face tokenizer, a ``TransformersLLM`` or a

@@ -7,6 +7,8 @@
 ``TrainingError`` is :class:`tapekit.errors.TrainingError`.
 """
 
+# ruff: noqa: F401 - a deprecated shim: its imports are what it still offers
+
 from __future__ import annotations
 
 import warnings
@@ -25,27 +27,6 @@ from tapekit.training._hf import (
 from tapekit.training._progress import progress_callback, trainer_callbacks
 from tapekit.training._result import train_and_report, write_result
 from tapekit.training._trace import Trace, sample_hash, weights_hash
-
-__all__ = [
-    "PackedRowsCollator",
-    "Trace",
-    "TrainingError",
-    "_device",
-    "_dtype",
-    "dtype_note",
-    "load_dataset_source",
-    "load_model_and_tokenizer",
-    "lora_config",
-    "progress_callback",
-    "resume_argument",
-    "sample_hash",
-    "split_packed",
-    "train_and_report",
-    "trainer_callbacks",
-    "training_arguments",
-    "weights_hash",
-    "write_result",
-]
 
 warnings.warn(
     "tapekit.training._common is split by concept: import from tapekit.training._data, _hf, _trace, "

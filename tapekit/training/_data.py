@@ -14,8 +14,6 @@ from typing import Any
 from tapekit.errors import TrainingError
 from tapekit.training._hf import need_train_extra
 
-__all__ = ["PackedRowsCollator", "load_dataset_source", "split_packed"]
-
 
 def load_dataset_source(source: Any) -> Any:
     """A ``datasets.Dataset`` from a Dataset, a list of row dicts, or a path: ``.parquet``,

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PLAIN_HEAD_MODELS", "labelled_loss", "masked_token_logprobs", "plain_head_parts"]
-
 # model types whose causal-LM forward is logits = lm_head(decoder(...).last_hidden_state)
 PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 

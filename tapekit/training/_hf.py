@@ -16,17 +16,6 @@ from typing import Any
 from tapekit.errors import TrainingError
 from tapekit.training.config import TrainConfig
 
-__all__ = [
-    "compute_dtype",
-    "device_of",
-    "dtype_note",
-    "load_model_and_tokenizer",
-    "lora_config",
-    "need_train_extra",
-    "resume_argument",
-    "training_arguments",
-]
-
 
 def need_train_extra() -> None:
     try:

@@ -9,8 +9,6 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-__all__ = ["moved_to"]
-
 
 def moved_to(old: str, new: ModuleType) -> Callable[[str], Any]:
     """Warn that module ``old`` moved to ``new`` (pointing at the importing line) and return the

@@ -10,8 +10,6 @@ from typing import Any, Literal
 
 from tapekit.training.callbacks import hf_adapter, split_callbacks
 
-__all__ = ["progress_callback", "trainer_callbacks"]
-
 
 def progress_callback(total_label: str = "") -> Any:
     """A ``TrainerCallback`` that prints one line per logging step on the main process:

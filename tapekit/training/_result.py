@@ -12,8 +12,6 @@ from typing import Any
 from tapekit.training._hf import resume_argument
 from tapekit.training.config import TrainConfig
 
-__all__ = ["train_and_report", "write_result"]
-
 
 def write_result(trainer: Any, final_dir: Path, config: TrainConfig, extra: dict[str, Any]) -> Path:
     """Save the trained model (the adapter with LoRA) and tokenizer to ``final_dir`` on the main

@@ -11,8 +11,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Trace", "sample_hash", "weights_hash"]
-
 
 def sample_hash(ids: Sequence[int]) -> str:
     """A short content hash of one sample's token ids (what the data trace records)."""

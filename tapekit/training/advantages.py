@@ -6,5 +6,4 @@ from __future__ import annotations
 from tapekit.training import rl as _new
 from tapekit.training._moved import moved_to
 
-__all__ = _new.__all__
 __getattr__ = moved_to(__name__, _new)

@@ -27,17 +27,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tapekit.errors import TrainingError
 
-__all__ = [
-    "EarlyStopping",
-    "StepCallback",
-    "StepRecord",
-    "StopAfter",
-    "check_report_to",
-    "hf_adapter",
-    "notify",
-    "split_callbacks",
-]
-
 
 class StepRecord(BaseModel):
     """What one training step did, in the same shape for every trainer.

@@ -13,8 +13,6 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["DPOConfig", "LoraSettings", "SFTConfig", "TrainConfig", "load_config", "parse_overrides"]
-
 
 class LoraSettings(BaseModel):
     """LoRA adapter settings (peft): rank ``r``, scale ``alpha``, ``dropout`` and the modules

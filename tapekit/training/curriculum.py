@@ -28,8 +28,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-__all__ = ["CategorySampler", "FixedOrderSampler", "SECSampler", "UniformSampler", "boltzmann", "td0_update"]
-
 T = TypeVar("T")
 
 

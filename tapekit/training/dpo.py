@@ -32,8 +32,6 @@ from tapekit.training._result import train_and_report, write_result
 from tapekit.training.callbacks import check_report_to
 from tapekit.training.config import DPOConfig
 
-__all__ = ["PairSet", "PreferencePair", "diverging_pair", "preference_pairs", "train_dpo"]
-
 CallLookup = Callable[[str], Any]
 
 

@@ -27,8 +27,6 @@ from tapekit.llm.base import LLMCall
 from tapekit.store.base import TapeStore
 from tapekit.training._chat_tokenizer import ChatTokenizer
 
-__all__ = ["Break", "Drift", "SampleConfig", "SampleSet", "drift_report", "iter_samples", "make_samples"]
-
 LLMCalls = TapeStore | Mapping[str, LLMCall] | Iterable[LLMCall] | Callable[[str], LLMCall | None] | None
 """Where the LLM calls behind tapes' steps are found by prompt id: a store, a ``{prompt_id:
 LLMCall}`` mapping, the calls themselves, or a function of a prompt id (None: nowhere)."""

@@ -30,8 +30,6 @@ from tapekit.training._trace import Trace, sample_hash, weights_hash
 from tapekit.training.callbacks import check_report_to
 from tapekit.training.config import SFTConfig
 
-__all__ = ["build_sft_trainer", "labelled", "train_sft"]
-
 
 def _check_row(i: int, row: dict[str, Any], config: SFTConfig) -> str | None:
     """Why row ``i`` cannot be trained on (``None`` when it can; ``"long"`` when too long)."""

@@ -5,5 +5,4 @@ from __future__ import annotations
 from tapekit.testing import tiny as _new
 from tapekit.training._moved import moved_to
 
-__all__ = _new.__all__
 __getattr__ = moved_to(__name__, _new)

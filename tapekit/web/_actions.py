@@ -23,8 +23,6 @@ from tapekit.web.steps import (
     WebAction,
 )
 
-__all__ = ["FIELD_VALUE", "FILL_FORMATS", "Guard", "fill_problem", "perform"]
-
 Guard = Callable[[Coroutine[Any, Any, Any], str], Awaitable[Any]]
 """Runs one browser call under its deadline, named for the error (``BrowserPool.guard``)."""
 

@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-__all__ = ["HTML_TAGS", "SETTLE_AND_MARK", "TIMER_TRACKER"]
-
 # The standard HTML elements (https://html.spec.whatwg.org/ plus legacy ones): only these get a
 # bid, which keeps SVG internals and custom elements out, as BrowserGym's "standard_html" does.
 HTML_TAGS = (

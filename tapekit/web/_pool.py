@@ -43,16 +43,6 @@ from tapekit.web import _procs
 from tapekit.web._js import TIMER_TRACKER
 from tapekit.web.task import WebEnvironmentError
 
-__all__ = [
-    "CHROMIUM_ARGS",
-    "DEFAULT_CHROMIUM",
-    "BrowserGone",
-    "BrowserPool",
-    "OpenPage",
-    "PageHung",
-    "first_line",
-]
-
 logger = logging.getLogger("tapekit.web.environment")  # the records' name predates the split
 _T = TypeVar("_T")
 

@@ -9,8 +9,6 @@ import os
 import signal
 from pathlib import Path
 
-__all__ = ["alive", "descendants", "find_marked", "kill_tree", "parent"]
-
 _PROC = Path("/proc")
 
 

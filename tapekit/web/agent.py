@@ -53,21 +53,6 @@ from tapekit.web.steps import (
     parse_action,
 )
 
-__all__ = [
-    "DEFAULT_INSTRUCTION",
-    "TEXT_MAX_CHARS",
-    "THOUGHT_MAX_CHARS",
-    "EpisodeView",
-    "WebAbort",
-    "WebAgentNode",
-    "answer_schema",
-    "episode_view",
-    "llm_max_tokens",
-    "render_observation",
-    "web_agent",
-    "without_thoughts",
-]
-
 DEFAULT_INSTRUCTION = (
     "You operate a web browser to reach the goal. The page is shown as an accessibility tree, "
     'one element per line: [bid] role "name". Answer with the one next action, naming an element '

@@ -27,8 +27,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AXLine", "DomInfo", "flatten_axtree", "parse_axtree", "snapshot_bids"]
-
 # roles that are always worth a bid: the agent acts on them
 _CONTROL_ROLES = frozenset(
     {

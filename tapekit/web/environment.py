@@ -36,29 +36,16 @@ from typing import Any, Generic, Self, TypeVar, overload
 
 from tapekit.core import Observation, Tape, new_id
 from tapekit.environment import ENVIRONMENT_FAILURE, Environment, UnknownActionError, unanswered_actions
-from tapekit.web._actions import FILL_FORMATS, fill_problem, perform
+from tapekit.web._actions import FILL_FORMATS as FILL_FORMATS
+from tapekit.web._actions import fill_problem as fill_problem
+from tapekit.web._actions import perform
 from tapekit.web._js import HTML_TAGS, SETTLE_AND_MARK
-from tapekit.web._pool import (
-    CHROMIUM_ARGS,
-    DEFAULT_CHROMIUM,
-    BrowserGone,
-    BrowserPool,
-    OpenPage,
-    PageHung,
-    first_line,
-)
+from tapekit.web._pool import CHROMIUM_ARGS as CHROMIUM_ARGS
+from tapekit.web._pool import DEFAULT_CHROMIUM as DEFAULT_CHROMIUM
+from tapekit.web._pool import BrowserGone, BrowserPool, OpenPage, PageHung, first_line
 from tapekit.web.axtree import flatten_axtree, snapshot_bids
 from tapekit.web.steps import OpenTask, SendMsgToUser, WebAction, WebObservation
 from tapekit.web.task import TaskStatus, WebEnvironmentError, WebTask
-
-__all__ = [
-    "CHROMIUM_ARGS",
-    "DEFAULT_CHROMIUM",
-    "FILL_FORMATS",
-    "WebEnvironment",
-    "WebEnvironmentError",
-    "fill_problem",
-]
 
 _V = TypeVar("_V")
 

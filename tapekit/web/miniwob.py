@@ -39,26 +39,6 @@ from tapekit.evaluate import Score, Task
 from tapekit.web.steps import OpenTask, WebObservation
 from tapekit.web.task import TaskStatus, WebEnvironmentError, WebTask
 
-__all__ = [
-    "HELD_OUT_TASKS",
-    "SPLIT",
-    "STEP_LIMITS",
-    "TEACHERLESS_TASKS",
-    "TRAIN_TASKS",
-    "MiniWobSplit",
-    "MiniWobTask",
-    "all_tasks",
-    "check_tasks",
-    "episodes",
-    "eval_tasks",
-    "miniwob_html_dir",
-    "raw_reward",
-    "raw_reward_mean",
-    "reward_scorer",
-    "split_of",
-    "start_tape",
-]
-
 TRAIN_TASKS: tuple[str, ...] = (
     "click-button",
     "click-link",

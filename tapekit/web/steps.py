@@ -17,24 +17,6 @@ from pydantic import Field
 
 from tapekit.core import Action, Attachment, Observation, StepPresentation, Thought
 
-__all__ = [
-    "ACTION_CLASSES",
-    "Click",
-    "Fill",
-    "GoBack",
-    "Hover",
-    "Noop",
-    "OpenTask",
-    "Press",
-    "Scroll",
-    "SelectOption",
-    "SendMsgToUser",
-    "WebAction",
-    "WebObservation",
-    "WebThought",
-    "parse_action",
-]
-
 
 def _lit(value: Any, quote: str = '"') -> str:
     """A Python literal as BrowserGym's call text writes it: strings double-quoted and

@@ -11,8 +11,6 @@ from typing import Any
 
 from tapekit.errors import TapekitError
 
-__all__ = ["PageTask", "TaskStatus", "WebEnvironmentError", "WebTask"]
-
 
 class WebEnvironmentError(TapekitError, RuntimeError):
     """The browser environment cannot work: no Playwright, no browser executable, a launch that

@@ -34,8 +34,6 @@ from tapekit.web.steps import (
     WebThought,
 )
 
-__all__ = ["POLICIES", "Decision", "TeacherNode", "policy_for", "teach", "teacher_agent"]
-
 Decision = tuple[WebAction, str]
 """An action and its one-line rationale."""
 

@@ -22,83 +22,42 @@ package loads no torch: the functions import it when they run.
 
 from __future__ import annotations
 
-from tapekit.training.rl._advantages import GroupAdvantages, group_advantages, mean_abs_by_key
-from tapekit.training.rl._batch import RLBatch, group_minibatches, make_rl_batch
-from tapekit.training.rl._config import (
-    CurriculumConfig,
-    GRPOConfig,
-    RLConfig,
-    RLRunConfig,
-    RolloutConfig,
-    make_sampler,
-)
-from tapekit.training.rl._loop import RLRunResult, RLSetup, train_rl
-from tapekit.training.rl._loss import (
-    AGGREGATIONS,
-    Aggregation,
-    PolicyLoss,
-    aggregate,
-    k3_kl,
-    policy_loss,
-    token_logprobs,
-)
-from tapekit.training.rl._policies import (
-    LlamaCppPolicy,
-    LocalPolicy,
-    RemotePolicy,
-    RolloutPolicy,
-    make_policy,
-)
-from tapekit.training.rl._record import RLStepRecord
-from tapekit.training.rl._rollouts import (
-    RolloutBatch,
-    collect_rollouts,
-    live_groups,
-    merge_batches,
-    rollout_rows,
-    rollout_tags,
-    score_value,
-)
-from tapekit.training.rl._step import RLStepStats, grpo_step, merge_stats, reference_logprobs
-
-__all__ = [
-    "AGGREGATIONS",
-    "Aggregation",
-    "CurriculumConfig",
-    "GRPOConfig",
-    "GroupAdvantages",
-    "LlamaCppPolicy",
-    "LocalPolicy",
-    "PolicyLoss",
-    "RLBatch",
-    "RLConfig",
-    "RLRunConfig",
-    "RLRunResult",
-    "RLSetup",
-    "RLStepRecord",
-    "RLStepStats",
-    "RemotePolicy",
-    "RolloutBatch",
-    "RolloutConfig",
-    "RolloutPolicy",
-    "aggregate",
-    "collect_rollouts",
-    "group_advantages",
-    "group_minibatches",
-    "grpo_step",
-    "k3_kl",
-    "live_groups",
-    "make_policy",
-    "make_rl_batch",
-    "make_sampler",
-    "mean_abs_by_key",
-    "merge_batches",
-    "merge_stats",
-    "policy_loss",
-    "reference_logprobs",
-    "rollout_rows",
-    "rollout_tags",
-    "score_value",
-    "token_logprobs",
-    "train_rl",
-]
+from tapekit.training.rl._advantages import GroupAdvantages as GroupAdvantages
+from tapekit.training.rl._advantages import group_advantages as group_advantages
+from tapekit.training.rl._advantages import mean_abs_by_key as mean_abs_by_key
+from tapekit.training.rl._batch import RLBatch as RLBatch
+from tapekit.training.rl._batch import group_minibatches as group_minibatches
+from tapekit.training.rl._batch import make_rl_batch as make_rl_batch
+from tapekit.training.rl._config import CurriculumConfig as CurriculumConfig
+from tapekit.training.rl._config import GRPOConfig as GRPOConfig
+from tapekit.training.rl._config import RLConfig as RLConfig
+from tapekit.training.rl._config import RLRunConfig as RLRunConfig
+from tapekit.training.rl._config import RolloutConfig as RolloutConfig
+from tapekit.training.rl._config import make_sampler as make_sampler
+from tapekit.training.rl._loop import RLRunResult as RLRunResult
+from tapekit.training.rl._loop import RLSetup as RLSetup
+from tapekit.training.rl._loop import train_rl as train_rl
+from tapekit.training.rl._loss import AGGREGATIONS as AGGREGATIONS
+from tapekit.training.rl._loss import Aggregation as Aggregation
+from tapekit.training.rl._loss import PolicyLoss as PolicyLoss
+from tapekit.training.rl._loss import aggregate as aggregate
+from tapekit.training.rl._loss import k3_kl as k3_kl
+from tapekit.training.rl._loss import policy_loss as policy_loss
+from tapekit.training.rl._loss import token_logprobs as token_logprobs
+from tapekit.training.rl._policies import LlamaCppPolicy as LlamaCppPolicy
+from tapekit.training.rl._policies import LocalPolicy as LocalPolicy
+from tapekit.training.rl._policies import RemotePolicy as RemotePolicy
+from tapekit.training.rl._policies import RolloutPolicy as RolloutPolicy
+from tapekit.training.rl._policies import make_policy as make_policy
+from tapekit.training.rl._record import RLStepRecord as RLStepRecord
+from tapekit.training.rl._rollouts import RolloutBatch as RolloutBatch
+from tapekit.training.rl._rollouts import collect_rollouts as collect_rollouts
+from tapekit.training.rl._rollouts import live_groups as live_groups
+from tapekit.training.rl._rollouts import merge_batches as merge_batches
+from tapekit.training.rl._rollouts import rollout_rows as rollout_rows
+from tapekit.training.rl._rollouts import rollout_tags as rollout_tags
+from tapekit.training.rl._rollouts import score_value as score_value
+from tapekit.training.rl._step import RLStepStats as RLStepStats
+from tapekit.training.rl._step import grpo_step as grpo_step
+from tapekit.training.rl._step import merge_stats as merge_stats
+from tapekit.training.rl._step import reference_logprobs as reference_logprobs

@@ -20,8 +20,6 @@ import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["GroupAdvantages", "group_advantages", "mean_abs_by_key"]
-
 
 @dataclass(frozen=True)
 class GroupAdvantages:

@@ -21,8 +21,6 @@ from tapekit.training.rl._config import RLConfig
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["RLBatch", "group_minibatches", "make_rl_batch", "signal_minibatches"]
-
 
 @dataclass
 class RLBatch:

@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RLCheckpoint", "load_latest", "save_checkpoint"]
-
 LATEST = "latest.json"
 
 

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["AGGREGATIONS", "Aggregation", "PolicyLoss", "aggregate", "k3_kl", "policy_loss", "token_logprobs"]
 
 Aggregation = Literal["token", "sequence", "constant"]
 AGGREGATIONS: tuple[str, ...] = ("token", "sequence", "constant")

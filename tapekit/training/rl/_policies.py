@@ -47,8 +47,6 @@ from tapekit.llm.openai_compat import OpenAICompatibleLLM
 from tapekit.llm.server_pool import ServerPoolLLM
 from tapekit.training.rl._config import RLRunConfig
 
-__all__ = ["LlamaCppPolicy", "LocalPolicy", "RemotePolicy", "RolloutPolicy", "make_policy"]
-
 
 class RolloutPolicy(ABC):
     """Where rollouts are sampled: ``llm`` (what the agents call) and ``batcher`` (a lockstep

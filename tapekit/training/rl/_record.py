@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from tapekit.training.rl._rollouts import RolloutBatch
     from tapekit.training.rl._step import RLStepStats
 
-__all__ = ["RLStepRecord", "mean_std", "step_record"]
 
 # The record's fields in the order of a log line (``step`` first), and the two whose log name
 # is not their own; ``grad_norm`` and ``processes`` are written only when known.

@@ -31,8 +31,6 @@ from typing import Any
 from tapekit.llm._kv import cache_kwarg, cache_of, common_prefix_length, kv_layers
 from tapekit.training import _head_loss
 
-__all__ = ["COMMON_MIN", "prefix_groups", "shared_prefix_logprobs"]
-
 COMMON_MIN = 16
 """The shortest common prefix of a micro-batch's groups worth a forward pass of its own."""
 

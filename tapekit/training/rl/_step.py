@@ -32,8 +32,6 @@ from tapekit.training.rl._loss import policy_loss, token_logprobs
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["RLStepStats", "grpo_step", "merge_stats", "reference_logprobs"]
-
 
 @dataclass
 class RLStepStats:
