@@ -14,9 +14,8 @@ import argparse
 import sys
 from typing import Any
 
-from tapekit import main_loop
-from tapekit.llm.base import LLMError
-from tapekit.rendering import render_tape
+from tapekit import main_loop, render_tape
+from tapekit.llm import LLMError
 from tapekit.store import SQLiteStore
 from tapekit.testing.analyst import ENVIRONMENT, MeteredBrain, make_analyst, start_tape, team
 
@@ -28,15 +27,15 @@ def choose_llm(model: str, model_name: str) -> tuple[Any, bool]:
     if model == "scripted":  # words count as tokens, so the printed tape shows usage
         return MeteredBrain(), False
     if model == "embedded":
-        from tapekit.llm.llamacpp import LlamaCppLLM
+        from tapekit.llm import LlamaCppLLM
 
         return LlamaCppLLM(parameters={"temperature": 0.0, "max_tokens": 96, "repeat_penalty": 1.3}), True
     if model.startswith(("http://", "https://")):
-        from tapekit.llm.openai_compat import OpenAICompatibleLLM
+        from tapekit.llm import OpenAICompatibleLLM
 
         return OpenAICompatibleLLM(model_name=model_name, base_url=model), False
     if "/" in model:  # a LiteLLM provider string, e.g. anthropic/claude-3-5-haiku-latest
-        from tapekit.llm.litellm import LiteLLM
+        from tapekit.llm import LiteLLM
 
         return LiteLLM(model_name=model), False
     raise SystemExit(

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     llm = None
     if args.model != "scripted":
-        from tapekit.llm.openai_compat import OpenAICompatibleLLM
+        from tapekit.llm import OpenAICompatibleLLM
 
         llm = OpenAICompatibleLLM(model_name=args.model_name, base_url=args.model)
     reason = Sandbox.available()

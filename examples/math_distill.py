@@ -141,7 +141,7 @@ def teacher_llm(settings: Settings, oracle: Oracle) -> Any:
     """The oracle, or the OpenAI-compatible model named on the command line."""
     if settings.teacher_url is None:
         return FunctionLLM(model_name="oracle", fn=oracle, stream_chunks=False)
-    from tapekit.llm.openai_compat import OpenAICompatibleLLM
+    from tapekit.llm import OpenAICompatibleLLM
 
     return OpenAICompatibleLLM(
         model_name=settings.teacher_model or "default",
@@ -195,7 +195,7 @@ def tokenizer_texts(tapes: list[Tape[Any, Any]], system: str = SHORT_SYSTEM) -> 
     """What the tiny tokenizer is trained on: the student's conversations, every message as
     the chat template writes it (role line, ``[tool result]`` prefix), so the template's
     recurring words become single tokens (shorter samples, faster steps)."""
-    from tapekit.llm.llamacpp import plain_messages
+    from tapekit.llm import plain_messages
 
     texts = []
     for tape in tapes:
@@ -218,7 +218,7 @@ def student_agent(settings: Settings, llm: Any) -> Any:
 def make_samples(teacher_tapes: list[Tape[Any, Any]], student: Any, tokenizer: Any) -> Any:
     """Training samples (the training schema) of the student, from the teacher's tapes: each goes
     through ``student.reuse`` and is rendered with the student's chat template."""
-    from tapekit.training.samples import make_samples as tapekit_samples
+    from tapekit.training import make_samples as tapekit_samples
 
     samples = tapekit_samples(teacher_tapes, reuse_with=student, tokenizer=tokenizer)
     if samples.breaks:
@@ -230,8 +230,7 @@ def train_student(
     settings: Settings, rows: Any, model: Any, tokenizer: Any, lora: bool
 ) -> tuple[Path, float]:
     """SFT (full for the tiny model, LoRA for SmolLM2); returns the result and the seconds."""
-    from tapekit.training import SFTConfig, train_sft
-    from tapekit.training.config import LoraSettings
+    from tapekit.training import LoraSettings, SFTConfig, train_sft
 
     config = SFTConfig(
         output_dir=str(settings.out / f"sft-{settings.student}"),
@@ -276,7 +275,7 @@ def tiny_student(settings: Settings, adapted: list[Tape[Any, Any]]) -> tuple[Any
 
 def student_llm(settings: Settings, model_path: str | None, adapter_path: str | None = None) -> Any:
     """The student's greedy TransformersLLM."""
-    from tapekit.llm.transformers import TransformersLLM
+    from tapekit.llm import TransformersLLM
 
     return TransformersLLM(
         model_name=f"{settings.student}-student",

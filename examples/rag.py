@@ -44,8 +44,8 @@ from typing import Any, Literal
 
 from tapekit import Agent, FunctionLLM, Node, Prompt, Tape, Thought, ToolEnvironment, main_loop
 from tapekit.evaluate import Score, Task
-from tapekit.frameworks.function import InputField, LLMFunctionNode, OutputField, StepSource
-from tapekit.llm.base import LLM, LLMStream
+from tapekit.frameworks import InputField, LLMFunctionNode, OutputField, StepSource
+from tapekit.llm import LLM, LLMStream
 from tapekit.optimize import (
     AddDemos,
     BootstrapFewShot,

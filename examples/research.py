@@ -14,7 +14,7 @@ import asyncio
 import sys
 import time
 
-from tapekit.rendering import render_tape
+from tapekit import render_tape
 from tapekit.testing.research import arun, make_lead, start_tape
 
 

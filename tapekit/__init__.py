@@ -4,18 +4,9 @@ The tape is a typed, granular log of an agent session that is also its resumable
 Everything a user needs is re-exported here; submodules hold the implementation.
 """
 
+from tapekit._engine.runs import node_run_steps
 from tapekit._version import __version__ as __version__
-from tapekit.agent import (
-    Agent,
-    AgentError,
-    AgentEvent,
-    AgentStream,
-    AsyncAgentStream,
-    Node,
-    NodeRun,
-    ReconstructionError,
-    node_run_steps,
-)
+from tapekit.agent import Agent, Node, NodeRun
 from tapekit.core import (
     Action,
     Attachment,
@@ -52,6 +43,7 @@ from tapekit.dialog import (
 )
 from tapekit.effects import InDoubtToolCall, tool_call_key
 from tapekit.environment import (
+    ENVIRONMENT_FAILURE,
     Environment,
     ExternalObservationNeeded,
     Tool,
@@ -60,8 +52,9 @@ from tapekit.environment import (
     tool,
     unanswered_actions,
 )
-from tapekit.errors import TapekitError
+from tapekit.errors import AgentError, ReconstructionError, TapekitError
 from tapekit.evaluate import EvalReport, Score, Task, aevaluate, evaluate, rescore
+from tapekit.events import AgentEvent, AgentStream, AsyncAgentStream
 from tapekit.llm import LLM, FunctionLLM, LLMCall, LLMStream, ReplayLLM, ScriptedLLM, TrainingText
 from tapekit.nodes import ToolCallingNode
 from tapekit.optimize import AddDemos, BootstrapFewShot, InstructionSearch, Reflective, optimize
@@ -77,8 +70,15 @@ from tapekit.orchestrator import (
     reconstruct_llm_calls,
     replay_tape,
 )
+from tapekit.rendering import render_tape, step_summary
 from tapekit.store import TapeFilter, TapeInfo, TapeNotFoundError, TapeStore, open_store
-from tapekit.structured import LLMOutputParsingFailure, StructuredNode, parse_steps, steps_schema
+from tapekit.structured import (
+    LLMOutputParsingFailure,
+    StepParsingError,
+    StructuredNode,
+    parse_steps,
+    steps_schema,
+)
 from tapekit.views import TapeView, TapeViewStack, cached_fold
 
 # names loaded from their module on first access, so that `import tapekit` stays light: the LLM
@@ -122,6 +122,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ENVIRONMENT_FAILURE",
     "LLM",
     "Action",
     "AddDemos",
@@ -178,6 +179,7 @@ __all__ = [
     "SetNextNode",
     "Step",
     "StepMetadata",
+    "StepParsingError",
     "StepPresentation",
     "StepSequence",
     "StepSource",  # tapekit.frameworks
@@ -220,8 +222,10 @@ __all__ = [
     "optimize",
     "parse_steps",
     "reconstruct_llm_calls",
+    "render_tape",
     "replay_tape",
     "rescore",
+    "step_summary",
     "steps_schema",
     "tool",
     "tool_call_key",

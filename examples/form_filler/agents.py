@@ -50,11 +50,22 @@ from examples.form_filler.steps import (
     UpdateFunctionParametersThought,
     VerifyValuesThought,
 )
-from tapekit import Agent, LLMOutput, Node, Prompt, SetNextNode, Step, StopStep, Tape, node_run_steps
-from tapekit.core import Action
-from tapekit.dialog import UserStep
-from tapekit.llm.base import LLM, LLMStream
-from tapekit.structured import LLMOutputParsingFailure, StepParsingError
+from tapekit import (
+    Action,
+    Agent,
+    LLMOutput,
+    LLMOutputParsingFailure,
+    Node,
+    Prompt,
+    SetNextNode,
+    Step,
+    StepParsingError,
+    StopStep,
+    Tape,
+    UserStep,
+    node_run_steps,
+)
+from tapekit.llm import LLM, LLMStream
 
 __all__ = [
     "INTENT_STEPS",

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from examples.form_filler.greadth_rules import AgentTurn
-from tapekit.llm.base import LLMCall, llm_calls_of
+from tapekit.llm import LLMCall, llm_calls_of
 
 __all__ = ["PAPER_PRICES", "CallLookup", "Price", "call_lookup", "check_prices", "turn_calls"]
 

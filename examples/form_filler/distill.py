@@ -28,10 +28,8 @@ from examples.form_filler.render import turn_context
 from examples.form_filler.schema import FormSet
 from examples.form_filler.steps import GatherValuesThought, VerifyValuesThought
 from examples.form_filler.tree import Branch
-from tapekit import Agent, FunctionLLM, ReconstructionError, Tape
+from tapekit import Agent, FunctionLLM, ReconstructionError, StepSequence, Tape, UserStep
 from tapekit.batch import batch
-from tapekit.core import StepSequence
-from tapekit.dialog import UserStep
 
 __all__ = [
     "StudentConfig",
@@ -76,7 +74,7 @@ def reusable(tapes: Iterable[Tape[Any, Any]], student: Agent) -> list[Tape[Any, 
 def student_samples(tapes: list[Tape[Any, Any]], student: Agent, tokenizer: Any) -> Any:
     """The student's training rows (a ``datasets.Dataset``) from prepared teacher tapes,
     each distinct row once."""
-    from tapekit.training.samples import make_samples
+    from tapekit.training import make_samples
 
     rows = make_samples(tapes, reuse_with=student, tokenizer=tokenizer, merge=False).dataset
     seen: set[tuple[int, ...]] = set()
@@ -148,8 +146,7 @@ def tiny_student(config: StudentConfig, texts: list[str]) -> tuple[Any, Any, Pat
 
 def train_student(config: StudentConfig, rows: Any, model: Any, tokenizer: Any) -> tuple[Path, float]:
     """SFT: full for the tiny model, LoRA for SmolLM2; returns the result's path and seconds."""
-    from tapekit.training import SFTConfig, train_sft
-    from tapekit.training.config import LoraSettings
+    from tapekit.training import LoraSettings, SFTConfig, train_sft
 
     lora = config.kind != "tiny"
     sft = SFTConfig(
@@ -177,8 +174,7 @@ def student_llm(config: StudentConfig, model_path: str | None, adapter_path: str
     its LoRA adapter converted to GGUF (:func:`tapekit.llm.export_lora_gguf`), several times
     faster than transformers on a CPU; any other model through ``TransformersLLM``."""
     if model_path is None:
-        from tapekit.llm import LlamaCppLLM, export_lora_gguf
-        from tapekit.llm.llamacpp import smollm2_path
+        from tapekit.llm import LlamaCppLLM, export_lora_gguf, smollm2_path
 
         lora = None
         if adapter_path is not None:
@@ -188,7 +184,7 @@ def student_llm(config: StudentConfig, model_path: str | None, adapter_path: str
             lora_path=lora,
             parameters={"temperature": 0.0, "max_tokens": config.max_tokens},
         )
-    from tapekit.llm.transformers import TransformersLLM
+    from tapekit.llm import TransformersLLM
 
     return TransformersLLM(
         model_name=f"{config.kind}-student",
@@ -202,7 +198,7 @@ def student_llm(config: StudentConfig, model_path: str | None, adapter_path: str
 def trainable(config: StudentConfig, model_path: str | None) -> tuple[Any, Any]:
     """The student's model and tokenizer for training, through transformers (the embedded
     SmolLM2 de-quantised from its GGUF: the weights llama.cpp decodes with)."""
-    from tapekit.llm.transformers import TransformersLLM
+    from tapekit.llm import TransformersLLM
 
     return TransformersLLM(model_name=f"{config.kind}-student", model_path=model_path).load()
 

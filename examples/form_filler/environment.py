@@ -31,9 +31,16 @@ from examples.form_filler.steps import (
     PromptUserForTextMessageAction,
     ResolveFunctionAction,
 )
-from tapekit.core import Action, Observation, Tape
-from tapekit.dialog import UserStep
-from tapekit.environment import Environment, ExternalObservationNeeded, UnknownActionError, unanswered_actions
+from tapekit import (
+    Action,
+    Environment,
+    ExternalObservationNeeded,
+    Observation,
+    Tape,
+    UnknownActionError,
+    UserStep,
+    unanswered_actions,
+)
 
 __all__ = ["FormFillerEnvironment", "UserHook"]
 

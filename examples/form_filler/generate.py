@@ -23,8 +23,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from examples.form_filler.schema import Company, FunctionSchema, check_function_schema
-from tapekit.core import Prompt
-from tapekit.llm.base import LLM
+from tapekit import Prompt
+from tapekit.llm import LLM
 
 __all__ = [
     "GenerationError",

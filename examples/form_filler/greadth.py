@@ -58,9 +58,9 @@ from examples.form_filler.costs import Price, call_lookup, check_prices, turn_ca
 from examples.form_filler.greadth_labels import TurnLabels, label_turns, labelled_turns
 from examples.form_filler.greadth_rules import CRITERIA, SHORT_NAMES
 from examples.form_filler.judge import GreadthJudge, as_judge
-from tapekit.core import Tape
+from tapekit import Tape
 from tapekit.evaluate import Estimate, JsonReport, bootstrap_mean, mcnemar_exact, paired_difference
-from tapekit.llm.base import LLMCall
+from tapekit.llm import LLMCall
 
 __all__ = [
     "METRICS",

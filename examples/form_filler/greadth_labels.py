@@ -23,7 +23,7 @@ from examples.form_filler.greadth_rules import (
     rule_labels,
 )
 from examples.form_filler.judge import GreadthJudge, JudgeVerdict, as_judge
-from tapekit.core import Tape
+from tapekit import Tape
 
 __all__ = ["Source", "TurnLabels", "label_turns", "labelled_turns"]
 

@@ -86,9 +86,7 @@ from examples.form_filler.steps import (
     RequestFunctionThought,
     UpdateFunctionParametersThought,
 )
-from tapekit.core import Action, ControlStep, Step, Tape, Thought
-from tapekit.dialog import UserStep
-from tapekit.structured import LLMOutputParsingFailure
+from tapekit import Action, ControlStep, LLMOutputParsingFailure, Step, Tape, Thought, UserStep
 
 __all__ = [
     "CRITERIA",

@@ -30,10 +30,8 @@ from examples.form_filler.steps import (
     FunctionSchemaObservation,
     PromptUserForTextMessageAction,
 )
-from tapekit.core import ControlStep, Prompt, Step
-from tapekit.dialog import UserStep
-from tapekit.errors import TapekitError
-from tapekit.llm.base import LLM
+from tapekit import ControlStep, Prompt, Step, TapekitError, UserStep
+from tapekit.llm import LLM
 
 __all__ = [
     "CRITERION_QUESTIONS",

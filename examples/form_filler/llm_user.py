@@ -23,9 +23,8 @@ from typing import Any
 
 from examples.form_filler.steps import CallFunctionAction, ExitAction, PromptUserForTextMessageAction
 from examples.form_filler.users import UserBehavior, UserIntent, purpose_of, respond
-from tapekit.core import Prompt, Step, Tape
-from tapekit.dialog import UserStep
-from tapekit.llm.base import LLM, LLMError
+from tapekit import Prompt, Step, Tape, UserStep
+from tapekit.llm import LLM, LLMError
 
 __all__ = ["USER_TEMPLATE", "LLMUser", "clean_reply", "render_dialogue"]
 

@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from examples.form_filler.schema import FunctionSchema, check_value
-from tapekit.core import Prompt
-from tapekit.llm.base import LLMEvent
-from tapekit.llm.scripted import FunctionLLM
+from tapekit import Prompt
+from tapekit.llm import FunctionLLM, LLMEvent
 
 __all__ = ["Oracle", "OracleLLM", "Reading", "read_message", "sections_of"]
 

@@ -30,9 +30,7 @@ from examples.form_filler.steps import (
     RequestFunctionCallConfirmationThought,
     RequestFunctionParametersThought,
 )
-from tapekit.core import Observation, SetNextNode, Step, Tape
-from tapekit.dialog import UserStep
-from tapekit.structured import StepParsingError
+from tapekit import Observation, SetNextNode, Step, StepParsingError, Tape, UserStep
 
 __all__ = [
     "TurnContext",

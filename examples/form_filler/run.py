@@ -229,7 +229,7 @@ def teacher_agent(settings: Settings) -> Any:
     """The teacher on the oracle, or on the OpenAI-compatible model named on the command line."""
     if settings.teacher_url is None:
         return make_teacher(OracleLLM(error_rate=settings.error_rate))
-    from tapekit.llm.openai_compat import OpenAICompatibleLLM
+    from tapekit.llm import OpenAICompatibleLLM
 
     llm = OpenAICompatibleLLM(
         model_name=settings.teacher_model or "default",
@@ -243,7 +243,7 @@ def user_llm(settings: Settings) -> LLMUser | None:
     """The LLM that words the users' turns (``--user-url``), or None: the programs do."""
     if settings.user_url is None:
         return None
-    from tapekit.llm.openai_compat import OpenAICompatibleLLM
+    from tapekit.llm import OpenAICompatibleLLM
 
     llm = OpenAICompatibleLLM(
         model_name=settings.user_model or "default",

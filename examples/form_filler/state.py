@@ -25,8 +25,7 @@ from examples.form_filler.steps import (
     RequestFunctionThought,
     UpdateFunctionParametersThought,
 )
-from tapekit.core import Step
-from tapekit.dialog import UserStep
+from tapekit import Step, UserStep
 
 __all__ = ["FormState", "form_state"]
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from examples.form_filler.schema import FunctionSchema
-from tapekit.core import Action, Observation, Thought
+from tapekit import Action, Observation, Thought
 
 __all__ = [
     "ACTIONS",

@@ -35,10 +35,8 @@ from examples.form_filler.schema import Company
 from examples.form_filler.state import form_state
 from examples.form_filler.steps import PromptUserForTextMessageAction
 from examples.form_filler.users import UserBehavior, UserIntent, make_intent, respond
-from tapekit import Agent, Tape
+from tapekit import Agent, StepSequence, Tape, TapeMetadata, UserStep
 from tapekit.batch import batch
-from tapekit.core import StepSequence, TapeMetadata
-from tapekit.dialog import UserStep
 
 __all__ = ["GREETING", "Branch", "Tree", "TreeSettings", "grow_tree", "root_tape"]
 

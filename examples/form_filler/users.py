@@ -20,8 +20,7 @@ from typing import Any, ClassVar, Literal
 
 from examples.form_filler.schema import Company, FunctionSchema
 from examples.form_filler.state import FormState, form_state
-from tapekit.core import StepMetadata, Tape
-from tapekit.dialog import UserStep
+from tapekit import StepMetadata, Tape, UserStep
 
 __all__ = [
     "BehaviorNotApplicable",

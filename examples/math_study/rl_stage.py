@@ -30,7 +30,7 @@ from .problems import ALL_LEVELS, DIFFICULTIES, HARDER, LEVELS, Problem, difficu
 from .scoring import MAX_LOOPS, SCORERS, evaluate_agent, pass_at_1_text, step_credit, tasks_for
 
 if TYPE_CHECKING:
-    from tapekit.training.rl import RLStepRecord
+    from tapekit.training import RLStepRecord
 
 __all__ = [
     "RLStageResult",
@@ -144,7 +144,7 @@ def math_setup(
     lenient and step credit (:func:`~examples.math_study.scoring.step_credit`) reported, ``reward``
     names the one trained on; ``arms`` ("levels" or "sizes") grades the tasks' categories, which
     are the curriculum's arms."""
-    from tapekit.training.rl import RLSetup
+    from tapekit.training import RLSetup
 
     grade, _ = arms_named(arms)
     return RLSetup(
@@ -161,7 +161,7 @@ def heldout_eval(
 ) -> EvalReport:
     """Greedy evaluation of the model on ``tasks`` (the validation split), every problem at
     once (batched ``generate``)."""
-    from tapekit.llm.batched import BatchedTransformersLLM
+    from tapekit.llm import BatchedTransformersLLM
 
     llm = BatchedTransformersLLM.from_model(
         model, tokenizer, model_name="tiny-rl", temperature=0.0, max_tokens=48
@@ -198,13 +198,15 @@ def rl_stage(
     echo: Any = print,
 ) -> RLStageResult:
     """RL on ``model`` (in place) over the ``train`` problems within ``settings.seconds``."""
-    from tapekit.training.callbacks import StepCallback, StepRecord, StopAfter
-    from tapekit.training.rl import (
+    from tapekit.training import (
         CurriculumConfig,
         GRPOConfig,
         RLRunConfig,
         RLStepRecord,
         RolloutConfig,
+        StepCallback,
+        StepRecord,
+        StopAfter,
         train_rl,
     )
 

@@ -94,7 +94,7 @@ def cmd_probe(out: Path) -> dict[str, Any]:
     from examples.math_study.scoring import MAX_LOOPS, SCORERS
     from tapekit import open_store
     from tapekit.evaluate import evaluate
-    from tapekit.llm.batched import BatchedTransformersLLM
+    from tapekit.llm import BatchedTransformersLLM
     from tapekit.testing.tiny import load_tiny
 
     torch.set_num_threads(1)

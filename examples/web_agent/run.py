@@ -32,9 +32,16 @@ from tapekit import Agent, evaluate, open_store
 from tapekit.evaluate import EvalReport, Task
 from tapekit.llm import LlamaCppLLM, OpenAICompatibleLLM
 from tapekit.optimize import BootstrapFewShot, optimize
-from tapekit.web import WebEnvironment, WebObservation, web_agent
-from tapekit.web.miniwob import SPLIT, eval_tasks, raw_reward_mean, reward_scorer
-from tapekit.web.teacher import teacher_agent
+from tapekit.web import (
+    SPLIT,
+    WebEnvironment,
+    WebObservation,
+    eval_tasks,
+    raw_reward_mean,
+    reward_scorer,
+    teacher_agent,
+    web_agent,
+)
 
 QUICK_TASKS = ["click-button", "focus-text"]
 

@@ -49,8 +49,11 @@ from tapekit import evaluate, open_store
 from tapekit.evaluate import EvalReport, Task
 from tapekit.llm import BatchedTransformersLLM, TransformersLLM
 from tapekit.training import (
+    CurriculumConfig,
+    GRPOConfig,
     RLRunConfig,
     RLSetup,
+    RolloutConfig,
     SFTConfig,
     StepCallback,
     StepRecord,
@@ -58,10 +61,17 @@ from tapekit.training import (
     train_rl,
     train_sft,
 )
-from tapekit.training.rl import CurriculumConfig, GRPOConfig, RolloutConfig
-from tapekit.web import WebEnvironment, web_agent, without_thoughts
-from tapekit.web.miniwob import SPLIT, eval_tasks, raw_reward_mean, reward_scorer, start_tape
-from tapekit.web.teacher import teacher_agent
+from tapekit.web import (
+    SPLIT,
+    WebEnvironment,
+    eval_tasks,
+    raw_reward_mean,
+    reward_scorer,
+    start_tape,
+    teacher_agent,
+    web_agent,
+    without_thoughts,
+)
 
 ARMS = ("sft", "sft_rl", "rl")
 QUICK_TASK = "click-dialog"  # the same element solves every seed: see --quick
@@ -498,7 +508,7 @@ def sampled_success(store: Any, run: str, steps: int, last: int = 2) -> dict[str
     left out, as GRPO leaves them out. A check of learning on training seeds, not a held-out
     figure.
     """
-    from tapekit.environment import ENVIRONMENT_FAILURE
+    from tapekit import ENVIRONMENT_FAILURE
     from tapekit.store import TapeFilter
 
     per_step: list[dict[str, list[float]]] = []

@@ -11,13 +11,23 @@ import importlib
 from typing import Any
 
 from tapekit.core import LLMOutput, Prompt, ToolCallRequest
-from tapekit.llm.base import LLM, LLMCall, LLMError, LLMEvent, LLMStream, TokenTrace, TrainingText
+from tapekit.llm.base import (
+    LLM,
+    LLMCall,
+    LLMError,
+    LLMEvent,
+    LLMStream,
+    TokenTrace,
+    TrainingText,
+    llm_calls_of,
+)
 from tapekit.llm.cached import CachedLLM
+from tapekit.llm.fingerprint import hf_tokenizer_fingerprint
 from tapekit.llm.replay import ReplayLLM, ReplayMissError
 from tapekit.llm.scripted import FunctionLLM, ScriptedLLM
 from tapekit.llm.wrapper import WrapperLLM
 
-# backend name -> the module that defines it, imported on first access
+# backend name (or a backend's helper) -> the module that defines it, imported on first access
 _BACKENDS = {
     "BatchedTransformersLLM": "tapekit.llm.batched",
     "ServerPoolLLM": "tapekit.llm.server_pool",
@@ -27,11 +37,14 @@ _BACKENDS = {
     "TransformersLLM": "tapekit.llm.transformers",
     "export_lora_gguf": "tapekit.llm.gguf_lora",
     "export_model_gguf": "tapekit.llm.gguf_model",
+    # the llama.cpp backend's helpers: the SmolLM2 GGUF file, and messages as plain text
+    "plain_messages": "tapekit.llm.llamacpp",
+    "smollm2_path": "tapekit.llm.llamacpp",
 }
 
 
 def __getattr__(name: str) -> Any:
-    """The backend classes, imported when first asked for."""
+    """The backend classes (and their helpers), imported when first asked for."""
     module = _BACKENDS.get(name)
     if module is None:
         raise AttributeError(f"module 'tapekit.llm' has no attribute {name!r}")
@@ -69,4 +82,8 @@ __all__ = [
     "WrapperLLM",
     "export_lora_gguf",
     "export_model_gguf",
+    "hf_tokenizer_fingerprint",
+    "llm_calls_of",
+    "plain_messages",
+    "smollm2_path",
 ]

@@ -4,7 +4,10 @@ Every trainer is a config/trainer pair (:class:`SFTConfig` and :func:`train_sft`
 :class:`DPOConfig` and :func:`train_dpo`, :class:`RLRunConfig` and :func:`train_rl`, whose
 parts are in :mod:`tapekit.training.rl`) and takes ``callbacks``: :class:`StepCallback` objects
 that see each step's typed :class:`StepRecord` (RL's: :class:`RLStepRecord`) and can stop the
-run (:class:`StopAfter`, :class:`EarlyStopping`). The tiny local model for tests is
+run (:class:`StopAfter`, :class:`EarlyStopping`). RL's config sections (:class:`GRPOConfig`,
+:class:`RolloutConfig`, :class:`CurriculumConfig`), one GRPO step's parts (:class:`RLConfig`,
+:func:`make_rl_batch`, :func:`group_advantages`, :func:`grpo_step`) and the curriculum's
+:class:`SECSampler` are exported here too. The tiny local model for tests is
 :mod:`tapekit.testing.tiny`.
 
 Importing this package is light: the trainers and their heavy dependencies (torch,
@@ -18,13 +21,16 @@ from typing import Any
 
 __all__ = [
     "Break",
+    "CurriculumConfig",
     "DPOConfig",
     "Drift",
     "EarlyStopping",
+    "GRPOConfig",
     "LocalPolicy",
     "LoraSettings",
     "PairSet",
     "PreferencePair",
+    "RLConfig",
     "RLRunConfig",
     "RLRunResult",
     "RLSetup",
@@ -32,6 +38,8 @@ __all__ = [
     "RemotePolicy",
     "ReportTo",
     "RolloutBatch",
+    "RolloutConfig",
+    "SECSampler",
     "SFTConfig",
     "SampleConfig",
     "SampleSet",
@@ -41,8 +49,11 @@ __all__ = [
     "TrainingError",
     "collect_rollouts",
     "drift_report",
+    "group_advantages",
+    "grpo_step",
     "iter_samples",
     "load_config",
+    "make_rl_batch",
     "make_samples",
     "preference_pairs",
     "rollout_rows",
@@ -84,6 +95,14 @@ _WHERE = {
     "train_rl": "tapekit.training.rl",
     "LocalPolicy": "tapekit.training.rl",
     "RemotePolicy": "tapekit.training.rl",
+    "CurriculumConfig": "tapekit.training.rl",
+    "GRPOConfig": "tapekit.training.rl",
+    "RLConfig": "tapekit.training.rl",
+    "RolloutConfig": "tapekit.training.rl",
+    "group_advantages": "tapekit.training.rl",
+    "grpo_step": "tapekit.training.rl",
+    "make_rl_batch": "tapekit.training.rl",
+    "SECSampler": "tapekit.training.curriculum",
 }
 
 
@@ -93,3 +112,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'tapekit.training' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})

@@ -7,9 +7,11 @@ with a committed split, programmatic teachers and the LLM agent.
   episode, tapes that resume from any cut (see :mod:`tapekit.web.environment`); under it a
   browser pool that launches and relaunches the browser, puts a deadline on every call, makes
   spare pages ahead and bounds the pages open (:mod:`tapekit.web._pool`).
-- :mod:`tapekit.web.miniwob`: the tasks of the ``miniwob`` wheel, the split, evaluation tasks
-  and the reward scorer.
-- :mod:`tapekit.web.teacher`: policies that read only the goal and the observation.
+- MiniWob++: the tasks of the ``miniwob`` wheel, the split (:data:`SPLIT`,
+  :data:`TEACHERLESS_TASKS`), a task's first tape (:func:`start_tape`), evaluation tasks
+  (:func:`eval_tasks`, :func:`episodes`) and the reward scorer (:func:`reward_scorer`,
+  :func:`raw_reward_mean`).
+- :func:`teacher_agent`: programmatic policies that read only the goal and the observation.
 - :func:`web_agent` / :class:`WebAgentNode`: the LLM agent (one node, any backend; the prompt
   holds the current observation and the last actions, never the whole tape).
 
@@ -17,6 +19,7 @@ Importing this package does not import Playwright; the browser starts with the f
 See docs/web.md.
 """
 
+from tapekit.web._pool import CHROMIUM_ARGS, DEFAULT_CHROMIUM
 from tapekit.web.agent import (
     DEFAULT_INSTRUCTION,
     TEXT_MAX_CHARS,
@@ -32,7 +35,16 @@ from tapekit.web.agent import (
     without_thoughts,
 )
 from tapekit.web.axtree import AXLine, flatten_axtree, parse_axtree
-from tapekit.web.environment import CHROMIUM_ARGS, DEFAULT_CHROMIUM, WebEnvironment
+from tapekit.web.environment import WebEnvironment
+from tapekit.web.miniwob import (
+    SPLIT,
+    TEACHERLESS_TASKS,
+    episodes,
+    eval_tasks,
+    raw_reward_mean,
+    reward_scorer,
+    start_tape,
+)
 from tapekit.web.steps import (
     ACTION_CLASSES,
     Click,
@@ -51,12 +63,15 @@ from tapekit.web.steps import (
     parse_action,
 )
 from tapekit.web.task import PageTask, TaskStatus, WebEnvironmentError, WebTask
+from tapekit.web.teacher import teacher_agent
 
 __all__ = [
     "ACTION_CLASSES",
     "CHROMIUM_ARGS",
     "DEFAULT_CHROMIUM",
     "DEFAULT_INSTRUCTION",
+    "SPLIT",
+    "TEACHERLESS_TASKS",
     "TEXT_MAX_CHARS",
     "THOUGHT_MAX_CHARS",
     "AXLine",
@@ -83,11 +98,17 @@ __all__ = [
     "WebThought",
     "answer_schema",
     "episode_view",
+    "episodes",
+    "eval_tasks",
     "flatten_axtree",
     "llm_max_tokens",
     "parse_action",
     "parse_axtree",
+    "raw_reward_mean",
     "render_observation",
+    "reward_scorer",
+    "start_tape",
+    "teacher_agent",
     "web_agent",
     "without_thoughts",
 ]
