@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--val-seeds", type=int, default=20)
     p.add_argument("--test-seeds", type=int, default=40, help="test seeds per RL task")
     p.add_argument("--forgetting-seeds", type=int, default=20, help="test seeds per teacher task")
-    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--lr", type=float, default=3e-5)
     p.add_argument("--kl-coef", type=float, default=0.0)
