@@ -163,6 +163,7 @@ def test_rl_keeps_its_defaults_and_restates_no_field_of_another_config() -> None
         "temperature": ["RolloutConfig", "RLConfig"],
         "max_tokens": ["RolloutConfig", "RLConfig"],
         "max_grad_norm": ["TrainConfig", "RLConfig"],
+        "group_key": ["GRPOConfig", "RLConfig"],  # the run's choice (task_id/category); any column per step
     }
     own = set(RLRunConfig.__annotations__)
     assert own == {"setup", "setup_args", "run_name", "steps", "mode", "max_staleness", "checkpoint"} | {

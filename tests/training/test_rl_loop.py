@@ -603,7 +603,7 @@ def test_groups_by_category_compare_tasks_whose_own_attempts_agree() -> None:
         live_groups(batch, "page")
     config = RLRunConfig(grpo={"group_key": "category"})
     assert config.step_config(0).group_key == "category"
-    with pytest.raises(ValueError, match="needs grpo.group_key 'task_id'"):
+    with pytest.raises(ValueError, match=r"needs grpo\.group_key 'task_id'"):
         RLRunConfig(grpo={"group_key": "category"}, rollouts={"resample_rounds": 1})
     with pytest.raises(ValueError, match="group_key"):
         RLRunConfig(grpo={"group_key": "page"})

@@ -50,7 +50,6 @@ class _StepKnobs(BaseModel):
     micro_batch_size: int | None = Field(None, gt=0)
     negative_scale: float = Field(1.0, ge=0, le=1)
     share_prefix: bool = True
-    group_key: str = "task_id"
 
 
 class GRPOConfig(_StepKnobs):
@@ -95,6 +94,7 @@ class RLConfig(_StepKnobs):
     temperature: float = Field(1.0, gt=0)
     max_tokens: int | None = None
     max_grad_norm: float = 1.0
+    group_key: str = "task_id"
     pad_id: int = 0
 
     @model_validator(mode="after")
@@ -323,6 +323,7 @@ class RLRunConfig(TrainConfig):
             temperature=self.rollouts.temperature,
             max_tokens=self.rollouts.max_tokens if self.grpo.aggregation == "constant" else None,
             max_grad_norm=self.max_grad_norm,
+            group_key=self.grpo.group_key,
             pad_id=pad_id,
         )
 
