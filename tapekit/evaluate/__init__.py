@@ -20,7 +20,10 @@ The statistics (:mod:`tapekit.evaluate._stats`, formulas there) are exported her
 system, :func:`seed_paired_difference` when each arm was trained with several training seeds
 (the seed is the unit: an item bootstrap inside tasks and a seed-level Student-t interval), and
 the exact helpers :func:`clopper_pearson`, :func:`student_t_interval` and
-:func:`student_t_quantile`. Every bootstrap defaults to 10,000 resamples.
+:func:`student_t_quantile`. :func:`bootstrap_configs` reads a hyperparameter sweep's runs
+(:func:`tapekit.training.run_sweep`): the best configuration's score with an interval that
+accounts for choosing it, and each hyperparameter's effect (:mod:`tapekit.evaluate._configs`).
+Every bootstrap defaults to 10,000 resamples.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tapekit._sync import run_sync
 from tapekit.core import StepSequence, Tape
+from tapekit.evaluate._configs import ConfigBootstrap, ConfigScore, ValueEffect, bootstrap_configs
 from tapekit.evaluate._report import EvalReport, JsonReport, SampleResult, Score, pass_at_k, pass_hat_k
 from tapekit.evaluate._scorers import contains_answer, exact_answer, final_answer
 from tapekit.evaluate._stats import (
@@ -52,6 +56,8 @@ from tapekit.llm.base import LLMCall, llm_calls_of
 from tapekit.store.base import TapeFilter, TapeStore
 
 __all__ = [
+    "ConfigBootstrap",
+    "ConfigScore",
     "Estimate",
     "EvalReport",
     "JsonReport",
@@ -60,9 +66,11 @@ __all__ = [
     "Scorer",
     "SeedPairedDifference",
     "Task",
+    "ValueEffect",
     "aevaluate",
     "aevaluate_iter",
     "arescore",
+    "bootstrap_configs",
     "bootstrap_mean",
     "clopper_pearson",
     "contains_answer",
