@@ -7,7 +7,10 @@ that see each step's typed :class:`StepRecord` (RL's: :class:`RLStepRecord`) and
 run (:class:`StopAfter`, :class:`EarlyStopping`). RL's config sections (:class:`GRPOConfig`,
 :class:`RolloutConfig`, :class:`CurriculumConfig`), one GRPO step's parts (:class:`RLConfig`,
 :func:`make_rl_batch`, :func:`group_advantages`, :func:`grpo_step`) and the curriculum's
-:class:`SECSampler` are exported here too. The tiny local model for tests is
+:class:`SECSampler` are exported here too. Sweeps over hyperparameters: :func:`config_grid`
+and :func:`sample_configs` make the configurations, :func:`run_sweep` runs each (configuration,
+seed) once into a resumable JSONL file of :class:`SweepRow` (read back by :func:`read_sweep`),
+and :func:`tapekit.evaluate.bootstrap_configs` analyses it. The tiny local model for tests is
 :mod:`tapekit.testing.tiny`.
 
 Importing this package is light: the trainers and their heavy dependencies (torch,
@@ -46,8 +49,10 @@ __all__ = [
     "StepCallback",
     "StepRecord",
     "StopAfter",
+    "SweepRow",
     "TrainingError",
     "collect_rollouts",
+    "config_grid",
     "drift_report",
     "group_advantages",
     "grpo_step",
@@ -56,7 +61,10 @@ __all__ = [
     "make_rl_batch",
     "make_samples",
     "preference_pairs",
+    "read_sweep",
     "rollout_rows",
+    "run_sweep",
+    "sample_configs",
     "train_dpo",
     "train_rl",
     "train_sft",
@@ -103,6 +111,11 @@ _WHERE = {
     "grpo_step": "tapekit.training.rl",
     "make_rl_batch": "tapekit.training.rl",
     "SECSampler": "tapekit.training.curriculum",
+    "SweepRow": "tapekit.training._sweep",
+    "config_grid": "tapekit.training._sweep",
+    "read_sweep": "tapekit.training._sweep",
+    "run_sweep": "tapekit.training._sweep",
+    "sample_configs": "tapekit.training._sweep",
 }
 
 
