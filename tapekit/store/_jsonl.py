@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from tapekit.core import Step, Tape
 from tapekit.llm.base import LLMCall
 from tapekit.store._prompts import PromptEncoder
+from tapekit.store._types import TapeInfo
 from tapekit.store._writes import (
     TapeRows,
     TapeWrite,
@@ -35,7 +36,6 @@ from tapekit.store._writes import (
     serialised,
     steps_digest,
 )
-from tapekit.store.base import TapeInfo
 
 JSONL_FORMAT = "tapekit-store"
 JSONL_VERSION = 1
