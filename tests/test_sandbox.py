@@ -276,7 +276,7 @@ def memory_mechanism(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     """The host's way of bounding the tree's memory (a cgroup where one can be made), and the
     watchdog that bounds it without a cgroup."""
     if request.param == "watchdog":
-        monkeypatch.setattr("tapekit.sandbox._Cgroups.make", lambda limits: None)
+        monkeypatch.setattr("tapekit.sandbox._cgroups.Cgroups.make", lambda limits: None)
     return str(request.param)
 
 
