@@ -2,9 +2,10 @@
 
 A *space* is ``{hyperparameter: [values]}``; :func:`config_grid` is its full factorial and
 :func:`sample_configs` a seeded sample of it (the way a study samples configurations when the
-grid is too large to run). :func:`run_sweep` calls ``run(config, seed)`` for every
-(configuration, training seed) that the results file does not hold yet and appends one
-:class:`SweepRow` per run; :func:`read_sweep` reads the file back, and
+grid is too large to run; ``balanced=True``: a Latin-hypercube design, each value of each
+hyperparameter in as many configurations as the others). :func:`run_sweep` calls
+``run(config, seed)`` for every (configuration, training seed) that the results file does not
+hold yet and appends one :class:`SweepRow` per run; :func:`read_sweep` reads the file back, and
 :func:`tapekit.evaluate.bootstrap_configs` says which settings matter.
 
 **Order.** Seed-major: every configuration with the first seed, then every one with the
@@ -104,17 +105,29 @@ def config_grid(space: Space) -> list[dict[str, ConfigValue]]:
     return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(v for _, v in checked))]
 
 
-def sample_configs(space: Space, n: int, seed: int = 0) -> list[dict[str, ConfigValue]]:
-    """``n`` distinct configurations of ``space`` drawn uniformly without replacement (seeded),
-    in :func:`config_grid`'s order. The grid is not built: the draw is over its indices.
-    Raises ``ValueError`` when ``n`` is not between 1 and the grid's size."""
+def sample_configs(
+    space: Space, n: int, seed: int = 0, *, balanced: bool = False
+) -> list[dict[str, ConfigValue]]:
+    """``n`` distinct configurations of ``space``, seeded, in :func:`config_grid`'s order.
+
+    By default they are drawn uniformly without replacement from the grid (the grid is not
+    built: the draw is over its indices). ``balanced=True`` draws a Latin-hypercube design
+    instead: each hyperparameter's values appear as evenly as ``n`` allows (``⌊n/k⌋`` or
+    ``⌈n/k⌉`` times each of ``k`` values, which ones get the extra drawn at random), the columns
+    shuffled independently and drawn again until the ``n`` configurations are distinct, so a
+    small sweep does not leave a value with few configurations by chance. Raises ``ValueError``
+    when ``n`` is not between 1 and the grid's size, or when no balanced design of distinct
+    configurations turns up in 1,000 draws.
+    """
     checked = _check_space(space)
     sizes = [len(values) for _, values in checked]
     total = math.prod(sizes)
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= total:
         raise ValueError(f"n must be an int from 1 to the grid's {total} configurations, got {n!r}")
+    rng = random.Random(seed)
+    indices = _balanced_indices(sizes, n, rng) if balanced else rng.sample(range(total), n)
     configs = []
-    for index in sorted(random.Random(seed).sample(range(total), n)):
+    for index in sorted(indices):
         digits = []
         for size in reversed(sizes):  # mixed radix, the last hyperparameter the fastest digit
             index, digit = divmod(index, size)
@@ -122,6 +135,27 @@ def sample_configs(space: Space, n: int, seed: int = 0) -> list[dict[str, Config
         digits.reverse()
         configs.append({name: values[d] for (name, values), d in zip(checked, digits, strict=True)})
     return configs
+
+
+def _balanced_indices(sizes: list[int], n: int, rng: random.Random) -> list[int]:
+    """Grid indices of ``n`` distinct configurations whose every column holds its values evenly."""
+    for _ in range(1000):
+        columns = []
+        for size in sizes:
+            order = list(range(size))
+            rng.shuffle(order)  # which values get the extra appearances when size does not divide n
+            column = [order[i % size] for i in range(n)]
+            rng.shuffle(column)
+            columns.append(column)
+        indices = set()
+        for digits in zip(*columns, strict=True):
+            index = 0
+            for digit, size in zip(digits, sizes, strict=True):
+                index = index * size + digit
+            indices.add(index)
+        if len(indices) == n:
+            return list(indices)
+    raise ValueError(f"no balanced design of {n} distinct configurations found in 1,000 draws: lower n")
 
 
 def _check_configs(configs: Sequence[Mapping[str, Any]]) -> list[dict[str, ConfigValue]]:

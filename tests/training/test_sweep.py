@@ -68,6 +68,26 @@ def test_a_sample_is_seeded_distinct_and_in_grid_order() -> None:
             sample_configs(SPACE, bad)  # type: ignore[arg-type]
 
 
+def test_a_balanced_sample_holds_every_value_evenly() -> None:
+    space = {"lr": [1e-4, 2e-4, 5e-4], "temperature": [0.5, 1.0], "group": [4, 8, 16], "kl": [0.0, 0.05]}
+    grid = config_grid(space)
+    for seed in range(20):
+        sample = sample_configs(space, 12, seed=seed, balanced=True)
+        assert sample == sample_configs(space, 12, seed=seed, balanced=True)
+        positions = [grid.index(c) for c in sample]
+        assert positions == sorted(set(positions)) and len(positions) == 12
+        for name, values in space.items():
+            counts = [sum(c[name] == v for c in sample) for v in values]
+            assert counts == [12 // len(values)] * len(values), (seed, name, counts)
+    # 5 of a 2 x 3 grid: the values as even as 5 allows (3 and 2; 2, 2 and 1)
+    sample = sample_configs({"a": [0, 1], "b": [0, 1, 2]}, 5, seed=1, balanced=True)
+    assert sorted(sum(c["a"] == v for c in sample) for v in (0, 1)) == [2, 3]
+    assert sorted(sum(c["b"] == v for c in sample) for v in (0, 1, 2)) == [1, 2, 2]
+    # the plain draw leaves values short at times; the balanced one never does
+    short = [sample_configs(space, 12, seed=s) for s in range(20)]
+    assert any(sum(c["temperature"] == 1.0 for c in sample) != 6 for sample in short)
+
+
 def test_run_sweep_runs_each_config_and_seed_once_seed_major(tmp_path: Path) -> None:
     path = tmp_path / "sweep" / "results.jsonl"
     run = Recorder()
