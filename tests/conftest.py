@@ -107,14 +107,14 @@ TIERS: dict[str, tuple[str, ...]] = {
         "training/test_tiny", "llm/test_llm_transformers", "llm/test_llamacpp_reuse",
         "training/test_curriculum",
         "examples/test_math_distill", "examples/test_math_rl_stage", "examples/test_form_filler_run",
-        "examples/test_math_sec_study",
+        "examples/test_math_sec_study", "examples/test_grpo_sweep",
     ),
     "browser": ("studio/test_studio_browser", "examples/test_web_agent_run"),  # tests/web marks its own
     "slow": (
         "training/test_rl_distributed", "training/test_train_distributed", "batch/test_batch_ray",
         "training/test_rl_ray_rollouts", "examples/test_form_filler_run", "examples/test_math_distill",
         "examples/test_optimize_rag", "examples/test_commands", "test_sandbox", "examples/test_web_agent_run",
-        "examples/test_math_sec_study", "test_chaos",
+        "examples/test_math_sec_study", "test_chaos", "examples/test_grpo_sweep",
     ),
 }  # fmt: skip
 
