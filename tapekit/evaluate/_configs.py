@@ -37,7 +37,9 @@ score whose interval lies above the other values'. A hyperparameter with no effe
 show ``P ≈ 1/k`` in every sweep: its probabilities depend on which of the near-equal
 configurations happened to score higher, and across repeated sweeps they spread over [0, 1]
 (they are near ``1/k`` on average). Its mark is that the best-reachable intervals of its values
-overlap.
+overlap. The marginal mean is fair only on the full grid: in a sample of it, a value's
+configurations carry the other hyperparameters' values in other proportions, and their
+effects come with it.
 
 **How far to trust the interval** (measured on synthetic sweeps, ``tests/evaluate/test_configs.py``:
 three learning rates, one clearly best, Gaussian noise per run, 90 % intervals, 400 sweeps
