@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tapekit._sync import run_sync
 from tapekit.core import StepSequence, Tape
 from tapekit.evaluate._configs import ConfigBootstrap, ConfigScore, ValueEffect, bootstrap_configs
+from tapekit.evaluate._distributions import student_t_quantile
 from tapekit.evaluate._report import EvalReport, JsonReport, SampleResult, Score, pass_at_k, pass_hat_k
 from tapekit.evaluate._scorers import contains_answer, exact_answer, final_answer
 from tapekit.evaluate._stats import (
@@ -50,7 +51,6 @@ from tapekit.evaluate._stats import (
     paired_difference,
     seed_paired_difference,
     student_t_interval,
-    student_t_quantile,
 )
 from tapekit.llm.base import LLMCall, llm_calls_of
 from tapekit.store.base import TapeFilter, TapeStore
