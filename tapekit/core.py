@@ -23,7 +23,7 @@ from tapekit._presentation import Attachment as Attachment
 from tapekit._presentation import StepPresentation
 from tapekit._presentation import media_type_matches as media_type_matches
 from tapekit.errors import TapekitError
-from tapekit.sequence import StepSequence
+from tapekit.sequence import StepSequence, set_default_item
 
 
 def new_id() -> str:
@@ -131,6 +131,12 @@ class Step(BaseModel):
 
     metadata: StepMetadata = Field(default_factory=StepMetadata)
     kind: str
+
+    @classmethod
+    def __sequence_item_validator__(cls) -> Callable[[Any], Step]:
+        """The validator of one step in a :class:`StepSequence` of this class: a dict dispatches
+        on its ``kind`` to the loaded step class (which must be a subclass of this one)."""
+        return _step_validator(cls)
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -505,6 +511,9 @@ def _step_validator(base: type[Step]) -> Callable[[Any], Step]:
         return cls.model_validate(value)
 
     return validate
+
+
+set_default_item(Step)  # a bare StepSequence holds steps
 
 
 # --------------------------------------------------------------------------- tapes

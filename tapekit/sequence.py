@@ -21,6 +21,20 @@ S = TypeVar("S")
 _T = TypeVar("_T")
 
 
+_default_item: Any = Any
+"""The item type of a bare ``StepSequence`` in a pydantic model (:mod:`tapekit.core` sets its
+``Step``: this module does not import the steps it holds)."""
+
+
+def set_default_item(item: type) -> None:
+    """Make ``item`` the item type of a bare ``StepSequence`` field (called once by
+    :mod:`tapekit.core`). An item class with a ``__sequence_item_validator__()`` classmethod
+    returning a validator function validates each item with it; other item types are
+    validated by pydantic as ``list[item]``."""
+    global _default_item
+    _default_item = item
+
+
 class _Buffer(Generic[S]):
     """A list shared by every sequence that is a prefix of it, plus memoised folds over it."""
 
@@ -186,15 +200,14 @@ class StepSequence(Sequence[S]):
     def __get_pydantic_core_schema__(
         cls, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
-        from tapekit.core import Step, _step_validator  # core defines the steps and imports this module
-
         args = typing.get_args(source)
-        item: Any = args[0] if args else Step
+        item: Any = args[0] if args else _default_item
         if isinstance(item, TypeVar):
-            item = item.__bound__ or Step
-        if isinstance(item, type) and issubclass(item, Step):
+            item = item.__bound__ or _default_item
+        make = getattr(item, "__sequence_item_validator__", None) if isinstance(item, type) else None
+        if make is not None:  # the item class validates its own items (steps dispatch on kind)
             list_schema: core_schema.CoreSchema = core_schema.list_schema(
-                core_schema.no_info_plain_validator_function(_step_validator(item))
+                core_schema.no_info_plain_validator_function(make())
             )
         else:
             list_schema = handler.generate_schema(list[item])  # a (discriminated) union
