@@ -15,7 +15,11 @@ driver yields results as they come, as the local backend does.
   A worker commits each tape before reporting it, so a result the driver yields is stored.
 - **Errors**: a tape's failure is recorded on its tape as locally. If a whole worker fails
   (it cannot import the agent's code, it is killed), the tapes it had not reported come back
-  failed with that error and are not marked done, so the next run retries them.
+  failed with that error and are not marked done, so the next run retries them. Ray itself
+  does not retry a worker (``max_retries=0``): its replay of a generator task drops the
+  results whose position was already reported, and a worker reports its tapes in the order
+  they finish, which a replay does not repeat (one tape's result would come twice, another's
+  never).
 
 Ray is imported when a Ray batch starts, never with tapekit.
 """
@@ -149,7 +153,7 @@ async def aray_batch(
     n = config.ray_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
     n = min(n, len(indexed))
     payload: Any = factory if factory is not None else ray.put((agent, environment))
-    run_share = ray.remote(_run_share).options(num_cpus=1)
+    run_share = ray.remote(_run_share).options(num_cpus=1, max_retries=0)  # see "Errors" above
     starts = dict(indexed)
     generators = []
     for w in range(n):
