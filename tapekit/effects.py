@@ -32,6 +32,12 @@ A tool declares what running it again does (``Tool(fn, effect=...)`` or ``@tool(
 
 Without a store nothing can be resumed from a store, so nothing is journalled and a ``once``
 tool runs as any other. docs/durability.md is the contract, step kind by step kind.
+
+Environments other than :class:`~tapekit.environment.ToolEnvironment` journal their own
+``once`` effects through the same :class:`Journal` (:meth:`Journal.intend` before,
+:meth:`Journal.record` after; an intent with no outcome raises :class:`InDoubtToolCall` on
+resume): the browser environment does so for the web actions a task declares ``once`` (a form
+submit on a real site, :mod:`tapekit.web.environment`).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
-from tapekit.core import Call, Tape
+from tapekit.core import Action, Call, Tape
 from tapekit.errors import ExternalObservationNeeded, TapekitError
 
 if TYPE_CHECKING:
@@ -112,15 +118,18 @@ class EffectInDoubt(TapekitError):
 class InDoubtToolCall(ExternalObservationNeeded):
     """A ``once`` tool call that may or may not have happened (its intent is journalled, its
     outcome is not, and the tool could not reconcile it): the session waits until the call
-    is resolved (done, failed or retry) with ``store.resolve_tool_effect``."""
+    is resolved (done, failed or retry) with ``store.resolve_tool_effect``. A ``once`` web
+    action (a form submit on a real site, :mod:`tapekit.web.environment`) waits the same way:
+    then ``call`` is that action and ``effect.tool`` names it (``"browser.click"``)."""
 
-    def __init__(self, call: ToolCall, effect: ToolEffect, why: str = "") -> None:
+    def __init__(self, call: Action, effect: ToolEffect, why: str = "") -> None:
         self.effect = effect
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(effect.created))
         because = f"it said: {why}" if why else "no outcome was recorded"
+        what = "tool call" if call.kind == "tool_call" else "action"
         super().__init__(
             call,
-            f"tool call {call.name!r} (key {effect.key}) may or may not have run: it started "
+            f"{what} {effect.tool!r} (key {effect.key}) may or may not have run: it started "
             f"{started} and {because}; resolve it (done, failed or retry) with "
             "store.resolve_tool_effect, the Studio or tapekit chat, then resume",
         )
@@ -214,7 +223,28 @@ class Journal:
     def _outcome(
         self, key: str, call: ToolCall, state: EffectState, result: Any = None, error: str | None = None
     ) -> None:
-        self.store._record_effect(key, self.recorder.tape_id, call.name, call.arguments, state, result, error)
+        self.record(key, call.name, call.arguments, state, result, error)
+
+    def record(
+        self,
+        key: str,
+        name: str,
+        arguments: dict[str, Any],
+        state: EffectState,
+        result: Any = None,
+        error: str | None = None,
+    ) -> None:
+        """Commit the journal record of ``key`` (what ``name`` with ``arguments`` did: its
+        ``state``, ``result`` or ``error``), with every save before it. It blocks until the
+        database has it: call it off the event loop. For effects that are not tool calls (a
+        ``once`` web action); a tool's calls go through :meth:`run_once`."""
+        self.store._record_effect(key, self.recorder.tape_id, name, arguments, state, result, error)
+
+    def intend(self, key: str, name: str, arguments: dict[str, Any]) -> None:
+        """Commit the session's tape so far and the intent (``state="started"``) of ``key``:
+        what must be durable before a ``once`` effect happens (blocking, as :meth:`record`)."""
+        self.recorder.write_all()
+        self.record(key, name, arguments, "started")
 
     async def run_once(
         self,

@@ -7,6 +7,10 @@ with a committed split, programmatic teachers and the LLM agent.
   episode, tapes that resume from any cut (see :mod:`tapekit.web.environment`); under it a
   browser pool that launches and relaunches the browser, puts a deadline on every call, makes
   spare pages ahead and bounds the pages open (:mod:`tapekit.web._pool`).
+- Tasks: :class:`WebTask` (MiniWob++'s, or your own: :class:`PageTask` opens a URL); a task
+  says which actions act on the outside world (:meth:`WebTask.effect`, :func:`submits_form`:
+  a form submit on a real site is ``once``), and those are never replayed nor, in a stored
+  session, done twice (docs/durability.md).
 - MiniWob++: the tasks of the ``miniwob`` wheel, the split (:data:`SPLIT`,
   :data:`TEACHERLESS_TASKS`), a task's first tape (:func:`start_tape`), evaluation tasks
   (:func:`eval_tasks`, :func:`episodes`) and the reward scorer (:func:`reward_scorer`,
@@ -62,7 +66,15 @@ from tapekit.web.steps import (
     WebThought,
     parse_action,
 )
-from tapekit.web.task import PageTask, TaskStatus, WebEnvironmentError, WebTask
+from tapekit.web.task import (
+    PageTask,
+    TaskStatus,
+    WebEffect,
+    WebElement,
+    WebEnvironmentError,
+    WebTask,
+    submits_form,
+)
 from tapekit.web.teacher import teacher_agent
 
 __all__ = [
@@ -91,6 +103,8 @@ __all__ = [
     "WebAbort",
     "WebAction",
     "WebAgentNode",
+    "WebEffect",
+    "WebElement",
     "WebEnvironment",
     "WebEnvironmentError",
     "WebObservation",
@@ -108,6 +122,7 @@ __all__ = [
     "render_observation",
     "reward_scorer",
     "start_tape",
+    "submits_form",
     "teacher_agent",
     "web_agent",
     "without_thoughts",

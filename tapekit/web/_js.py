@@ -8,6 +8,8 @@
   right after its host; frames get letters, ``a``, ``b``, ...) with a per-page counter, so bids
   stay stable across steps and equal BrowserGym's for the same page (its marking script, run on
   the same pages, gives the same bids: tests/web/test_browsergym_equivalence.py).
+- :data:`ELEMENT_INFO` describes an action's element for the task's ``effect`` (read only for
+  tasks that declare effects).
 """
 
 from __future__ import annotations
@@ -104,3 +106,21 @@ async ([maxMs, tagList]) => {
   return {url: location.href, title: document.title, settled: settled, waited_ms: waited};
 }
 """
+
+# What WebTask.effect sees of an action's element (tapekit.web.task.WebElement), read just before
+# the action: its tag and type, id, name, text (or value, or label) and its form's action and method.
+ELEMENT_INFO = r"""el => {
+  const tag = el.tagName.toLowerCase();
+  const typed = ['input', 'button', 'select', 'textarea'].includes(tag);
+  const form = el.form || el.closest('form');
+  const text = (el.innerText || el.value || el.getAttribute('aria-label') || '').trim();
+  return {
+    tag,
+    type: typed ? String(el.type || '').toLowerCase() : '',
+    id: el.id || '',
+    name: el.getAttribute('name') || '',
+    text: text.slice(0, 200),
+    form_action: form ? String(form.action || '') : null,
+    form_method: form ? String(form.method || 'get').toLowerCase() : null,
+  };
+}"""

@@ -10,15 +10,29 @@ into episodes and back; each episode gets a fresh browser context.
   later action with the next one. The page of a running episode stays open between steps; a tape
   whose page is gone (another process, a fork from an earlier step, an evicted or crashed page)
   gets a fresh page on which the tape's earlier actions are replayed first, so any cut resumes.
+- **A ``once`` action is never done twice.** A task says which actions act on the outside world
+  (:meth:`WebTask.effect <tapekit.web.task.WebTask.effect>`: a form submit on a real site;
+  every MiniWob++ action reads, its pages are local and reset per episode). Such an action is
+  never replayed: a tape whose page is gone and whose answered actions include one is not
+  rebuilt (the actions before it cannot rebuild the page after it, and replaying it would
+  repeat it); its episode ends with an observation saying so, marked as the environment's
+  failure. The observation of a ``once`` action says so (``metadata.other["once"]``). In a
+  stored session (:mod:`tapekit.effects`) its intent, keyed by the action step's id, is
+  committed before it is done and its outcome after; on resume an action with an intent and
+  no outcome, or one whose page hung or whose browser crashed while it ran, is in doubt: it is
+  not done again, the session waits (:class:`~tapekit.effects.InDoubtToolCall`) until
+  ``store.resolve_tool_effect`` says done (the episode goes on from its page if that page is
+  still open, else ends as above), failed, or retry (done again).
 - **Bounded.** At most ``max_concurrent`` episodes use the browser at once and at most
   ``max_open`` pages stay open (the least recently used idle one is closed first; it is
-  replayed if its tape comes back).
+  replayed if its tape comes back, unless it holds a ``once`` action).
 - **Never hangs.** Every browser call has a deadline. A page that does not answer (a script
   that loops forever, a page that never loads) ends its episode with an error observation and
   its context is closed; if even that hangs, the browser is killed and relaunched. So is a
   browser on which ``restart_after_hangs`` page loads in a row hung (no load finished between
   them): a browser in trouble hangs every load, not one. A browser that crashed is relaunched
-  and the episode replayed; the observation says the action was not performed.
+  and the episode replayed; the observation says the action was not performed (a ``once``
+  action the crash interrupted may have been: it is in doubt, as above).
 - **No stray processes.** :meth:`close` / :meth:`aclose` (or leaving ``with`` / ``async with``)
   closes the browser and its driver, killing the process tree if closing does not finish; the
   same happens when the environment is garbage-collected or the interpreter exits.
@@ -30,22 +44,30 @@ import asyncio
 import base64
 import contextlib
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Self, TypeVar, overload
+from typing import Any, Generic, NoReturn, Self, TypeVar, overload
 
 from tapekit.core import Observation, Tape, new_id
-from tapekit.environment import ENVIRONMENT_FAILURE, Environment, UnknownActionError, unanswered_actions
+from tapekit.effects import EffectState, InDoubtToolCall, Journal, ToolEffect
+from tapekit.effects import journal as current_journal
+from tapekit.environment import (
+    ENVIRONMENT_FAILURE,
+    Environment,
+    UnknownActionError,
+    unanswered_indices,
+)
+from tapekit.errors import TapekitError
 from tapekit.web._actions import FILL_FORMATS as FILL_FORMATS
 from tapekit.web._actions import fill_problem as fill_problem
 from tapekit.web._actions import perform
-from tapekit.web._js import HTML_TAGS, SETTLE_AND_MARK
+from tapekit.web._js import ELEMENT_INFO, HTML_TAGS, SETTLE_AND_MARK
 from tapekit.web._pool import CHROMIUM_ARGS as CHROMIUM_ARGS
 from tapekit.web._pool import DEFAULT_CHROMIUM as DEFAULT_CHROMIUM
 from tapekit.web._pool import BrowserGone, BrowserPool, OpenPage, PageHung, first_line
 from tapekit.web.axtree import flatten_axtree, snapshot_bids
 from tapekit.web.steps import OpenTask, SendMsgToUser, WebAction, WebObservation
-from tapekit.web.task import TaskStatus, WebEnvironmentError, WebTask
+from tapekit.web.task import TaskStatus, WebElement, WebEnvironmentError, WebTask
 
 _V = TypeVar("_V")
 
@@ -53,23 +75,31 @@ _V = TypeVar("_V")
 @dataclass(kw_only=True)
 class _Episode(OpenPage):
     """An episode's page, kept open in the pool under the episode's id, with what the episode
-    needs: its task, seed, goal, step limit and the actions done on the page (call texts)."""
+    needs: its task, seed, goal, step limit, the actions done on the page (call texts) and
+    whether one of them was ``once`` (such a page is never closed for another tape's fork)."""
 
     task: WebTask
     seed: int
     goal: str
     max_steps: int = 10
     history: list[str] = field(default_factory=list)
+    once: bool = False
 
 
 @dataclass
 class _TapeState:
     """Where a tape's current episode stands: its OpenTask, the web actions already answered
-    since, and the last observation."""
+    since, the steps (1-based, as :attr:`WebObservation.step`) of those that were ``once``, and
+    the last observation."""
 
     open: OpenTask | None = None
     answered: list[WebAction] = field(default_factory=list)
     last: WebObservation | None = None
+    once: list[int] = field(default_factory=list)
+
+    def first_once(self) -> WebAction | None:
+        """The first answered ``once`` action (None: every answered action reads)."""
+        return self.answered[min(self.once) - 1] if self.once else None
 
     @classmethod
     def of(cls, tape: Tape[Any, Any]) -> _TapeState:
@@ -84,7 +114,30 @@ class _TapeState:
                 state.answered.append(step)
             elif isinstance(step, WebObservation) and state.open is not None:
                 state.last = step
+                if step.metadata.other.get("once") and 0 < step.step <= len(state.answered):
+                    state.once.append(step.step)
         return state
+
+
+class _WouldRepeat(TapekitError):
+    """The tape's page must be rebuilt, and that would replay a ``once`` action."""
+
+    def __init__(self, action: WebAction, task: str, why: str) -> None:
+        super().__init__(
+            f"the episode's page is gone ({why}) and is not rebuilt: replaying would repeat a once "
+            f"action, {action.call()} (task {task!r} declares it once: it acts outside the "
+            "browser), and the actions before it cannot rebuild the page after it; the episode ended"
+        )
+
+
+class _Doubt:
+    """A ``once`` action's place in the session's journal: the journal and the action's key."""
+
+    __slots__ = ("journal", "key")
+
+    def __init__(self, journal: Journal, key: str) -> None:
+        self.journal = journal
+        self.key = key
 
 
 def _signature(action: WebAction) -> str:
@@ -244,16 +297,18 @@ class WebEnvironment(Environment):
 
     async def areact(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
         """The tape with one :class:`WebObservation` per unanswered action (see the class)."""
-        return await asyncio.wrap_future(self._pool.submit(self._react(tape)))
+        # the browser's loop does not see this context: the stored session's journal goes along
+        return await asyncio.wrap_future(self._pool.submit(self._react(tape, current_journal())))
 
     def react(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
         """Sync version of :meth:`areact` (usable with no event loop, or inside one)."""
-        return self._pool.submit(self._react(tape)).result()
+        return self._pool.submit(self._react(tape, current_journal())).result()
 
-    async def _react(self, tape: Tape[Any, Any]) -> Tape[Any, Any]:
-        actions = unanswered_actions(tape)
-        if not actions:
+    async def _react(self, tape: Tape[Any, Any], journal: Journal | None = None) -> Tape[Any, Any]:
+        at = unanswered_indices(tape)
+        if not at:
             return tape
+        actions = [tape.steps[i] for i in at]
         for action in actions:
             if not isinstance(action, WebAction | OpenTask):
                 raise UnknownActionError(
@@ -263,14 +318,16 @@ class WebEnvironment(Environment):
         await self._pool.ready()
         state = _TapeState.of(tape)
         observations: list[WebObservation] = []
-        for action in actions:
+        for index, action in zip(at, actions, strict=True):
             if isinstance(action, OpenTask):
                 obs = await self._open(action)
                 state = _TapeState(open=action, last=obs)
             else:
                 assert isinstance(action, WebAction)
-                obs = await self._act(state, action)
+                obs = await self._act(state, action, _doubt_of(journal, tape, index))
                 state.answered.append(action)
+                if obs.metadata.other.get("once"):
+                    state.once.append(len(state.answered))
                 state.last = obs
             observations.append(obs)
         return self._continued(tape, observations)
@@ -302,7 +359,9 @@ class WebEnvironment(Environment):
             await self._pool.close_page(episode)
         return _timed(obs, started)
 
-    async def _act(self, state: _TapeState, action: WebAction) -> WebObservation:
+    async def _act(
+        self, state: _TapeState, action: WebAction, doubt_of: Callable[[], _Doubt] | None = None
+    ) -> WebObservation:
         started = time.perf_counter()
         if state.open is None or state.last is None:
             raise WebEnvironmentError(
@@ -313,46 +372,170 @@ class WebEnvironment(Environment):
         if state.last.done:
             over = "the episode is over; start another one with OpenTask"
             return _timed(_ended(state.last, over, step, failure=False), started)
+        # a stored session's task that declares effects: this action's journal record, if any
+        doubt = doubt_of() if doubt_of is not None and self.task(state.open.task).declares_effects else None
+        if doubt is not None:
+            known = await asyncio.to_thread(doubt.journal.store.tool_effect, doubt.key)
+            if known is not None and known.state == "started":
+                raise InDoubtToolCall(action, known)  # never done again blindly
+            if known is not None and known.state in ("done", "failed"):
+                return _timed(await self._reused(state, action, known, step), started)
         async with self._pool.slots:
             try:
                 episode, replayed = await self._live_episode(state)
             except WebEnvironmentError:
                 raise
+            except _WouldRepeat as e:
+                return _timed(_ended(state.last, str(e), step), started)
             except Exception as e:
                 self._pool.count(e)
                 return _timed(
                     _ended(state.last, f"the episode could not be restored: {first_line(e)}", step), started
                 )
             episode.busy = True
+            once = acting = done = False
+            error = ""
             try:
-                error = ""
+                once = await self._is_once(episode, action)
+                name, arguments = f"{self.name}.{action.function}", self._effect_arguments(state, action)
+                if once and doubt is not None:
+                    await asyncio.to_thread(doubt.journal.intend, doubt.key, name, arguments)
+                acting = True
                 try:
                     await self._perform(episode, action)
                 except PageHung as e:
                     error = f"{action.call()}: {e}"
+                    if once and doubt is not None:
+                        raise  # it may have been done: in doubt (below)
                 except (BrowserGone, UnknownActionError):
                     raise
                 except Exception as e:  # the page said no: a missing element, one not actionable
                     error = f"{type(e).__name__}: {first_line(e)}"
+                acting = False
                 episode.history.append(_signature(action))
+                if once:
+                    episode.once = True
+                    if doubt is not None:
+                        outcome: EffectState = "failed" if error else "done"
+                        await asyncio.to_thread(
+                            doubt.journal.record, doubt.key, name, arguments, outcome, None, error or None
+                        )
+                    done = True
                 obs = await self._observation(episode, step, error, final=isinstance(action, SendMsgToUser))
             except BrowserGone as e:
                 episode.busy = False
-                return _timed(await self._recover(state, action, e), started)
+                if not once:
+                    return _timed(await self._recover(state, action, e), started)
+                self._pool.count(e)
+                if doubt is not None and not done:
+                    await self._in_doubt(doubt, action, f"the browser crashed while it ran: {e}")
+                when, what = ("after", "was done") if done else ("during", "may have been done")
+                message = (
+                    f"the browser crashed {when} {action.call()} ({e}), a once action that {what}: "
+                    "the page after it cannot be rebuilt without repeating it, so the episode ended"
+                )
+                return _timed(_marked_once(_ended(state.last, message, step)), started)
             except PageHung as e:
                 self._pool.count(e)
                 await self._pool.close_page(episode)
+                if once and doubt is not None and acting:
+                    await self._in_doubt(doubt, action, f"the page stopped answering while it ran: {e}")
                 message = f"{error}; " if error else ""
                 obs = _ended(state.last, f"{message}the page stopped answering: {e}; the episode ended", step)
-                return _timed(obs, started)
+                return _timed(_marked_once(obs) if done else obs, started)
             finally:
                 episode.busy = False
                 episode.last_used = time.monotonic()
         if replayed:
             obs.metadata.other["replayed"] = replayed
+        if once:
+            _marked_once(obs)
         if obs.done:
             await self._pool.close_page(episode)
         return _timed(obs, started)
+
+    async def _reused(
+        self, state: _TapeState, action: WebAction, known: ToolEffect, step: int
+    ) -> WebObservation:
+        """The observation of a ``once`` action whose outcome the journal holds (it died before
+        its observation was stored, or a person resolved it): it is not done again. The page is
+        observed as it is now if it is still open after the action; else a done action ends
+        the episode (its page cannot be rebuilt), and a failed one is observed on the page
+        before it (rebuilt from the reads before it if need be)."""
+        assert state.open is not None and state.last is not None
+        after = [*(_signature(a) for a in state.answered), _signature(action)]
+        async with self._pool.slots:
+            episode = self._open_episode(state.last.episode_id, after)
+            if episode is None and known.state == "done":
+                why = f"the journal says {action.call()} was done; its page is not open here"
+                return _marked_once(_ended(state.last, str(_WouldRepeat(action, state.open.task, why)), step))
+            if episode is None:
+                try:
+                    episode, _ = await self._live_episode(state)
+                except WebEnvironmentError:
+                    raise
+                except _WouldRepeat as e:
+                    return _marked_once(_ended(state.last, str(e), step))
+                except Exception as e:
+                    self._pool.count(e)
+                    message = f"the episode could not be restored: {first_line(e)}"
+                    return _marked_once(_ended(state.last, message, step))
+                episode.history.append(_signature(action))
+                episode.once = True
+            episode.busy = True
+            try:
+                obs = await self._observation(episode, step, known.error or "")
+            except (PageHung, BrowserGone) as e:
+                self._pool.count(e)
+                await self._pool.close_page(episode)
+                return _marked_once(_ended(state.last, f"the page stopped answering: {e}", step))
+            finally:
+                episode.busy = False
+                episode.last_used = time.monotonic()
+        obs.metadata.other["effect"] = "reused"
+        if obs.done:
+            await self._pool.close_page(episode)
+        return _marked_once(obs)
+
+    async def _in_doubt(self, doubt: _Doubt, action: WebAction, why: str) -> NoReturn:
+        """Raise :class:`InDoubtToolCall` for ``action``, whose intent is journalled."""
+        effect = await asyncio.to_thread(doubt.journal.store.tool_effect, doubt.key)
+        assert effect is not None
+        raise InDoubtToolCall(action, effect, why)
+
+    def _effect_arguments(self, state: _TapeState, action: WebAction) -> dict[str, Any]:
+        """What the journal keeps of a ``once`` action: the action, the task and seed."""
+        assert state.open is not None
+        return {"action": action.call(), "task": state.open.task, "seed": state.open.seed}
+
+    async def _is_once(self, episode: _Episode, action: WebAction) -> bool:
+        """Whether the episode's task declares ``action`` (on its element as it is now) once."""
+        task = episode.task
+        if not task.declares_effects:
+            return False
+        effect = task.effect(action, await self._element(episode, action))
+        if effect not in ("read", "once"):
+            raise WebEnvironmentError(
+                f"task {task.name!r}: effect({action.call()}) answered {effect!r}, not 'read' or 'once'"
+            )
+        return effect == "once"
+
+    async def _element(self, episode: _Episode, action: WebAction) -> WebElement | None:
+        """The element ``action`` targets, described (None: no bid, or not on the page)."""
+        bid = getattr(action, "bid", None)
+        if not isinstance(bid, str):
+            return None
+        locator = episode.page.locator(f'[bid="{bid}"]')
+        guard = self._pool.guard
+        try:
+            if await guard(locator.count(), action.call()) == 0:
+                return None
+            info = await guard(locator.first.evaluate(ELEMENT_INFO), action.call())
+        except (PageHung, BrowserGone):
+            raise
+        except Exception:  # detached meanwhile: the action itself will say so
+            return None
+        return WebElement(**info)
 
     async def _recover(self, state: _TapeState, action: WebAction, error: Exception) -> WebObservation:
         """The browser went away during ``action``: relaunch, replay the tape, observe."""
@@ -366,6 +549,8 @@ class WebEnvironment(Environment):
         try:
             await self._pool.ensure_browser()
             episode, _ = await self._live_episode(state)
+        except _WouldRepeat as e:
+            return _ended(state.last, f"the browser crashed during {action.call()} ({error}); {e}", step)
         except Exception as e:
             return _ended(state.last, f"{message}; the replay failed: {first_line(e)}", step)
         episode.busy = True
@@ -396,9 +581,19 @@ class WebEnvironment(Environment):
         self.stats["episodes"] += 1
         return episode
 
+    def _open_episode(self, episode_id: str, history: list[str]) -> _Episode | None:
+        """The open, idle page of episode ``episode_id`` on the running browser if the actions
+        done on it are ``history`` (None: there is none)."""
+        episode = self._pool.pages.get(episode_id)
+        assert episode is None or isinstance(episode, _Episode)
+        if episode is None or episode.busy or not self._pool.current(episode) or episode.history != history:
+            return None
+        return episode
+
     async def _live_episode(self, state: _TapeState) -> tuple[_Episode, str]:
         """The open page of the tape's episode, or a fresh one with the tape's actions replayed;
-        and why it was replayed ('' when the page was open)."""
+        and why it was replayed ('' when the page was open). Raises :class:`_WouldRepeat`
+        rather than replay a ``once`` action."""
         assert state.open is not None and state.last is not None
         history = [_signature(a) for a in state.answered]
         episode = self._pool.pages.get(state.last.episode_id)
@@ -413,10 +608,15 @@ class WebEnvironment(Environment):
             why = "the tape forks from an earlier step"
         else:
             return episode, ""
-        if episode is not None and not episode.busy:
+        once = state.first_once()
+        if once is not None:
+            raise _WouldRepeat(once, state.open.task, why)
+        # another tape's page stays open: one in use, or one past a once action (not rebuildable)
+        keep = episode is not None and (episode.busy or (episode.once and self._pool.current(episode)))
+        if episode is not None and not keep:
             await self._pool.close_page(episode)
         task = self.task(state.open.task)
-        episode_id = new_id() if episode is not None and episode.busy else state.last.episode_id
+        episode_id = new_id() if keep else state.last.episode_id
         episode = await self._new_episode(task, state.open.seed, episode_id, state.open.max_steps)
         episode.busy = True
         self.stats["replays"] += 1
@@ -514,6 +714,20 @@ def _ended(last: WebObservation, error: str, step: int, failure: bool = True) ->
     if failure:
         obs.metadata.other[ENVIRONMENT_FAILURE] = error
     return obs
+
+
+def _marked_once(obs: WebObservation) -> WebObservation:
+    """``obs`` marked as the observation of a ``once`` action (never replayed: see the module)."""
+    obs.metadata.other["once"] = True
+    return obs
+
+
+def _doubt_of(journal: Journal | None, tape: Tape[Any, Any], index: int) -> Callable[[], _Doubt] | None:
+    """How to find the journal record of the action at ``tape.steps[index]`` (None: no journal);
+    its key (the step's id) is worked out only when asked for."""
+    if journal is None:
+        return None
+    return lambda: _Doubt(journal, journal.key(tape, index))
 
 
 def _timed(obs: WebObservation, started: float) -> WebObservation:

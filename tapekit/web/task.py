@@ -1,21 +1,79 @@
-"""What a web task is to the browser environment: how to set up its page for a seed and how to read
-its reward. :class:`tapekit.web.miniwob.MiniWobTask` is the main implementation; :class:`PageTask`
-opens any URL (for tests and simple pages with no reward). :class:`WebEnvironmentError` is what
-the environment, its browser pool and the tasks raise when they cannot work at all."""
+"""What a web task is to the browser environment: how to set up its page for a seed, how to read
+its reward, and which of its actions act on the outside world (:meth:`WebTask.effect`).
+:class:`tapekit.web.miniwob.MiniWobTask` is the main implementation; :class:`PageTask` opens any
+URL (for tests, simple pages with no reward, and a real site whose form submits are ``once``:
+``PageTask(..., once=submits_form)``). :class:`WebEnvironmentError` is what the environment, its
+browser pool and the tasks raise when they cannot work at all."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tapekit.errors import TapekitError
+
+if TYPE_CHECKING:
+    from tapekit.web.steps import WebAction
+
+WebEffect = Literal["read", "once"]
+"""What doing a web action again does (:meth:`WebTask.effect`): ``"read"``, nothing that
+matters (MiniWob++, whose pages are local and reset per episode: every action); ``"once"``, it
+acts on the outside world (a form submitted to a real site: an order, a payment, a post), so it
+must never be done twice: the environment never replays it and, in a stored session, journals
+it (see :mod:`tapekit.web.environment` and docs/durability.md)."""
 
 
 class WebEnvironmentError(TapekitError, RuntimeError):
     """The browser environment cannot work: no Playwright, no browser executable, a launch that
     fails, a task it does not know or cannot load its pages for (no ``miniwob`` package), or a
     tape it cannot make sense of (a web action before any ``OpenTask``)."""
+
+
+@dataclass(frozen=True)
+class WebElement:
+    """The element a web action targets, as :meth:`WebTask.effect` sees it (read from the page
+    just before the action): its ``tag`` (lower case), ``type`` (an input's or a button's type,
+    e.g. ``"submit"``; '' for other elements), ``id``, ``name``, ``text`` (its text, value or
+    label, at most 200 characters) and, when it belongs to a form, the form's ``form_action``
+    (the URL it submits to) and ``form_method`` (``"get"``, ``"post"`` or ``"dialog"``)."""
+
+    tag: str
+    type: str = ""
+    id: str = ""
+    name: str = ""
+    text: str = ""
+    form_action: str | None = None
+    form_method: str | None = None
+
+
+_NOT_TYPED_TEXT = frozenset({"button", "reset", "file", "hidden", "image", "submit"})
+
+
+def submits_form(action: WebAction, element: WebElement | None) -> bool:
+    """Whether ``action`` on ``element`` submits the element's form, the common ``once`` web
+    action: a click on a submit button (``<button>`` of type submit, the default, or
+    ``<input type=submit|image>``) of a form, or Enter pressed in a form's text field or on its
+    submit button. A form of method ``dialog`` only closes a dialog and does not count.
+    ``PageTask(..., once=submits_form)`` makes every form submit of a page ``once``.
+
+    A GET form (a search box) counts too: whether it acts is the site's business; a task that
+    knows its GET forms only read, or a site that acts from script (a ``<button type=button>``
+    that posts with ``fetch``), writes its own :meth:`WebTask.effect` (by the element's ``id``,
+    ``name``, ``text`` or ``form_action``)."""
+    if element is None or element.form_method is None or element.form_method == "dialog":
+        return False
+    submit = (element.tag == "button" and element.type == "submit") or (
+        element.tag == "input" and element.type in ("submit", "image")
+    )
+    if action.kind == "web_click":
+        return submit
+    if action.kind == "web_press":
+        key = str(getattr(action, "key_comb", "")).split("+")[-1]
+        text_field = element.tag == "input" and element.type not in _NOT_TYPED_TEXT
+        return key == "Enter" and (submit or text_field)
+    return False
 
 
 @dataclass(frozen=True)
@@ -51,15 +109,53 @@ class WebTask(ABC):
         """The reward and done flag from what ``status_js`` returned (default: no reward)."""
         return TaskStatus()
 
+    def effect(self, action: WebAction, element: WebElement | None) -> WebEffect:
+        """What doing ``action`` (on ``element``, read from the page just before; None for an
+        action on no element, or a bid not on the page) again would do: ``"read"`` (the
+        default: every action of every MiniWob++ task) or ``"once"`` (it acts on the outside
+        world; :func:`submits_form` answers the common case). A ``once`` action is never
+        replayed to rebuild a page, and a stored session journals it: see
+        :mod:`tapekit.web.environment`."""
+        return "read"
+
+    @property
+    def declares_effects(self) -> bool:
+        """Whether :meth:`effect` may answer ``"once"``: only then does the environment read
+        each action's element and, in a stored session, look each action up in the journal.
+        Default: whether the task's class overrides :meth:`effect`."""
+        return type(self).effect is not WebTask.effect
+
 
 class PageTask(WebTask):
-    """A plain page: open ``url``, the goal is ``goal``; no reward, never done by itself."""
+    """A plain page: open ``url``, the goal is ``goal``; no reward, never done by itself.
 
-    def __init__(self, name: str, url: str, goal: str = "", max_steps: int = 10) -> None:
+    ``once`` says which actions act on the outside world (``once=submits_form``: every form
+    submit; any predicate of the action and its element): those are ``"once"``
+    (:meth:`WebTask.effect`), every other action reads."""
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        goal: str = "",
+        max_steps: int = 10,
+        *,
+        once: Callable[[WebAction, WebElement | None], bool] | None = None,
+    ) -> None:
         self.name = name
         self.url = url
         self.goal = goal
         self.max_steps = max_steps
+        self.once = once
+
+    def effect(self, action: WebAction, element: WebElement | None) -> WebEffect:
+        """``"once"`` where the ``once`` predicate says so, else ``"read"``."""
+        return "once" if self.once is not None and self.once(action, element) else "read"
+
+    @property
+    def declares_effects(self) -> bool:
+        """Whether a ``once`` predicate was given."""
+        return self.once is not None
 
     async def setup(self, page: Any, seed: int, timeout_s: float) -> str:
         """Open the URL (``seed`` is not used)."""
