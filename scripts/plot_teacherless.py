@@ -69,11 +69,12 @@ def gain(test: dict[str, Any], runs: list[str], tasks: list[str]) -> Any:
     return seed_paired_difference(pairs, strata=lambda item: item.rsplit("/", 1)[0], n_resamples=10_000)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Write ``summary.json``, ``table.md`` and ``curves.png`` for the study in ``argv``."""
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("folder", type=Path, help="the study's --out folder")
     p.add_argument("--to", type=Path, required=True)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.to.mkdir(parents=True, exist_ok=True)
     root: Path = args.folder
     screen = json.loads((root / "screen.json").read_text()) if (root / "screen.json").exists() else None
@@ -129,25 +130,52 @@ def main() -> None:
     plot(root, args.to / "curves.png")
 
 
-def plot(root: Path, path: Path) -> None:
-    """Validation success along GRPO and the rollouts' mean reward, one line per seed."""
+def student_validation(root: Path) -> float | None:
+    """The student's validation success on the RL tasks (the screening: the same seeds,
+    greedy), the curves' point at 0 updates."""
+    screen = json.loads((root / "screen.json").read_text()) if (root / "screen.json").exists() else {}
+    values = [v for t in TEACHERLESS_TASKS for v in screen.get("per_task", {}).get(t, {}).values()]
+    return sum(values) / len(values) if values else None
+
+
+def moving_mean(values: list[float], width: int) -> list[float]:
+    """The mean of each value and the ``width - 1`` before it (fewer at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= width:
+            total -= values[i - width]
+        out.append(total / min(i + 1, width))
+    return out
+
+
+def plot(root: Path, path: Path, smooth: int = 10) -> None:
+    """Validation success along GRPO (from the student's, at 0 updates) and the rollouts' mean
+    reward per step (thin) with its ``smooth``-step moving mean (thick), one colour per seed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for run_dir in sorted(root.glob("rl-seed*")):
+    start = student_validation(root)
+    for i, run_dir in enumerate(sorted(root.glob("rl-seed*"))):
+        colour = f"C{i}"
         val = lines(run_dir / "val.jsonl")
+        points = ([(0, start)] if start is not None else []) + [(v["step"], v["success"]) for v in val]
         if val:
-            left.plot([v["step"] for v in val], [v["success"] for v in val], marker="o", label=run_dir.name)
+            left.plot(*zip(*points, strict=True), marker="o", color=colour, label=run_dir.name)
         steps = lines(run_dir / "rl_log.jsonl")
         if steps:
-            right.plot([s["step"] for s in steps], [s.get("reward_mean") or 0.0 for s in steps], alpha=0.7)
-    left.set(xlabel="GRPO step", ylabel="validation success (RL tasks, greedy)", ylim=(0, 1))
-    right.set(xlabel="GRPO step", ylabel="rollouts' mean reward", ylim=(0, 1))
-    if left.lines:
-        left.legend()
+            x = [s["step"] + 1 for s in steps]  # updates done after the step
+            y = [s.get("reward_mean") or 0.0 for s in steps]
+            right.plot(x, y, color=colour, alpha=0.25, linewidth=0.8)
+            right.plot(x, moving_mean(y, smooth), color=colour, label=run_dir.name)
+    left.set(xlabel="GRPO updates", ylabel="validation success (RL tasks, greedy)", ylim=(0, 1))
+    right.set(xlabel="GRPO updates", ylabel=f"rollouts' mean reward ({smooth}-step mean)", ylim=(0, 1))
+    for ax in (left, right):
+        if ax.lines and ax.get_legend_handles_labels()[0]:
+            ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -63,3 +63,59 @@ def test_a_resumed_run_neither_repeats_nor_skips_a_validation_point(tmp_path: Pa
     assert scored == [30, 60, 90, 100]  # 60 not repeated, the last step always scored
     lines = [json.loads(x) for x in (tmp_path / "val.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [30, 60, 90, 100]
+
+
+def test_the_tables_and_the_picture_from_a_study_with_a_known_gain(tmp_path: Path) -> None:
+    # scripts/plot_teacherless.py on a made-up study folder: the student fails every RL-task test
+    # episode; seed 0 then solves 8 of 32, seed 1 4, seed 2 none (+0.25, +0.125, 0: mean +0.125);
+    # on the teacher tasks nothing changes (forgetting 0)
+    from tapekit.web import SPLIT, TEACHERLESS_TASKS
+    from tests.examples._commands import load_script
+
+    root, to = tmp_path / "run", tmp_path / "out"
+    rl_tasks, teacher = list(TEACHERLESS_TASKS), list(SPLIT.train_tasks)
+    seeds = ["200000", "200001", "200002", "200003"]
+    screen = {
+        "success": {t: 0.25 for t in rl_tasks},
+        "chosen": rl_tasks,
+        "per_task": {t: {str(100_000 + i): float(i < 5) for i in range(20)} for t in rl_tasks},
+    }
+    items = [(t, s) for t in rl_tasks for s in seeds]
+
+    def policy(solved: int) -> dict[str, object]:
+        per_task = {t: dict.fromkeys(seeds, 0.0) for t in rl_tasks}
+        for t, s in items[:solved]:
+            per_task[t][s] = 1.0
+        per_task.update({t: {"200000": 1.0, "200001": 1.0} for t in teacher})
+        return {"per_task": per_task, "environment_failures": 0}
+
+    test = {"student": policy(0), "rl-seed0": policy(8), "rl-seed1": policy(4), "rl-seed2": policy(0)}
+    root.mkdir()
+    (root / "screen.json").write_text(json.dumps(screen))
+    (root / "test.json").write_text(json.dumps(test))
+    for k in range(3):
+        run = root / f"rl-seed{k}"
+        run.mkdir()
+        steps = [{"step": i, "reward_mean": 0.2 + 0.01 * i, "step_seconds": 100.0} for i in range(12)]
+        (run / "rl_log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in steps))
+        (run / "val.jsonl").write_text(json.dumps({"step": 12, "success": 0.3 + 0.1 * k}) + "\n")
+    pytest.importorskip("matplotlib")  # in the dev extra
+    script = load_script("plot_teacherless")
+    script.main([str(root), "--to", str(to)])
+    summary = json.loads((to / "summary.json").read_text())
+    gain = summary["gain RL tasks"]
+    assert gain["value"] == pytest.approx(0.125)
+    assert gain["per_seed"] == {"rl-seed0": 0.25, "rl-seed1": 0.125, "rl-seed2": 0.0}
+    assert gain["n_seeds"] == 3 and gain["n_items"] == 32
+    assert gain["seed_low"] < 0 < gain["seed_high"]  # three seeds this far apart: not above 0
+    assert summary["gain teacher tasks (forgetting)"]["value"] == 0.0
+    assert summary["rl"]["rl-seed1"] == {
+        "steps": 12,
+        "seconds": 1200.0,
+        "validation": [{"step": 12, "success": 0.4}],
+    }
+    table = (to / "table.md").read_text()
+    assert "| all | 0.00 (0/32) | 0.25 (8/32) | 0.12 (4/32) | 0.00 (0/32) |" in table
+    assert script.student_validation(root) == pytest.approx(0.25)
+    assert script.moving_mean([1.0, 0.0, 1.0, 1.0], 2) == [1.0, 0.5, 0.5, 1.0]
+    assert (to / "curves.png").stat().st_size > 20_000
