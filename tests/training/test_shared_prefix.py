@@ -151,3 +151,64 @@ def test_a_common_system_prompt_runs_once_per_micro_batch_with_the_same_logprobs
     plain_grads = torch.autograd.grad((plain * weights).sum(), params)
     for a, b in zip(shared_grads, plain_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+def test_micro_batches_keep_each_prefix_together_and_fill_the_room_with_single_rows() -> None:
+    from tapekit.training.rl._shared_prefix import micro_batches
+
+    a, b = [1, 2, 3], [4, 5, 6]
+    # prefix a: rows 0, 3, 6; b: 2, 5; single rows 1, 4, 7; row 8 trains nothing
+    rows = [[*a, 7], [9, 9], [*b, 8], [*a, 8], [3, 3], [*b, 9], [*a, 9], [2, 2], [5, 5]]
+    first = [3, 1, 3, 3, 1, 3, 3, 1, 0]
+    assert micro_batches(rows, first, 4) == [[0, 3, 6, 1], [2, 5, 4, 7], [8]]
+    assert micro_batches(rows, first, 2) == [[0, 3], [6, 1], [2, 5], [4, 7], [8]]  # a group cut at the size
+    with pytest.raises(ValueError, match="size must be > 0"):
+        micro_batches(rows, first, 0)
+
+
+def test_a_grpo_step_puts_attempts_whose_turns_lie_apart_in_one_micro_batch() -> None:
+    # two attempts at each of two pages, each attempt's second turn between them (as a
+    # multi-turn episode's rows come): in row order no micro-batch of 2 holds a page's pair;
+    # the step reorders, shares each pair's prompt and moves the weights as the plain pass
+    from tapekit.training.rl._step import _micro_batched
+
+    model, tok = make_model()
+    page = {p: tok(p)["input_ids"] for p in ("12+7=", "3+4=", "9+9=", "5+1=")}
+    order = ["12+7=", "9+9=", "3+4=", "5+1=", "12+7=", "3+4="]  # 9+9 and 5+1: the second turns
+    rows = []
+    for i, p in enumerate(order):
+        answer = [5 + i, 6]
+        mask = [0] * len(page[p]) + [1] * len(answer)
+        rows.append({
+            "input_ids": page[p] + answer, "loss_mask": mask, "tape_id": f"t{i}", "task_id": "task",
+            "logprobs": [-0.5 if m else 0.0 for m in mask], "has_logprobs": True, "reward": float(i % 2),
+        })  # fmt: skip
+    cfg = RLConfig(temperature=0.7, share_prefix=True, micro_batch_size=2)
+    batch = make_rl_batch(rows, cfg)
+    reordered, slices = _micro_batched(batch, cfg)
+
+    def prompts(sl: slice) -> set[tuple[int, ...]]:
+        pairs = zip(reordered.input_ids[sl], reordered.loss_mask[sl].bool(), strict=True)
+        return {tuple(ids[: int(m.int().argmax())].tolist()) for ids, m in pairs}
+
+    assert [len(prompts(sl)) for sl in slices] == [1, 1, 2]  # each page's pair in one micro-batch
+    assert sorted(reordered.advantages.tolist()) == sorted(batch.advantages.tolist())
+    with pytest.raises(ValueError, match="not an order"):
+        batch.take([0, 0, 1, 2, 3, 4])
+    results = []
+    for share in (True, False):
+        policy = copy.deepcopy(model)
+        step_cfg = RLConfig(temperature=0.7, share_prefix=share, micro_batch_size=2)
+        optimizer = torch.optim.SGD(policy.parameters(), lr=0.5)
+        seen: list[int] = []
+        hook = policy.model.register_forward_pre_hook(
+            lambda _m, _a, kw, seen=seen: seen.append(int(kw["input_ids"].numel())), with_kwargs=True
+        )
+        stats = grpo_step(policy, optimizer, make_rl_batch(rows, step_cfg), step_cfg)
+        hook.remove()
+        results.append((stats, dict(policy.named_parameters()), sum(seen)))
+    (a, wa, shared_positions), (b, wb, plain_positions) = results
+    assert shared_positions < plain_positions
+    assert a.loss != 0.0 and a.loss == pytest.approx(b.loss, rel=1e-5) and a.tokens == b.tokens
+    for name, p in wa.items():
+        torch.testing.assert_close(p, wb[name], rtol=1e-3, atol=1e-4, msg=name)

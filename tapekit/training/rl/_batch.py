@@ -47,6 +47,23 @@ class RLBatch:
         """The number of samples (rows)."""
         return int(self.input_ids.shape[0])
 
+    def take(self, order: list[int]) -> RLBatch:
+        """This batch with its rows in ``order`` (a permutation of the rows); the tapes' rewards
+        and the groups are the same."""
+        import torch
+
+        if sorted(order) != list(range(self.size)):
+            raise ValueError(f"RLBatch.take: {order} is not an order of the {self.size} rows")
+        if order == list(range(self.size)):
+            return self
+        index = torch.tensor(order, dtype=torch.long, device=self.input_ids.device)
+        tensors = ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "has_logprobs", "advantages")
+        return replace(
+            self,
+            policy_versions=[self.policy_versions[i] for i in order],
+            **{name: getattr(self, name).index_select(0, index) for name in tensors},
+        )
+
     def to(self, device: Any) -> RLBatch:
         """This batch with its tensors on ``device`` (the same object when they are there already)."""
         if self.input_ids.device == device:

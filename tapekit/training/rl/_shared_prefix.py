@@ -48,6 +48,45 @@ def prefix_groups(rows: Sequence[Sequence[int]], first_trained: Sequence[int]) -
     return [(len(prefix), members) for prefix, members in groups.items()]
 
 
+def micro_batches(rows: Sequence[Sequence[int]], first_trained: Sequence[int], size: int) -> list[list[int]]:
+    """The rows split into micro-batches of at most ``size`` rows in which the rows that share
+    a prefix (:func:`prefix_groups`) sit together: the groups of several rows first, largest
+    first, each put whole into the first micro-batch with room (a group larger than ``size`` is
+    cut into ``size``-row parts), then the single rows, in their order, into the room left and
+    then into new micro-batches; rows without a trained token last. The GRPO loss sums over
+    rows and is normalised over the whole batch, so the split changes which rows meet in a
+    micro-batch (what :func:`shared_prefix_logprobs` can share), not the loss or the gradient
+    (but for the order of float additions)."""
+    if size <= 0:
+        raise ValueError(f"micro_batches: size must be > 0, got {size}")
+    groups = [members for _, members in prefix_groups(rows, first_trained)]
+    shared = sorted((g for g in groups if len(g) > 1), key=len, reverse=True)  # stable: ties keep order
+    bins: list[list[int]] = []
+    for group in shared:
+        for start in range(0, len(group), size):
+            part = group[start : start + size]
+            target = next((b for b in bins if len(b) + len(part) <= size), None)
+            if target is None:
+                bins.append(list(part))
+            else:
+                target.extend(part)
+    grouped = {i for g in groups for i in g}
+    rest = [g[0] for g in groups if len(g) == 1] + [i for i in range(len(rows)) if i not in grouped]
+    for b in bins:  # the room the groups left
+        while len(b) < size and rest:
+            b.append(rest.pop(0))
+    bins += [rest[i : i + size] for i in range(0, len(rest), size)]
+    return bins
+
+
+def batch_micro_batches(input_ids: Any, attention_mask: Any, mask: Any, size: int) -> list[list[int]]:
+    """:func:`micro_batches` of a right-padded batch's rows (the tensors that
+    :func:`shared_prefix_logprobs` takes)."""
+    lengths = attention_mask.sum(dim=1).tolist()
+    rows = [input_ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
+    return micro_batches(rows, _first_trained(mask), size)
+
+
 def _first_trained(mask: Any) -> list[int]:
     """Per row, the position of the first token with a loss (0 when there is none)."""
     has = mask.bool()

@@ -101,14 +101,18 @@ def _policy_logprobs(
     return logp  # type: ignore[no-any-return]
 
 
-def reference_logprobs(model: Any, batch: RLBatch, config: RLConfig) -> torch.Tensor:
-    """Per-token log-probs of ``batch`` under ``model`` (a frozen reference policy), without grad."""
+def reference_logprobs(
+    model: Any, batch: RLBatch, config: RLConfig, slices: list[slice] | None = None
+) -> torch.Tensor:
+    """Per-token log-probs of ``batch`` under ``model`` (a frozen reference policy), without
+    grad, computed micro-batch by micro-batch (``slices``; default: ``config.micro_batch_size``
+    rows each, in order)."""
     import torch
 
     parts = []
     batch = batch.to(_device(model))
     with torch.no_grad():
-        for sl in _slices(batch.size, config.micro_batch_size):
+        for sl in slices or _slices(batch.size, config.micro_batch_size):
             parts.append(_policy_logprobs(model, batch, sl, config.temperature, config.share_prefix))
     return torch.cat(parts)
 
@@ -116,6 +120,25 @@ def reference_logprobs(model: Any, batch: RLBatch, config: RLConfig) -> torch.Te
 def _slices(n: int, size: int | None) -> list[slice]:
     step = size or n
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+def _micro_batched(batch: RLBatch, config: RLConfig) -> tuple[RLBatch, list[slice]]:
+    """``batch`` in micro-batch order and its micro-batches: with ``share_prefix`` and a
+    ``micro_batch_size`` smaller than the batch, the rows that share a prefix are put in one
+    micro-batch (:func:`~tapekit.training.rl._shared_prefix.batch_micro_batches`: a group's
+    attempts at one page, whose turns may lie apart in row order); else fixed slices in row
+    order."""
+    from tapekit.training.rl._shared_prefix import batch_micro_batches
+
+    size = config.micro_batch_size
+    if not (config.share_prefix and size and size < batch.size):
+        return batch, _slices(batch.size, size)
+    bins = batch_micro_batches(batch.input_ids, batch.attention_mask, batch.loss_mask, size)
+    slices, start = [], 0
+    for b in bins:
+        slices.append(slice(start, start + len(b)))
+        start += len(b)
+    return batch.take([i for b in bins for i in b]), slices
 
 
 def _lag(versions: list[int | None], current: int | None) -> tuple[float | None, int | None]:
@@ -157,8 +180,8 @@ def grpo_step(
     if config.kl_coef and ref_model is None:
         raise ValueError("grpo_step: config.kl_coef > 0 needs ref_model")
     start = time.perf_counter()
-    batch = batch.to(_device(model))
-    ref = reference_logprobs(ref_model, batch, config) if ref_model is not None else None
+    batch, slices = _micro_batched(batch.to(_device(model)), config)
+    ref = reference_logprobs(ref_model, batch, config, slices) if ref_model is not None else None
     if ref is not None:
         ref = ref.to(batch.input_ids.device)
     total_tokens = float(batch.loss_mask.sum().item())
@@ -167,7 +190,7 @@ def grpo_step(
         total_sequences = float(batch.size)
     optimizer.zero_grad()
     sums = {"loss": 0.0, "tokens": 0.0, "low": 0.0, "high": 0.0, "kl": 0.0, "ratio": 0.0}
-    for sl in _slices(batch.size, config.micro_batch_size):
+    for sl in slices:
         logp = _policy_logprobs(model, batch, sl, config.temperature, config.share_prefix)
         have = batch.has_logprobs[sl].unsqueeze(1)
         old = torch.where(have, batch.old_logprobs[sl], logp.detach())
