@@ -82,9 +82,13 @@ def micro_batches(rows: Sequence[Sequence[int]], first_trained: Sequence[int], s
 def batch_micro_batches(input_ids: Any, attention_mask: Any, mask: Any, size: int) -> list[list[int]]:
     """:func:`micro_batches` of a right-padded batch's rows (the tensors that
     :func:`shared_prefix_logprobs` takes)."""
-    lengths = attention_mask.sum(dim=1).tolist()
-    rows = [input_ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
-    return micro_batches(rows, _first_trained(mask), size)
+    return micro_batches(_rows(input_ids, attention_mask)[1], _first_trained(mask), size)
+
+
+def _rows(input_ids: Any, attention_mask: Any) -> tuple[list[int], list[list[int]]]:
+    """Each right-padded row's length and its tokens without the padding."""
+    lengths = [int(n) for n in attention_mask.sum(dim=1).tolist()]
+    return lengths, [input_ids[i, :n].tolist() for i, n in enumerate(lengths)]
 
 
 def _first_trained(mask: Any) -> list[int]:
@@ -107,8 +111,7 @@ def shared_prefix_logprobs(
     parts = _head_loss.plain_head_parts(model)
     if parts is None:
         return None
-    lengths = attention_mask.sum(dim=1).tolist()
-    rows = [input_ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
+    lengths, rows = _rows(input_ids, attention_mask)
     groups = prefix_groups(rows, _first_trained(mask))
     common = common_prefix_length([rows[members[0]][:length] for length, members in groups])
     if common < COMMON_MIN or len(groups) < 2:
