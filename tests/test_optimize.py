@@ -335,3 +335,68 @@ def test_the_test_split_is_evaluated_once_after_the_choice_and_outside_the_budge
     plain = optimize(make_agent(), TRAIN, VAL, exact, optimizer=AddDemos(), budget=20)
     with pytest.raises(OptimizeError, match="no test split"):
         plain.test_difference()
+
+
+def test_variant_search_scores_each_named_variant_on_validation() -> None:
+    from tapekit.optimize import Variant, VariantSearch
+
+    variants = [
+        Variant(name="zero-shot"),
+        Variant(name="told", instruction="Double the number."),
+        Variant(name="pool", demos="pool"),
+        Variant(name="two", demos=2),
+    ]
+    result = optimize(make_agent(), TRAIN, VAL, exact, optimizer=VariantSearch(variants=variants), budget=40)
+    (run,) = result.runs
+    assert [c.note for c in run.candidates] == ["zero-shot", "told", "pool", "two"]
+    assert [c.mean() for c in run.candidates] == [0.25, 1.0, 1.0, 1.0]
+    by_note = {c.note: c.params["doubler.answer"] for c in run.candidates}
+    assert by_note["zero-shot"].demos == [] and by_note["told"].instruction == "Double the number."
+    # the pool: the base agent's passed training tapes (even numbers only); two of them at random
+    pool_numbers = sorted(int(d.inputs["question"].split()[-1]) for d in by_note["pool"].demos or [])
+    assert pool_numbers == [2, 4, 6, 8]
+    assert len(by_note["two"].demos or []) == 2
+    assert result.rollouts_used == len(VAL) + len(TRAIN) + 4 * len(VAL)  # one training run for all
+
+
+def test_variant_options_set_node_fields_are_saved_and_bad_ones_named(tmp_path: Path) -> None:
+    from tapekit import AssistantStep
+    from tapekit.frameworks import DemoPick, MonoAgent, MonoNode
+    from tapekit.optimize import Variant, VariantSearch
+
+    shown: list[int] = []
+
+    def counting(prompt: Prompt) -> str:
+        shown.append(sum(m["role"] == "assistant" for m in prompt.messages))
+        return mono_model(prompt)
+
+    def make() -> Agent:
+        node = MonoNode(name="solve", instruction="Answer the last question.")
+        return MonoAgent.create(
+            "mono", llms=FunctionLLM(fn=counting), nodes=[node], step_classes=[AssistantStep]
+        )
+
+    variant = Variant(name="nearest-1", demos="pool", options={"demo_pick": {"k": 1}})
+    result = optimize(make(), TRAIN, VAL, exact, optimizer=VariantSearch(variants=[variant]), budget=20)
+    node = optimisable_nodes(result.agent)["mono.solve"]
+    assert node.demo_pick == DemoPick(k=1) and len(node.demos) == 4  # type: ignore[attr-defined]
+    assert shown[-len(VAL) :] == [1] * len(VAL)  # a pool of four, one shown per prompt
+    path = result.save(tmp_path / "opt.json")
+    saved = json.loads(path.read_text())["nodes"]["mono.solve"]
+    assert saved["options"] == {"demo_pick": {"k": 1, "rule": "nearest"}}
+    reloaded = optimisable_nodes(load_optimized(make(), path))["mono.solve"]
+    assert reloaded.demo_pick == DemoPick(k=1)  # type: ignore[attr-defined]
+
+    with pytest.raises(OptimizeError, match=r"'mono.solve'.*no 'temprature' field"):
+        optimize(
+            make(),
+            TRAIN,
+            VAL,
+            exact,
+            optimizer=VariantSearch(variants=[Variant(name="typo", options={"temprature": 0.5})]),
+            budget=20,
+        )
+    with pytest.raises(ValueError, match="must differ"):
+        VariantSearch(variants=[Variant(name="a"), Variant(name="a", demos=1)])
+    with pytest.raises(ValueError, match=">= 1"):
+        Variant(name="none-at-all", demos=0)

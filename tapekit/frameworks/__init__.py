@@ -7,7 +7,7 @@
 Nodes with ``instruction`` and ``demos`` fields (:class:`Demo`) are what optimisers tune.
 """
 
-from tapekit.frameworks.demo import Demo
+from tapekit.frameworks.demo import Demo, DemoPick, pick_demos
 from tapekit.frameworks.function import (
     InputField,
     LLMFunction,
@@ -37,6 +37,7 @@ __all__ = [
     "AllOf",
     "AnyOf",
     "Demo",
+    "DemoPick",
     "FunctionTermination",
     "InitiatorNode",
     "InputField",
@@ -57,5 +58,6 @@ __all__ = [
     "WorkerNode",
     "conversation",
     "estimate_tokens",
+    "pick_demos",
     "token_counter",
 ]

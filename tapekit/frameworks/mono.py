@@ -22,7 +22,7 @@ from tapekit.agent import Agent, Node, node_run_steps
 from tapekit.core import Call, ControlStep, LLMOutput, Observation, Prompt, Respond, SetNextNode, Step, Tape
 from tapekit.core import step_kinds as registered_step_kinds
 from tapekit.dialog import SystemStep, UserStep
-from tapekit.frameworks.demo import Demo
+from tapekit.frameworks.demo import Demo, DemoPick, pick_demos
 from tapekit.llm.base import LLM, LLMStream
 from tapekit.structured import LLMOutputParsingFailure, StructuredNode, steps_schema
 
@@ -49,7 +49,9 @@ class MonoNode(StructuredNode):
     """One node of a monolithic agent: the shared prompt plus this node's ``instruction``.
 
     ``step_classes`` are the kinds the LLM may write (saved in a config by their ``kind``);
-    ``demos`` are rendered user/assistant exchanges (:meth:`Demo.chat`) shown before the tape;
+    ``demos`` are rendered user/assistant exchanges (:meth:`Demo.chat`) shown before the tape
+    (with ``demo_pick``, only ``k`` of them per prompt, those nearest the tape's last message:
+    :func:`~tapekit.frameworks.pick_demos`);
     ``next_node`` adds a :class:`SetNextNode` before the steps (e.g. an acting node that loops
     on itself); ``constrained=False`` leaves the response schema out of the prompt, for backends
     that reject it (the output is still parsed against it).
@@ -57,6 +59,7 @@ class MonoNode(StructuredNode):
 
     step_classes: list[type[Step]] = Field(default_factory=list)
     demos: list[Demo] = Field(default_factory=list)
+    demo_pick: DemoPick | None = None
     max_prompt_tokens: int | None = None
     next_node: str | None = None
     constrained: bool = True
@@ -107,20 +110,21 @@ class MonoNode(StructuredNode):
         if self.max_prompt_tokens is None:
             return [m for m, _ in entries]
         count = token_counter(agent.llm_for(self) if agent.llms else None)
-        fixed = sum(count(m["content"]) for m in self._fixed_messages())
+        fixed = sum(count(m["content"]) for m in self._fixed_messages(_last_text([m for m, _ in entries])))
         return _trimmed(entries, count, self.max_prompt_tokens - fixed)
 
-    def _fixed_messages(self) -> list[dict[str, Any]]:
+    def _fixed_messages(self, query: str) -> list[dict[str, Any]]:
         msgs = [{"role": "system", "content": self.system_text()}]
-        for demo in self.demos:
+        for demo in pick_demos(self.demos, query, self.demo_pick):
             msgs.append({"role": "user", "content": str(demo.inputs.get("user", ""))})
             msgs.append({"role": "assistant", "content": str(demo.outputs.get("assistant", ""))})
         msgs.append({"role": "user", "content": self.instruction})
         return msgs
 
     def _prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
-        fixed = self._fixed_messages()
-        messages = [*fixed[:-1], *self.tape_messages(agent, tape), fixed[-1]]
+        tape_messages = self.tape_messages(agent, tape)
+        fixed = self._fixed_messages(_last_text(tape_messages))
+        messages = [*fixed[:-1], *tape_messages, fixed[-1]]
         schema = steps_schema(self.step_classes, self.max_steps) if self.constrained else None
         return Prompt(messages=messages, response_schema=schema)
 
@@ -250,3 +254,8 @@ def _trimmed(
         messages[i]["content"] = note
         total += count(note) - sizes[i]
     return messages
+
+
+def _last_text(messages: list[dict[str, Any]]) -> str:
+    """The text of the last message (what demos are picked for)."""
+    return str(messages[-1].get("content") or "") if messages else ""

@@ -2,7 +2,7 @@
 
 Tapes are the traces: optimisers read the node runs on scored training tapes (demos from good
 ones, feedback on bad ones) and :func:`tapekit.evaluate.evaluate` is the judge. An optimiser
-changes only the ``instruction`` and ``demos`` of the targeted nodes, so the optimised agent is
+changes only the ``instruction``, ``demos`` and named options of the targeted nodes, so the optimised agent is
 the same agent class, saved as a small JSON config (:meth:`OptimizeResult.save`,
 :func:`load_optimized`), and resumes from any tape like the original. See docs/optimize.md.
 """
@@ -21,6 +21,7 @@ from tapekit.optimize.base import Optimizer
 from tapekit.optimize.demos import AddDemos, BootstrapFewShot
 from tapekit.optimize.instructions import InstructionSearch
 from tapekit.optimize.reflective import Reflective, pareto_front
+from tapekit.optimize.variants import Variant, VariantSearch
 
 __all__ = [
     "AddDemos",
@@ -34,6 +35,8 @@ __all__ = [
     "Optimizer",
     "OptimizerRun",
     "Reflective",
+    "Variant",
+    "VariantSearch",
     "candidate_tag",
     "load_optimized",
     "optimisable_nodes",

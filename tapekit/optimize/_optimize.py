@@ -118,9 +118,10 @@ class OptimizeResult:
         console.print(self.table())
 
     def save(self, path: str | Path) -> Path:
-        """Save the optimised agent's instructions and demos as a JSON config (reload it with
-        :func:`~tapekit.optimize.load_optimized`)."""
-        return save_optimized(self.agent, path, self.targets)
+        """Save the optimised agent's instructions, demos and the node options its candidate set
+        as a JSON config (reload it with :func:`~tapekit.optimize.load_optimized`)."""
+        options = {t: list(p.options) for t, p in self.best.params.items() if p.options}
+        return save_optimized(self.agent, path, self.targets, options=options)
 
 
 def _check_tasks(tasks: Sequence[Task], what: str) -> list[Task]:

@@ -11,6 +11,7 @@ is named like a step's author, ``"<agent full name>.<node name>"`` (``"rag.answe
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,15 @@ class OptimizeError(TapekitError, ValueError):
 
 
 class NodeParams(BaseModel):
-    """The optimisable parameters of one node; ``None`` leaves the node's own value."""
+    """The optimisable parameters of one node; ``None`` leaves the node's own value.
+
+    ``options`` sets other fields of the node by name (e.g. a web node's ``rationale`` or
+    ``demo_pick``), each checked against the field's type; an option that names no field of the
+    node, or ``instruction``/``demos``/``name``, is refused."""
 
     instruction: str | None = None
     demos: list[Any] | None = None
+    options: dict[str, Any] | None = None
 
 
 Params = dict[str, NodeParams]
@@ -117,22 +123,45 @@ def with_params(agent: Agent, params: Params) -> Agent:
             _set(nodes[target], "instruction", p.instruction, target)
         if p.demos is not None:
             _set(nodes[target], "demos", p.demos, target)
+        for field, value in (p.options or {}).items():
+            if field in _NOT_OPTIONS:
+                raise OptimizeError(
+                    f"node {target!r}: {field!r} is not an option (set instruction and demos by their own "
+                    "fields; a node's name is its identity)"
+                )
+            _set(nodes[target], field, value, target)
     return copy
+
+
+_NOT_OPTIONS = frozenset({"instruction", "demos", "name"})
 
 
 def _dumped(value: Any) -> Any:
     return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
 
 
-def save_optimized(agent: Agent, path: str | Path, targets: list[str] | None = None) -> Path:
+def _options(node: Node, fields: Sequence[str]) -> dict[str, Any]:
+    return {f: _dumped(getattr(node, f)) for f in fields}
+
+
+def save_optimized(
+    agent: Agent,
+    path: str | Path,
+    targets: list[str] | None = None,
+    options: Mapping[str, Sequence[str]] | None = None,
+) -> Path:
     """Write the optimisable parameters of ``agent`` (every optimisable node, or ``targets``) to
-    a JSON config; :func:`load_optimized` applies it to a freshly built agent of the same shape."""
+    a JSON config; :func:`load_optimized` applies it to a freshly built agent of the same shape.
+    ``options`` names, by target, the other node fields optimisation set (see
+    :class:`NodeParams`); their current values are saved too."""
     names = resolve_targets(agent, targets)
     params = read_params(agent, names)
+    nodes_by_name = optimisable_nodes(agent)
     nodes = {
         t: {
             "instruction": p.instruction,
             "demos": None if p.demos is None else [_dumped(d) for d in p.demos],
+            **({"options": _options(nodes_by_name[t], options[t])} if options and options.get(t) else {}),
         }
         for t, p in params.items()
     }

@@ -19,30 +19,51 @@ from typing import Any
 from pydantic import ConfigDict
 
 from tapekit.agent import Agent
+from tapekit.evaluate import EvalReport
 from tapekit.optimize._run import Search
 from tapekit.optimize._targets import NodeParams, Params
 from tapekit.optimize.base import Optimizer, demos_from_report, demos_from_teacher
 
 
-def bootstrap_pool(
+def bootstrap_report(
     search: Search, params: Params | None = None, teacher: Agent | None = None
-) -> dict[str, list[Any]]:
+) -> EvalReport | None:
     """Run the training tasks (as many as the budget allows after one validation) with
-    ``params`` (the base agent's own by default), or with ``teacher`` when given, and collect
-    demos from the passed tapes."""
+    ``params`` (the base agent's own by default), or with ``teacher`` when given; None when the
+    budget leaves no training rollout."""
     params = params if params is not None else search.baseline.params
     n = min(len(search.trainset), search.left - len(search.valset))
     if n <= 0:
-        return {t: [] for t in search.targets}
+        return None
     if teacher is not None:
-        report = search.run_agent(teacher, search.trainset[:n], "teacher", "train")
-        return demos_from_teacher(search.agent_with(params), teacher, report, search.targets)
+        return search.run_agent(teacher, search.trainset[:n], "teacher", "train")
     source = search.baseline.id if params is search.baseline.params else search.new_id()
-    report = search.run(params, search.trainset[:n], source, "train")
-    return demos_from_report(search.agent_with(params), report, search.targets)
+    return search.run(params, search.trainset[:n], source, "train")
 
 
-def _with_demos(base: Params, chosen: dict[str, list[Any]]) -> Params:
+def pool_from_report(
+    search: Search, report: EvalReport | None, params: Params, teacher: Agent | None = None
+) -> dict[str, list[Any]]:
+    """The demos of ``report``'s passed tapes, read by the target nodes of the agent with
+    ``params`` (so the reading follows the node's own settings, e.g. its rationale)."""
+    if report is None:
+        return {t: [] for t in search.targets}
+    agent = search.agent_with(params)
+    if teacher is not None:
+        return demos_from_teacher(agent, teacher, report, search.targets)
+    return demos_from_report(agent, report, search.targets)
+
+
+def bootstrap_pool(
+    search: Search, params: Params | None = None, teacher: Agent | None = None
+) -> dict[str, list[Any]]:
+    """Run the training tasks (:func:`bootstrap_report`) and collect demos from the passed
+    tapes."""
+    params = params if params is not None else search.baseline.params
+    return pool_from_report(search, bootstrap_report(search, params, teacher), params, teacher)
+
+
+def with_demos(base: Params, chosen: dict[str, list[Any]]) -> Params:
     out = {t: p.model_copy() for t, p in base.items()}
     for target, demos in chosen.items():
         if demos:
@@ -50,7 +71,7 @@ def _with_demos(base: Params, chosen: dict[str, list[Any]]) -> Params:
     return out
 
 
-def _sample(pool: dict[str, list[Any]], k: int, rng: random.Random) -> dict[str, list[Any]]:
+def sample_demos(pool: dict[str, list[Any]], k: int, rng: random.Random) -> dict[str, list[Any]]:
     return {t: rng.sample(demos, min(k, len(demos))) for t, demos in pool.items()}
 
 
@@ -69,8 +90,8 @@ class AddDemos(Optimizer):
         pool = bootstrap_pool(search, teacher=self.teacher)
         if not any(pool.values()):
             return
-        chosen = _sample(pool, self.max_demos, search.rng)
-        search.validate(_with_demos(search.baseline.params, chosen), note=_count(chosen))
+        chosen = sample_demos(pool, self.max_demos, search.rng)
+        search.validate(with_demos(search.baseline.params, chosen), note=_count(chosen))
 
 
 class BootstrapFewShot(Optimizer):
@@ -94,12 +115,12 @@ class BootstrapFewShot(Optimizer):
             if len(tried) >= self.n_candidates or not search.can(len(search.valset)):
                 break
             k = search.rng.randint(1, self.max_demos)
-            chosen = _sample(pool, k, search.rng)
+            chosen = sample_demos(pool, k, search.rng)
             key = repr(sorted((t, [repr(d) for d in ds]) for t, ds in chosen.items()))
             if key in tried:
                 continue
             tried.add(key)
-            search.validate(_with_demos(search.baseline.params, chosen), note=_count(chosen))
+            search.validate(with_demos(search.baseline.params, chosen), note=_count(chosen))
 
 
 def _count(chosen: dict[str, list[Any]]) -> str:

@@ -39,7 +39,7 @@ from pydantic import Field
 from tapekit.agent import Agent, Node, node_run_steps
 from tapekit.core import LLMOutput, Prompt, SetNextNode, Step, StopStep, Tape, Thought, ToolCallRequest
 from tapekit.errors import AgentError
-from tapekit.frameworks.demo import Demo
+from tapekit.frameworks.demo import Demo, DemoPick, pick_demos
 from tapekit.llm.base import LLM, LLMStream
 from tapekit.structured import LLMOutputParsingFailure
 from tapekit.web.axtree import parse_axtree
@@ -335,7 +335,9 @@ class WebAgentNode(Node):
     """The web agent's node (see the module docstring for the prompt and the answer).
 
     ``instruction`` is the system message; ``demos`` are shown before the observation as
-    user/assistant turns (:meth:`extract_demo` makes them); ``last_k`` actions of the episode
+    user/assistant turns (:meth:`extract_demo` makes them); with ``demo_pick`` only ``k`` of them
+    per prompt, those whose page goal is nearest the current goal (:func:`pick_demos`), so a
+    large pool of demos from many tasks keeps the prompt short; ``last_k`` actions of the episode
     are shown; the tree is cut to ``max_axtree_chars``; ``rationale`` asks for a one-line
     thought before the action; ``max_retries`` answers in a row may fail to parse before the
     episode stops; ``repeat_limit`` identical actions in a row stop it (0: never).
@@ -346,6 +348,7 @@ class WebAgentNode(Node):
 
     instruction: str = DEFAULT_INSTRUCTION
     demos: list[Demo] = Field(default_factory=list)
+    demo_pick: DemoPick | None = None
     output: Literal["json", "tools"] = "json"
     constrain: Literal["page", "json", "none"] = "page"
     rationale: bool = True
@@ -383,7 +386,7 @@ class WebAgentNode(Node):
             return None
         note = f"Your last answer could not be used ({failures[0].error}). Answer again." if failures else ""
         messages: list[dict[str, Any]] = [{"role": "system", "content": self.instruction}]
-        for demo in self.demos:
+        for demo in pick_demos(self.demos, view.observation.goal, self.demo_pick):
             messages.append({"role": "user", "content": str(demo.inputs.get("user", ""))})
             messages.append({"role": "assistant", "content": str(demo.outputs.get("assistant", ""))})
         messages.append({"role": "user", "content": self.user_message(view, note)})
@@ -523,12 +526,15 @@ class WebAgentNode(Node):
 
     def extract_demo(self, agent: Agent, tape: Tape[Any, Any], index: int) -> Demo:
         """A demo from the run at ``tape.steps[index]``: the observation it saw, rendered as this
-        node renders it, and its answer. Works on the teacher's runs as well as the node's own."""
+        node renders it, and its answer; its match text (``inputs["match"]``) is the page's goal.
+        Works on the teacher's runs as well as the node's own."""
         view = episode_view(tape, index)
         if view.observation is None:
             raise ValueError(f"no observation before step {index}")
         output = self._answer(node_run_steps(tape, index), index)  # without a rationale: the action
-        return Demo.chat(self.user_message(view), output.content or "")
+        demo = Demo.chat(self.user_message(view), output.content or "")
+        demo.inputs["match"] = view.observation.goal
+        return demo
 
 
 def without_thoughts(tape: Tape[Any, Any]) -> Tape[Any, Any]:

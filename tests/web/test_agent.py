@@ -509,6 +509,28 @@ def test_demos_come_from_the_teachers_runs_in_the_students_format() -> None:
     assert out["action"] == "click('12')" and "Ok" in out["thought"]
 
 
+def test_demo_pick_shows_the_demos_whose_goal_is_nearest_the_page_goal() -> None:
+    from tapekit.frameworks import Demo, DemoPick
+
+    teacher = teacher_agent()
+    tape = main_loop(teacher, tape_of(observation())).get_final_tape()
+    index = next(i for i, s in enumerate(tape.steps) if isinstance(s, WebThought))
+    click = WebAgentNode(name="act").extract_demo(teacher, tape, index)
+    assert click.inputs["match"] == 'Click on the "Ok" button.'  # what demos are matched on
+    others = [
+        Demo(inputs={"user": f"other {i}", "match": goal}, outputs={"assistant": f"{i}"})
+        for i, goal in enumerate(["Select foo and click Submit.", "Enter the text bar and press Submit."])
+    ]
+    agent = web_agent(ScriptedLLM(outputs=[]), demos=[*others, click], demo_pick=DemoPick(k=1))
+    prompt = agent.nodes[0].make_prompt(agent, tape_of(observation()))
+    assert prompt is not None
+    shown = [m["content"] for m in prompt.messages if m["role"] == "assistant"]
+    assert shown == [click.outputs["assistant"]]
+    every = web_agent(ScriptedLLM(outputs=[]), demos=[*others, click]).nodes[0]
+    prompt = every.make_prompt(agent, tape_of(observation()))
+    assert prompt is not None and sum(m["role"] == "assistant" for m in prompt.messages) == 3
+
+
 def test_a_no_rationale_student_reuses_the_teachers_tapes_once_the_thoughts_are_stripped() -> None:
     """Issue 46, item 15b: the teacher writes a thought before each action, a student with
     rationale=False cannot; the error says what to do, and without_thoughts does it."""
