@@ -357,6 +357,7 @@ def test_variant_search_scores_each_named_variant_on_validation() -> None:
     assert pool_numbers == [2, 4, 6, 8]
     assert len(by_note["two"].demos or []) == 2
     assert result.rollouts_used == len(VAL) + len(TRAIN) + 4 * len(VAL)  # one training run for all
+    assert result.baseline.seconds > 0 and all(c.seconds > 0 for c in run.candidates)  # their cost
 
 
 def test_variant_options_set_node_fields_are_saved_and_bad_ones_named(tmp_path: Path) -> None:

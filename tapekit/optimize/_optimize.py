@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,7 +195,9 @@ def optimize(
     run_id = run_id or new_id()[:8]
     judge = Judge(environment, metric, budget, store, run_id, batch_options)
     baseline = Candidate(id="baseline", params=read_params(agent, names), optimizer="baseline")
+    started = time.perf_counter()
     baseline.val = judge.evaluate(with_params(agent, baseline.params), val, "baseline", "val")
+    baseline.seconds = time.perf_counter() - started
     scorers = list(baseline.val.scorers) if isinstance(metric, Mapping) else baseline.val.scorers[:1]
     share = judge.left // len(optimizers)
     runs: list[OptimizerRun] = []

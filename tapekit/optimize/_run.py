@@ -14,6 +14,7 @@ candidates it has scored so far.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,8 +38,9 @@ def candidate_tag(run: str, candidate_id: str) -> str:
 
 @dataclass
 class Candidate:
-    """One configuration tried: its parameters by target, where it came from, and its scores on
-    the validation tasks (``val`` is None until it has been validated)."""
+    """One configuration tried: its parameters by target, where it came from, its scores on
+    the validation tasks (``val`` is None until it has been validated) and the wall seconds its
+    validation took (episodes resumed from a store cost next to nothing)."""
 
     id: str
     params: Params
@@ -46,6 +48,7 @@ class Candidate:
     parent: str | None = None
     note: str = ""
     val: EvalReport | None = None
+    seconds: float = 0.0
 
     def task_scores(self, scorer: str | None = None) -> dict[str, float]:
         """The mean score per validation task (by the primary scorer unless named)."""
@@ -180,7 +183,9 @@ class Search:
             return None
         cid = candidate_id or self.new_id()
         candidate = Candidate(id=cid, params=params, optimizer=self.name, parent=parent, note=note)
+        started = time.perf_counter()
         candidate.val = self.run(params, self.valset, cid, "val")
+        candidate.seconds = time.perf_counter() - started
         self.candidates.append(candidate)
         return candidate
 
