@@ -49,12 +49,13 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, Self, TypeVar, overload
 
 from tapekit.core import Observation, Tape, new_id
-from tapekit.effects import EffectState, InDoubtToolCall, Journal, ToolEffect
+from tapekit.effects import NOT_DONE, UNKNOWN, EffectState, InDoubtToolCall, Journal, ToolEffect
 from tapekit.effects import journal as current_journal
 from tapekit.environment import (
     ENVIRONMENT_FAILURE,
     Environment,
     UnknownActionError,
+    _jsonable,
     unanswered_indices,
 )
 from tapekit.errors import TapekitError
@@ -376,10 +377,14 @@ class WebEnvironment(Environment):
         doubt = doubt_of() if doubt_of is not None and self.task(state.open.task).declares_effects else None
         if doubt is not None:
             known = await asyncio.to_thread(doubt.journal.store.tool_effect, doubt.key)
-            if known is not None and known.state == "started":
-                raise InDoubtToolCall(action, known)  # never done again blindly
+            how = "reused"
+            if known is not None and known.state == "started":  # never done again blindly
+                known, how = await self._reconciled(state, action, doubt, known), "reconciled"
             if known is not None and known.state in ("done", "failed"):
-                return _timed(await self._reused(state, action, known, step), started)
+                obs = await self._reused(state, action, known, step)
+                if "effect" in obs.metadata.other:
+                    obs.metadata.other["effect"] = how
+                return _timed(obs, started)
         async with self._pool.slots:
             try:
                 episode, replayed = await self._live_episode(state)
@@ -496,6 +501,25 @@ class WebEnvironment(Environment):
         if obs.done:
             await self._pool.close_page(episode)
         return _marked_once(obs)
+
+    async def _reconciled(
+        self, state: _TapeState, action: WebAction, doubt: _Doubt, known: ToolEffect
+    ) -> ToolEffect | None:  # None: not done
+        """Ask the task whether the ``once`` action in doubt happened (:meth:`WebTask.reconcile`)
+        and journal its answer: done (the journal's outcome from now on), not done (None: do it
+        now), or :class:`InDoubtToolCall` when it cannot tell."""
+        assert state.open is not None
+        answer = self.task(state.open.task).reconcile(action, known)
+        if asyncio.iscoroutine(answer):
+            answer = await answer
+        if answer is UNKNOWN:
+            raise InDoubtToolCall(action, known)
+        if answer is NOT_DONE:
+            return None
+        await asyncio.to_thread(
+            doubt.journal.record, doubt.key, known.tool, known.arguments, "done", _jsonable(answer), None
+        )
+        return await asyncio.to_thread(doubt.journal.store.tool_effect, doubt.key)
 
     async def _in_doubt(self, doubt: _Doubt, action: WebAction, why: str) -> NoReturn:
         """Raise :class:`InDoubtToolCall` for ``action``, whose intent is journalled."""

@@ -12,9 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from tapekit.effects import UNKNOWN
 from tapekit.errors import TapekitError
 
 if TYPE_CHECKING:
+    from tapekit.effects import ToolEffect
     from tapekit.web.steps import WebAction
 
 WebEffect = Literal["read", "once"]
@@ -118,6 +120,17 @@ class WebTask(ABC):
         :mod:`tapekit.web.environment`."""
         return "read"
 
+    def reconcile(self, action: WebAction, effect: ToolEffect) -> Any:
+        """Whether the ``once`` ``action`` in doubt (its intent journalled as ``effect``, no
+        outcome: the session died, the page hung or the browser crashed while it ran) happened,
+        looked up in the outside world (the site's orders, by ``effect.key``): any value but the
+        two markers means it did (the value is kept as the outcome, and the episode goes on as
+        after an outcome the journal holds); :data:`~tapekit.effects.NOT_DONE` that it did not
+        (it is done now); :data:`~tapekit.effects.UNKNOWN` (the default) that it cannot be told,
+        and the session waits for a person (:class:`~tapekit.effects.InDoubtToolCall`). May be
+        a coroutine function. Called on resume, before anything is done again."""
+        return UNKNOWN
+
     @property
     def declares_effects(self) -> bool:
         """Whether :meth:`effect` may answer ``"once"``: only then does the environment read
@@ -131,7 +144,8 @@ class PageTask(WebTask):
 
     ``once`` says which actions act on the outside world (``once=submits_form``: every form
     submit; any predicate of the action and its element): those are ``"once"``
-    (:meth:`WebTask.effect`), every other action reads."""
+    (:meth:`WebTask.effect`), every other action reads. ``reconcile`` looks an action left in
+    doubt up in the outside world (:meth:`WebTask.reconcile`)."""
 
     def __init__(
         self,
@@ -141,16 +155,24 @@ class PageTask(WebTask):
         max_steps: int = 10,
         *,
         once: Callable[[WebAction, WebElement | None], bool] | None = None,
+        reconcile: Callable[[WebAction, ToolEffect], Any] | None = None,
     ) -> None:
+        if reconcile is not None and once is None:
+            raise ValueError(f"page task {name!r}: reconcile= settles once actions; declare them with once=")
         self.name = name
         self.url = url
         self.goal = goal
         self.max_steps = max_steps
         self.once = once
+        self._reconcile = reconcile
 
     def effect(self, action: WebAction, element: WebElement | None) -> WebEffect:
         """``"once"`` where the ``once`` predicate says so, else ``"read"``."""
         return "once" if self.once is not None and self.once(action, element) else "read"
+
+    def reconcile(self, action: WebAction, effect: ToolEffect) -> Any:
+        """The ``reconcile`` callable's answer (:data:`~tapekit.effects.UNKNOWN` without one)."""
+        return UNKNOWN if self._reconcile is None else self._reconcile(action, effect)
 
     @property
     def declares_effects(self) -> bool:

@@ -300,3 +300,63 @@ def test_a_session_killed_between_the_submit_and_its_outcome_waits_in_doubt(
     else:  # its page is gone and cannot be rebuilt without ordering again
         assert ledger == ["book"] and answer.done
         assert "replaying would repeat a once action" in answer.last_action_error
+
+
+@pytest.mark.browser
+@needs_browser
+@pytest.mark.parametrize("died", ["after the submit", "before the submit"])
+def test_the_task_reconciles_an_action_in_doubt_by_asking_the_site(
+    tmp_path: Path, shop: Shop, ledger: list[str], died: str
+) -> None:
+    """A task with ``reconcile`` looks the order up in the shop instead of waiting for a person:
+    found, it is done (not ordered again); not found, it is done now, once."""
+    from tapekit.effects import NOT_DONE
+
+    asked: list[str] = []
+
+    def look_up(action: Any, effect: Any) -> Any:
+        asked.append(effect.key)
+        return {"order": "book"} if "book" in shop.ledger else NOT_DONE
+
+    tasks: list[WebTask] = [PageTask("shop", shop.url, "Order a book", once=submits_form, reconcile=look_up)]
+    agent = Agent.create("shopper", nodes=[Shopper(name="shop")])
+    start = Tape(steps=[OpenTask(task="shop", seed=0)])
+    path = tmp_path / "s.db"
+    with WebEnvironment(tasks, max_concurrent=1, prewarm=0, timeout_s=15) as env, SQLiteStore(path) as store:
+        record = store._record_effect
+
+        def dies(key: str, tape_id: str, tool: str, arguments: Any, state: str, *rest: Any) -> None:
+            if state == "started" and died == "before the submit":
+                record(key, tape_id, tool, arguments, state, *rest)  # the intent, then the crash
+                raise Killed
+            if state != "started":
+                raise Killed  # the order went out, its outcome was never written
+            record(key, tape_id, tool, arguments, state, *rest)
+
+        store._record_effect = dies  # type: ignore[method-assign]
+        with pytest.raises(Killed):
+            main_loop(agent, start, env, store=store).get_final_tape()
+    assert ledger == (["book"] if died == "after the submit" else [])
+
+    with (
+        WebEnvironment(tasks, max_concurrent=1, prewarm=0, timeout_s=15) as other,
+        SQLiteStore(path) as store,
+    ):
+        events = list(main_loop(agent, store.get_tape(start.metadata.id), other, store=store))
+        assert not [e.external for e in events if e.external is not None]  # nobody was asked
+        final = store.get_tape(start.metadata.id)
+        (effect,) = store.tool_effects()
+    assert ledger == ["book"]  # exactly one order either way
+    assert len(asked) == 1 and effect.state == "done"
+    answer = next(s for s in final.steps if isinstance(s, WebObservation) and s.step == 2)
+    assert answer.metadata.other["once"] is True
+    if died == "after the submit":  # found in the shop: kept as the outcome; the page is gone here
+        assert effect.result == {"order": "book"}
+        assert answer.done and "replaying would repeat a once action" in answer.last_action_error
+    else:  # not found: ordered now
+        assert "Order placed: book" in answer.axtree and not answer.done
+
+
+def test_reconcile_needs_once_actions() -> None:
+    with pytest.raises(ValueError, match="declare them with once="):
+        PageTask("p", "about:blank", reconcile=lambda action, effect: None)
