@@ -19,6 +19,7 @@ import pytest
 
 from tapekit import Agent, InDoubtToolCall, Node, SetNextNode, StopStep, Tape, main_loop
 from tapekit.environment import environment_failure
+from tapekit.human import resolve_in_doubt, waiting_on
 from tapekit.store import SQLiteStore
 from tapekit.web import (
     Click,
@@ -280,10 +281,11 @@ def test_a_session_killed_between_the_submit_and_its_outcome_waits_in_doubt(
         assert doubt.key == click.metadata.id and doubt.tool == "browser.click"
         assert doubt.arguments["action"] == click.call()
 
-        if decision == "done":
-            store.resolve_tool_effect(doubt.key, result="ordered")
-        else:
-            store.resolve_tool_effect(doubt.key, retry=True)
+        # what the chat page and `tapekit chat` show, and how they settle it (a person's word)
+        waiting = waiting_on(cut, None, store)
+        assert waiting is not None and waiting.kind == "in_doubt"
+        assert [e.tool for e in waiting.effects] == ["browser.click"]
+        resolve_in_doubt(store, doubt.key, decision, "ordered" if decision == "done" else "")
         env = first if resumed_in == "the same browser" else other
         final = main_loop(agent, store.get_tape(start.metadata.id), env, store=store).get_final_tape()
 
