@@ -21,11 +21,20 @@ form is submitted or the dialogue ended.
 
 Templates are format strings over the sections of :class:`~examples.form_filler.render.TurnContext`
 (``{form}``, ``{filled}``, ``{last_user}``, ...); ``templates["system"]`` is the system message.
+
+The student's two baselines (``run.py``): ``make_student(llm, constrain=True)`` puts each LLM
+node's output grammar, :func:`output_schema`, in the prompt's ``response_schema`` (llama.cpp
+and transformers decode under it, see :class:`~tapekit.llm.LlamaCppLLM`), and
+``make_student(llm, demos={node: [(prompt, output), ...]})`` shows each node worked examples
+as earlier chat turns (few-shot; :func:`~examples.form_filler.distill.few_shot_demos` picks them
+from training tapes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+import json
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from examples.form_filler.render import parse_step_list, steps_json, turn_context
@@ -66,9 +75,11 @@ from tapekit import (
     node_run_steps,
 )
 from tapekit.llm import LLM, LLMStream
+from tapekit.structured import steps_schema
 
 __all__ = [
     "INTENT_STEPS",
+    "MAX_THOUGHTS",
     "RESPOND_STEPS",
     "STUDENT_TEMPLATES",
     "TEACHER_TEMPLATES",
@@ -76,6 +87,7 @@ __all__ = [
     "IsFormSelected",
     "make_student",
     "make_teacher",
+    "output_schema",
 ]
 
 SYSTEM = (
@@ -181,6 +193,123 @@ GENERATE_STEPS: list[type[Step]] = [PromptUserForTextMessageAction, CallFunction
 RESPOND_STEPS: list[type[Step]] = [*UPDATE_STEPS, *PLAN_STEPS, *GENERATE_STEPS]
 """What the student's single slot-filling node may write."""
 
+MAX_THOUGHTS = 4
+"""The most thoughts :func:`output_schema` lets a turn-ending node write before its action (the
+teacher's tapes have at most 3)."""
+TEXT_CHARACTERS = 400
+"""The longest message (``prompt``, ``text``) the output grammar allows (the teacher's: 332)."""
+NAME_CHARACTERS = 100
+"""The longest other string (a form or slot name, a value, a query) the output grammar allows."""
+_TEXT_FIELDS = {"prompt", "text"}
+
+
+def _text(limit: int) -> dict[str, Any]:
+    """A string of at most ``limit`` characters, none a control character, a quote or a
+    backslash: as a ``pattern``, which llama.cpp's schema converter honours (its own string rule
+    lets raw control characters through, which no JSON parser accepts) and llguidance too."""
+    return {"type": "string", "maxLength": limit, "pattern": f'^[^"\\\\\\x00-\\x1F\\x7F]{{0,{limit}}}$'}
+
+
+def _tighten(schema: Any, field: str = "") -> Any:
+    """``schema`` with every string bounded (messages to :data:`TEXT_CHARACTERS`, the rest to
+    :data:`NAME_CHARACTERS`; see :func:`_text`) and every free value (``Any``: a slot's value) a
+    bounded string: every slot of every form is a JSON string (``schema.py``)."""
+    if isinstance(schema, list):
+        return [_tighten(s, field) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    limit = TEXT_CHARACTERS if field in _TEXT_FIELDS else NAME_CHARACTERS
+    free = not (set(schema) - {"title", "description", "default"})
+    if free:  # Any
+        return _text(limit)
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("title", "description"):
+            continue
+        if key == "properties":
+            out[key] = {name: _tighten(sub, name) for name, sub in value.items()}
+        elif key == "additionalProperties" and value is True:
+            out[key] = _text(NAME_CHARACTERS)
+        elif key in ("items", "additionalProperties", "anyOf"):
+            out[key] = _tighten(value, field)
+        else:
+            out[key] = value
+    if out.get("type") == "string" and "const" not in out and "enum" not in out:
+        out = {**out, **_text(limit)}
+    if out.get("type") == "array" and "maxItems" not in out:
+        out["maxItems"] = 10  # a company has 10 forms; a form fewer slots
+    return out
+
+
+def output_schema(
+    step_classes: Sequence[type[Step]],
+    *,
+    ends_turn: bool = True,
+    allow_empty: bool = False,
+    form_selected: bool = False,
+    max_thoughts: int = MAX_THOUGHTS,
+) -> dict[str, Any]:
+    """The JSON schema of what a :class:`FormNode` writes: a JSON list of step objects of
+    ``step_classes`` (each step's schema is :func:`tapekit.structured.steps_schema`'s, its
+    strings bounded, a slot's value a string). ``ends_turn``: up to ``max_thoughts`` thoughts,
+    then exactly one action (what :meth:`FormNode.parse` accepts); otherwise thoughts only (an
+    empty list only with ``allow_empty``). ``form_selected``: a ``function`` field may be left
+    out (it then names the selected form). Put in a prompt's ``response_schema``, llama.cpp
+    and transformers decode under it, so every complete answer parses."""
+    text = _output_schema_json(tuple(step_classes), ends_turn, allow_empty, form_selected, max_thoughts)
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+@functools.lru_cache(maxsize=64)
+def _output_schema_json(
+    step_classes: tuple[type[Step], ...],
+    ends_turn: bool,
+    allow_empty: bool,
+    form_selected: bool,
+    max_thoughts: int,
+) -> str:
+    """:func:`output_schema` as JSON text, once per set of arguments (pydantic's schemas of the
+    step classes take about 20 ms; every constrained prompt asks for one)."""
+    thoughts: list[dict[str, Any]] = []
+    actions: list[dict[str, Any]] = []
+    for cls in step_classes:
+        variant = _tighten(steps_schema([cls])["properties"]["steps"]["items"])
+        if form_selected:
+            variant["required"] = [r for r in variant.get("required", []) if r != "function"]
+        (actions if issubclass(cls, Action) else thoughts).append(variant)
+    defs: dict[str, Any] = {}
+    if thoughts:
+        defs["thought"] = thoughts[0] if len(thoughts) == 1 else {"anyOf": thoughts}
+    if actions:
+        defs["action"] = actions[0] if len(actions) == 1 else {"anyOf": actions}
+    if ends_turn:
+        if not actions:
+            raise ValueError("a node that ends the turn needs at least one action among its step classes")
+        most = max_thoughts if thoughts else 0
+        lists = [
+            {
+                "type": "array",
+                "prefixItems": [{"$ref": "#/$defs/thought"}] * n + [{"$ref": "#/$defs/action"}],
+                "items": False,
+                "minItems": n + 1,
+                "maxItems": n + 1,
+            }
+            for n in range(most + 1)
+        ]
+        schema: dict[str, Any] = lists[0] if len(lists) == 1 else {"anyOf": lists}
+    else:
+        if not thoughts:
+            raise ValueError("a node that does not end the turn writes thoughts only; it has none")
+        schema = {
+            "type": "array",
+            "items": {"$ref": "#/$defs/thought"},
+            "minItems": 0 if allow_empty else 1,
+            "maxItems": max_thoughts,
+        }
+    return json.dumps({**schema, "$defs": defs})
+
+
 _START = "is_form_selected"
 
 
@@ -221,22 +350,39 @@ class FormNode(Node):
 
     ``whole_turn``: ``make_llm_output`` reads every agent step up to the next observation
     instead of this node run's steps: the student's ``respond`` node rebuilds, from a teacher
-    tape, what the teacher's last three nodes wrote."""
+    tape, what the teacher's last three nodes wrote.
+
+    ``demos``: worked examples, ``(prompt, output)`` pairs shown as earlier user and assistant
+    turns between the system message and the prompt (few-shot). ``constrain``: the prompt's
+    ``response_schema`` is :func:`output_schema` (decoding under the output grammar)."""
 
     step_classes: list[type[Step]]
     ends_turn: bool = False
     allow_empty: bool = False
     whole_turn: bool = False
+    demos: list[tuple[str, str]] = []
+    constrain: bool = False
 
     def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
-        """The system message and this node's template over the tape's sections."""
+        """The system message, the demos (if any) and this node's template over the tape's
+        sections; with ``constrain``, the output grammar as the response schema."""
         try:
             template = agent.templates[self.name]
         except KeyError:
             raise KeyError(f"agent {agent.name!r} has no template {self.name!r} for its node") from None
         user = template.format(**turn_context(tape).sections())
         messages = [{"role": "system", "content": agent.templates.get("system", SYSTEM)}]
-        return Prompt(messages=[*messages, {"role": "user", "content": user}])
+        for prompt, output in self.demos:
+            messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": output}]
+        schema = None
+        if self.constrain:
+            schema = output_schema(
+                self.step_classes,
+                ends_turn=self.ends_turn,
+                allow_empty=self.allow_empty,
+                form_selected=bool(_selected(tape.steps)),
+            )
+        return Prompt(messages=[*messages, {"role": "user", "content": user}], response_schema=schema)
 
     def parse(self, text: str, function: str = "") -> list[Step]:
         """The steps of ``text`` (``function``: the selected form, for the ``function`` fields
@@ -319,11 +465,38 @@ def make_teacher(llm: LLM, templates: dict[str, str] | None = None, name: str = 
     return Agent.create(name, llms=llm, nodes=nodes, templates={**TEACHER_TEMPLATES, **(templates or {})})
 
 
-def make_student(llm: LLM, templates: dict[str, str] | None = None, name: str = "student") -> Agent:
-    """The 3-node student on ``llm``; ``templates`` replaces some of :data:`STUDENT_TEMPLATES`."""
+def make_student(
+    llm: LLM,
+    templates: dict[str, str] | None = None,
+    name: str = "student",
+    *,
+    demos: dict[str, list[tuple[str, str]]] | None = None,
+    constrain: bool = False,
+) -> Agent:
+    """The 3-node student on ``llm``; ``templates`` replaces some of :data:`STUDENT_TEMPLATES`.
+    ``demos`` maps a node (``intent_discovery``, ``respond``) to its worked examples (few-shot);
+    ``constrain`` decodes both LLM nodes under their output grammar (see :class:`FormNode`)."""
+    shown = demos or {}
+    unknown = set(shown) - {"intent_discovery", "respond"}
+    if unknown:
+        raise ValueError(f"demos for unknown student nodes: {sorted(unknown)}")
     nodes: list[Node] = [
         IsFormSelected(filling_node="respond"),
-        FormNode(name="intent_discovery", step_classes=INTENT_STEPS, ends_turn=True, whole_turn=True),
-        FormNode(name="respond", step_classes=RESPOND_STEPS, ends_turn=True, whole_turn=True),
+        FormNode(
+            name="intent_discovery",
+            step_classes=INTENT_STEPS,
+            ends_turn=True,
+            whole_turn=True,
+            demos=shown.get("intent_discovery", []),
+            constrain=constrain,
+        ),
+        FormNode(
+            name="respond",
+            step_classes=RESPOND_STEPS,
+            ends_turn=True,
+            whole_turn=True,
+            demos=shown.get("respond", []),
+            constrain=constrain,
+        ),
     ]
     return Agent.create(name, llms=llm, nodes=nodes, templates={**STUDENT_TEMPLATES, **(templates or {})})

@@ -12,10 +12,15 @@
    SmolLM2-135M with LoRA, then loaded back with ``TransformersLLM``.
 4. :func:`continue_branches`: the agent's next turn on partial dialogues (the starts of a test
    tree's branches), through the batch runner; GREADTH scores these continuations.
+5. :func:`few_shot_demos`: for the few-shot baseline, ``k`` worked examples per student node
+   (the student's prompt and the teacher's answer, rebuilt by ``student.reuse``) from training
+   tapes, chosen deterministically.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,8 +37,11 @@ from tapekit import Agent, FunctionLLM, ReconstructionError, StepSequence, Tape,
 from tapekit.batch import batch
 
 __all__ = [
+    "Demo",
     "StudentConfig",
     "continue_branches",
+    "demos_by_node",
+    "few_shot_demos",
     "for_student",
     "student_llm",
     "student_samples",
@@ -85,6 +93,79 @@ def student_samples(tapes: list[Tape[Any, Any]], student: Agent, tokenizer: Any)
             seen.add(key)
             keep.append(i)
     return rows.select(keep)
+
+
+@dataclass(frozen=True)
+class Demo:
+    """One worked example for the few-shot student: the ``node`` it is shown to, the student's
+    ``prompt`` (the user message) and the teacher's ``output`` for it, from tape ``tape_id``."""
+
+    node: str
+    prompt: str
+    output: str
+    tape_id: str
+
+
+def _rank(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _shape(output: str) -> str:
+    """The kinds of an output's steps, in order (what kind of answer it is)."""
+    try:
+        return " ".join(str(step.get("kind")) for step in json.loads(output))
+    except (ValueError, TypeError, AttributeError):
+        return ""
+
+
+def few_shot_demos(tapes: Iterable[Tape[Any, Any]], k: int, scan: int = 64) -> list[Demo]:
+    """``k`` demos per student LLM node (``intent_discovery``, ``respond``) from prepared
+    training ``tapes`` (see :func:`reusable`). ``student.reuse`` of the first ``scan`` tapes in
+    the order of a hash of their ids gives the (prompt, output) pairs the student would be
+    trained on; per node they are grouped by the answer's shape (its steps' kinds), and the
+    demos are one pair from each of the ``k`` most common shapes (more rounds if there are
+    fewer shapes than ``k``), the pair first in the order of a hash of its text, each from a
+    different tape. Deterministic: the same tapes give the same demos."""
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    if k == 0:
+        return []
+    student = make_student(FunctionLLM(fn=lambda prompt: "[]"))
+    chosen = sorted(tapes, key=lambda t: _rank(t.metadata.id))[:scan]
+    pairs: dict[str, dict[tuple[str, str], str]] = {}
+    for tape in chosen:
+        reused, calls = student.reuse(tape)
+        node_of = {s.metadata.prompt_id: s.metadata.node for s in reused.steps if s.metadata.prompt_id}
+        for call in calls:
+            node = node_of.get(call.prompt.id, "")
+            key = (str(call.prompt.messages[-1]["content"]), call.output.content or "")
+            pairs.setdefault(node, {}).setdefault(key, tape.metadata.id)
+    demos: list[Demo] = []
+    for node in ("intent_discovery", "respond"):
+        shapes: dict[str, list[tuple[tuple[str, str], str]]] = {}
+        for pair, tape_id in sorted(pairs.get(node, {}).items(), key=lambda kv: _rank("\n".join(kv[0]))):
+            shapes.setdefault(_shape(pair[1]), []).append((pair, tape_id))
+        queues = sorted(shapes.values(), key=len, reverse=True)  # the most common shapes first
+        used: set[str] = set()
+        picked = 0
+        while picked < k and any(queues):
+            for queue in queues:
+                while queue and queue[0][1] in used:
+                    queue.pop(0)
+                if queue and picked < k:
+                    (prompt, output), tape_id = queue.pop(0)
+                    used.add(tape_id)
+                    demos.append(Demo(node, prompt, output, tape_id))
+                    picked += 1
+    return demos
+
+
+def demos_by_node(demos: Iterable[Demo]) -> dict[str, list[tuple[str, str]]]:
+    """``make_student(..., demos=...)``'s argument: each node's (prompt, output) pairs."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for demo in demos:
+        out.setdefault(demo.node, []).append((demo.prompt, demo.output))
+    return out
 
 
 def tokenizer_texts(tapes: list[Tape[Any, Any]], forms: FormSet) -> list[str]:

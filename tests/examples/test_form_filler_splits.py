@@ -1,5 +1,6 @@
 """The form-filling study's method (issue 29): fixed, disjoint splits with the test companies
-touched only by ``--split test``, the GREADTH filter over the teacher's tapes, and the paired
+touched only by ``--split test`` and the fresh ones (issue 44: made-up companies no run had
+scored) only by ``--split fresh``, the GREADTH filter over the teacher's tapes, and the paired
 statistics over the same turns (hand-made labels with known answers). Fast: no student."""
 
 from __future__ import annotations
@@ -26,21 +27,43 @@ def _names(companies: list[Any]) -> tuple[set[str], set[str]]:
     return {c.name for c in companies}, {f.name for c in companies for f in c.forms}
 
 
-@pytest.mark.parametrize("synthetic", [0, 15, 40, 150])
+FRESH = run.make_splits(FORMS, 0).fresh
+
+
+@pytest.mark.parametrize("synthetic", [0, 15, 40, 150, run.FRESH_AVOIDS])
 def test_splits_are_fixed_and_disjoint(synthetic: int) -> None:
     splits = run.make_splits(FORMS, synthetic)
     assert len(splits.made_up) == synthetic and len(splits.val) == run.VALIDATION_COMPANIES
+    assert len(splits.fresh) == run.FRESH_COMPANIES
     assert [c.name for c in splits.train] == [c.name for c in [*FORMS.train, *splits.made_up]]
     assert [c.name for c in splits.test] == [c.name for c in FORMS.test]
-    val_companies, val_forms = _names(splits.val)
-    for other in (splits.train, splits.test):
-        companies, forms = _names(other)
-        assert not val_companies & companies and not val_forms & forms
-    assert not _names(splits.train)[0] & _names(splits.test)[0]
-    # the validation companies do not depend on how many made-up training companies there are
+    names = {s: _names(splits.companies(s)) for s in ("train", "val", "test", "fresh")}
+    for a in names:
+        for b in names:
+            if a < b:
+                assert not names[a][0] & names[b][0], (a, b)  # companies
+                assert not names[a][1] & names[b][1], (a, b)  # forms
+    # neither the validation nor the fresh companies depend on how many made-up training ones there are
     assert [c.model_dump() for c in splits.val] == [c.model_dump() for c in run.make_splits(FORMS, 0).val]
+    assert [c.model_dump() for c in splits.fresh] == [c.model_dump() for c in FRESH]
     catalog = splits.catalog()
-    assert all(catalog.company(c.name) == c for c in [*splits.val, *splits.test, *splits.made_up[:2]])
+    assert all(
+        catalog.company(c.name) == c for c in [*splits.val, *splits.test, *splits.fresh, *splits.made_up[:2]]
+    )
+
+
+def test_the_fresh_companies_are_new() -> None:
+    """Drawn with their own seed (no run before issue 44 drew it): no company, form or form
+    description in common with any split, and valid like the others."""
+    from examples.form_filler.schema import FormSet, check_form_set
+
+    assert check_form_set(FormSet(train=FRESH, test=[]), forms_per_company=10, all_kinds=True) == []
+    splits = run.make_splits(FORMS, 40)  # the study's training companies
+    others = [*splits.train, *splits.val, *splits.test]
+    fresh_forms = [f for c in FRESH for f in c.forms]
+    assert not {f.name for f in fresh_forms} & {f.name for c in others for f in c.forms}
+    assert not {f.description for f in fresh_forms} & {f.description for c in others for f in c.forms}
+    assert run.FRESH_SEED not in (run.VALIDATION_SEED, 0)  # the made-up training companies' seed is 0
 
 
 def test_overlapping_splits_are_refused() -> None:
@@ -55,12 +78,13 @@ class _Stop(Exception):
     pass
 
 
-@pytest.mark.parametrize("flag", [[], ["--split", "val"], ["--split", "test"]])
+@pytest.mark.parametrize("flag", [[], ["--split", "val"], ["--split", "test"], ["--split", "fresh"]])
 def test_test_companies_are_touched_only_with_split_test(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: list[str]
 ) -> None:
     """Every tree ``run`` grows before the students (the only use of companies' dialogues) is
-    recorded: the bundled test companies appear only under ``--split test``."""
+    recorded: the bundled test companies appear only under ``--split test``, the fresh ones only
+    under ``--split fresh``, the validation ones only under ``--split val``."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     grown: list[tuple[str, str]] = []
@@ -79,17 +103,20 @@ def test_test_companies_are_touched_only_with_split_test(
     settings = run.parse_args(["--quick", "--synthetic", "2", "--out", str(tmp_path), *flag])
     with pytest.raises(_Stop):
         run.run(settings)
-    test_names = {c.name for c in FORMS.test}
-    val_names = {c.name for c in run.make_splits(FORMS, 0).val}
+    scored = {
+        "test": {c.name for c in FORMS.test},
+        "val": {c.name for c in run.make_splits(FORMS, 0).val},
+        "fresh": {c.name for c in FRESH},
+    }
     touched = {company for _, company in grown}
-    if flag == ["--split", "test"]:
-        assert settings.split == "test"
-        assert test_names <= touched and not val_names & touched
-        assert {name for name, c in grown if c in test_names} == {"test-tree"}
-    else:
-        assert settings.split == "val"
-        assert not test_names & touched and val_names <= touched
-        assert {name for name, c in grown if c in val_names} == {"val-tree"}
+    split = flag[1] if flag else "val"
+    assert settings.split == split
+    for name, companies in scored.items():
+        if name == split:
+            assert companies <= touched
+            assert {tree for tree, c in grown if c in companies} == {f"{split}-tree"}
+        else:
+            assert not companies & touched, name
     assert {c.name for c in FORMS.train} <= touched
 
 
