@@ -73,9 +73,9 @@ from tapekit import (
     Tape,
     UserStep,
     node_run_steps,
+    steps_schema,
 )
 from tapekit.llm import LLM, LLMStream
-from tapekit.structured import steps_schema
 
 __all__ = [
     "INTENT_STEPS",
