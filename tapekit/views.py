@@ -5,6 +5,11 @@ called subagent, a :class:`~tapekit.core.Respond` pops it and shows the response
 The stack is a pure fold over the steps, one step in and O(depth) work out, memoised per tape
 prefix on the tape's shared step buffer. A running session therefore never re-scans its past:
 each node run folds only the steps added since the previous one.
+
+The stack of a tape read from a store is computed without reading most of its steps
+(:func:`_leap`): the store finds the steps that call, respond or fork by their kind, unread, and
+only those and each frame's last node run are read. Resuming a long stored session thus costs
+what its last turns cost, not a pass over all its steps.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tapekit.core import Call, Fork, Respond, SetNextNode, Step, StepSequence, Tape
+from tapekit.core import Call, Fork, Respond, SetNextNode, Step, StepSequence, Tape, step_kinds
 
 _T = TypeVar("_T")
 
@@ -144,14 +149,103 @@ class TapeViewStack:
         """The view stack after all of ``tape``'s steps, for a team whose root is ``root_name``.
 
         Memoised: computing it for a tape that extends one computed before costs only the new
-        steps.
+        steps; for a tape read from a store, the stored steps cost only those that call,
+        respond or fork and the last node run of each frame (see :func:`_leap`).
         """
-        return cached_fold(
-            tape,
+        steps = tape.steps if isinstance(tape, Tape) else tape
+        return steps.fold(
             ("tapekit.views.TapeViewStack", root_name),
             lambda: cls.initial(root_name),
             lambda stack, step, index: stack.push(step, index),
+            _leap,
         )
+
+
+# --------------------------------------------------------------------------- stored tapes
+
+_STACK_CLASSES = (Call, Respond, Fork)  # the steps that do more to the stack than _add to the top
+_stack_kinds: tuple[int, frozenset[str]] = (-1, frozenset())
+
+
+def _stacking() -> frozenset[str]:
+    """The registered step kinds whose steps may do more to the stack than go to the top view
+    (:meth:`TapeView._add` without a fork): those of Call, Respond and Fork and their subclasses."""
+    global _stack_kinds
+    registry = step_kinds()
+    if _stack_kinds[0] != len(registry):  # kinds are only ever added to the registry
+        _stack_kinds = (
+            len(registry),
+            frozenset(k for k, c in registry.items() if issubclass(c, _STACK_CLASSES)),
+        )
+    return _stack_kinds[1]
+
+
+def _leap(stack: TapeViewStack, steps: StepSequence[Step], start: int, stop: int) -> TapeViewStack:
+    """The stack after steps ``start:stop`` of a tape read from a store: what ``push`` over each
+    of them gives, reading few of them.
+
+    The steps that may change the stack (a Call, Respond or Fork: the store finds them by kind,
+    unread) are pushed as the fold does; each run of other steps between them only goes to the
+    top view (:func:`_to_top`), which reads the run's last steps only."""
+    marks = steps.stored_positions(_stacking(), start, stop)
+    if marks is None:
+        for i in range(start, stop):
+            stack = stack.push(steps[i], i)
+        return stack
+    at = start
+    for i, step in zip(marks, steps.items_at(marks), strict=True):
+        stack = _to_top(stack, steps, at, i).push(step, i)
+        at = i + 1
+    return _to_top(stack, steps, at, stop)
+
+
+_UNSET: Any = object()
+
+
+def _to_top(stack: TapeViewStack, steps: StepSequence[Step], start: int, stop: int) -> TapeViewStack:
+    """The stack after steps ``start:stop``, none of which is a Call, Respond or Fork: what
+    :meth:`TapeView._add` of each gives the top view. The steps join the view unread; the view's
+    node run fields come from its agent's last steps among them, read from the end back to the
+    start of its last node run."""
+    if start >= stop:
+        return stack
+    top = stack.views[-1]
+    name = top.agent_name
+    changes: dict[str, Any] = {"steps": top.steps.appended_from(steps, start, stop)}
+    last = stop - 1
+    while last >= start and not _own(steps[last], name):
+        last -= 1
+    if last >= start:  # the agent's last step here, and the first step of its node run
+        meta = steps[last].metadata
+        prompt_id, first, next_node = meta.prompt_id, last, _UNSET
+        i = last
+        while i >= start:
+            step = steps[i]
+            if _own(step, name):
+                if step.metadata.prompt_id != prompt_id:
+                    break
+                first = i
+                if next_node is _UNSET and isinstance(step, SetNextNode):
+                    next_node = step.next_node  # the run's last SetNextNode is the one that counts
+            i -= 1
+        changes["run_open"] = not meta.run_end
+        if i >= start or prompt_id != top.last_prompt_id:  # a new node run began here
+            changes.update(
+                last_node=steps[first].metadata.node,
+                last_prompt_id=prompt_id,
+                next_node=None if next_node is _UNSET else next_node,
+                run_start=first,
+            )
+        elif next_node is not _UNSET:
+            changes["next_node"] = next_node
+    return TapeViewStack((*stack.views[:-1], _evolve(top, changes)))
+
+
+def _own(step: Step, agent_name: str) -> bool:
+    """Whether ``step`` was made by a node run of the agent ``agent_name`` (what moves its view's
+    node pointer)."""
+    meta = step.metadata
+    return meta.agent == agent_name and bool(meta.prompt_id)
 
 
 def cached_fold(

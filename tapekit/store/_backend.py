@@ -10,11 +10,13 @@ reading, LLM calls, the tool-effect journal), over the methods declared here; a 
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Self
 
 from tapekit.llm.base import LLMCall
+from tapekit.sequence import StoredItems
 from tapekit.store._types import TapeFilter, TapeInfo, Totals
 from tapekit.store._writes import Write, WriteGroup
 
@@ -53,7 +55,9 @@ class StoreBackend(ABC):
       first (by ``created``, then id).
     - ``_select_children(parent_ids)``: infos of the tapes whose parent is one of these.
     - ``_select_context(tape_id)``, ``_select_steps(tape_id, start, stop)``: the stored JSON
-      of a tape's context and of its steps ``start <= idx < stop``.
+      of a tape's context and of its steps ``start <= idx < stop`` (a read tape fetches its
+      steps in blocks, as they are read, until the store closes); ``_select_step_positions``
+      (optional) the indices of a tape's steps of some kinds.
     - ``_select_llm_calls(prompt_ids)``, ``_select_llm_call_ids(model)``,
       ``_select_prompt_ids(tape_id)``, ``_select_totals(by, tape_id)``: LLM calls and totals.
 
@@ -75,6 +79,8 @@ class StoreBackend(ABC):
 
     def __init__(self) -> None:
         self._closed = False
+        # the steps of the tapes get_tape returned that are still unread (see StoredItems)
+        self._lazy_reads: weakref.WeakSet[StoredItems] = weakref.WeakSet()
 
     # ------------------------------------------------------------------ backend: writing
 
@@ -144,6 +150,13 @@ class StoreBackend(ABC):
     def _select_steps(self, tape_id: str, start: int, stop: int) -> list[str]:
         """The stored JSON of steps ``start <= idx < stop`` of ``tape_id``, in order."""
 
+    def _select_step_positions(self, tape_id: str, stop: int, kinds: frozenset[str]) -> list[int] | None:
+        """The indices ``idx < stop`` of the steps of ``tape_id`` whose kind is one of ``kinds``,
+        sorted, without reading the steps' JSON: how the view stack of a long stored tape is
+        rebuilt from the few steps that call, respond or fork. The default (None) says the
+        backend cannot; the tape's view then reads every step."""
+        return None
+
     @abstractmethod
     def _select_llm_calls(self, prompt_ids: Sequence[str] | None) -> Iterator[LLMCall]:
         """Stored LLM calls with these prompt ids (all of them for None), oldest first (by
@@ -172,8 +185,12 @@ class StoreBackend(ABC):
         call raises ``RuntimeError``."""
         if self._closed:
             return
-        self._closed = True
-        self._close()
+        try:  # the tapes read from this store fetch the steps they have not read yet
+            for items in list(self._lazy_reads):
+                items.detach()
+        finally:
+            self._closed = True
+            self._close()
 
     def __enter__(self) -> Self:
         return self

@@ -12,16 +12,20 @@ rules. It reads only through the backend's ``_select_*`` methods (see ``_backend
 from __future__ import annotations
 
 import json
+import threading
+import typing
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from tapekit.core import Step, Tape
+from pydantic import ConfigDict, PlainValidator, TypeAdapter
+
+from tapekit.core import Step, StepSequence, Tape
 from tapekit.llm.base import LLMCall
 from tapekit.store._backend import StoreBackend
 from tapekit.store._types import TapeFilter, TapeInfo, TapeNotFoundError
-from tapekit.store._writes import check_id
+from tapekit.store._writes import check_id, seed_digest
 
 _FILTER_FIELDS = tuple(TapeFilter.__dataclass_fields__)
 
@@ -57,6 +61,37 @@ def _load_steps(texts: list[str]) -> list[Any]:
     return json.loads(f"[{','.join(texts)}]") if texts else []
 
 
+_ADAPTERS: dict[type[Tape[Any, Any]], TypeAdapter[list[Any]]] = {}
+_ADAPTERS_LOCK = threading.Lock()
+
+
+def _steps_adapter(tape_class: type[Tape[Any, Any]]) -> TypeAdapter[list[Any]]:
+    """What validates a list of ``tape_class``'s steps as its ``steps`` field would (kept per
+    class): a step class's own dispatch on ``kind`` (a bare ``Tape``), else the declared union."""
+    adapter = _ADAPTERS.get(tape_class)
+    if adapter is None:
+        args = typing.get_args(tape_class.model_fields["steps"].annotation)
+        item: Any = args[0] if args else Step
+        if isinstance(item, typing.TypeVar):
+            item = item.__bound__ or Step
+        make = getattr(item, "__sequence_item_validator__", None) if isinstance(item, type) else None
+        one: Any = Annotated[Any, PlainValidator(make())] if make is not None else item
+        adapter = TypeAdapter(list[one], config=ConfigDict(title="stored steps"))
+        with _ADAPTERS_LOCK:
+            adapter = _ADAPTERS.setdefault(tape_class, adapter)
+    return adapter
+
+
+def _step_parser(tape_class: type[Tape[Any, Any]]) -> Callable[[list[str]], list[Step]]:
+    """``parse(texts)``: the steps stored as ``texts``, validated as ``tape_class`` holds them."""
+    adapter = _steps_adapter(tape_class)
+
+    def parse(texts: list[str]) -> list[Step]:
+        return adapter.validate_python(_load_steps(texts))
+
+    return parse
+
+
 def _check_page(limit: int | None, offset: int) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit must be a non-negative integer or None, not {limit!r}")
@@ -74,10 +109,30 @@ class TapeReading(StoreBackend):
     """Reading, listing and exporting tapes (see the module docstring)."""
 
     def get_tape(self, tape_id: str, tape_class: type[Tape[Any, Any]] = Tape) -> Tape[Any, Any]:
-        """The stored tape ``tape_id`` as ``tape_class`` (:class:`TapeNotFoundError` if none)."""
+        """The stored tape ``tape_id`` as ``tape_class`` (:class:`TapeNotFoundError` if none).
+
+        Each step is fetched and parsed into its class when it is first read
+        (:meth:`StepSequence.stored`), so resuming a long session reads only the steps it looks
+        at (its last turns), and a step that does not validate (a kind no loaded class declares,
+        a class changed since) raises pydantic's ``ValidationError`` where it is read:
+        ``list(tape)`` reads them all. Closing the store first fetches the steps still unread
+        of the tapes it returned, so a tape outlives its store."""
         info = self.get_tape_info(tape_id)
         context = self._select_context(tape_id)
-        steps = _load_steps(self._select_steps(tape_id, 0, info.n_steps))
+        n = info.n_steps
+
+        def fetch(start: int, stop: int) -> Sequence[str]:
+            return self._select_steps(tape_id, start, stop)
+
+        def find(kinds: frozenset[str]) -> Sequence[int] | None:
+            return self._select_step_positions(tape_id, n, kinds)
+
+        steps: StepSequence[Step] = StepSequence.stored(n, fetch, _step_parser(tape_class), find)
+        if steps.stored_items is not None:
+            self._lazy_reads.add(steps.stored_items)  # detached (read off the store) when it closes
+        state = self._stored_state(tape_id)
+        if state is not None and state[0] == len(steps) and state[1]:
+            seed_digest(steps, state[1])  # a save of this tape need not hash its stored steps
         return tape_class.model_validate(
             {
                 "metadata": info.to_metadata(),

@@ -20,6 +20,13 @@ from tapekit.store._writer import QueuedTapeStore
 from tapekit.store._writes import CallWrite, EffectWrite, TagWrite, TapeRows, Write, call_from_row
 from tapekit.store.base import TapeFilter, TapeInfo, Totals
 
+# the kinds of tapekit's Call, Respond and Fork steps: the steps that change a tape's view stack,
+# indexed apart (steps_stack) so that the stack of a long stored tape is rebuilt without reading
+# its other steps (see StoreBackend._select_step_positions); the term is written once, here, as
+# SQLite uses a partial index only for a query that repeats its WHERE term
+STACK_KIND_NAMES = frozenset({"call", "respond", "fork"})
+STACK_KINDS = "kind IN ('call', 'fork', 'respond')"
+
 # DOUBLE PRECISION is REAL in SQLite; the first three tables are the original SQLite schema
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS tapes (
@@ -53,6 +60,7 @@ SCHEMA = [
 )""",
     "CREATE INDEX IF NOT EXISTS steps_prompt ON steps(prompt_id)",
     "CREATE INDEX IF NOT EXISTS steps_agent ON steps(agent, tape_id)",
+    f"CREATE INDEX IF NOT EXISTS steps_stack ON steps(tape_id, idx) WHERE {STACK_KINDS}",
     """CREATE TABLE IF NOT EXISTS llm_calls (
     prompt_id TEXT PRIMARY KEY,
     model TEXT NOT NULL,
@@ -408,6 +416,24 @@ class SQLTapeStore(QueuedTapeStore):
             (tape_id, start, stop),
         )
         return [r[0] for r in rows]
+
+    def _select_step_positions(self, tape_id: str, stop: int, kinds: frozenset[str]) -> list[int] | None:
+        # tapekit's own kinds are found in the partial index steps_stack; others (subclasses of
+        # Call, Respond or Fork declared elsewhere) by a scan of the tape's steps
+        rows = self._fetch(
+            f"SELECT idx FROM steps WHERE tape_id = ? AND {STACK_KINDS} AND idx < ? ORDER BY idx",
+            (tape_id, stop),
+        )
+        found = [r[0] for r in rows]
+        others = sorted(kinds - STACK_KIND_NAMES)
+        if others:
+            marks = ", ".join("?" * len(others))
+            rows = self._fetch(
+                f"SELECT idx FROM steps WHERE tape_id = ? AND kind IN ({marks}) AND idx < ?",
+                (tape_id, *others, stop),
+            )
+            found = sorted([*found, *(r[0] for r in rows)])
+        return found
 
     def _select_llm_calls(self, prompt_ids: Sequence[str] | None) -> Iterator[LLMCall]:
         parts: dict[str, tuple[str | None, str]] = {}  # prompt parts read so far: hash -> (prev, body)

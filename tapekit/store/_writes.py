@@ -324,3 +324,10 @@ def steps_digest(
         return out
 
     return (sequence if n == len(sequence) else sequence[:n]).fold(_DIGEST_FOLD, str, step_fn)
+
+
+def seed_digest(steps: StepSequence[Step], digest: str) -> None:
+    """Record ``digest`` as the digest of all of ``steps`` (see :func:`steps_digest`): what a
+    store knows of a tape it read, whose steps are those it stored under that digest. A save of
+    the tape (or of one that grows from it) then hashes only the steps added since."""
+    steps.seed_fold(_DIGEST_FOLD, digest)

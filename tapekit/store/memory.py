@@ -222,6 +222,12 @@ class MemoryStore(TapeStore):
             steps = stored.steps
             return [steps[i][7] for i in range(start, stop) if i in steps]
 
+    def _select_step_positions(self, tape_id: str, stop: int, kinds: frozenset[str]) -> list[int] | None:
+        with self._lock:
+            stored = self._tapes.get(tape_id)
+            rows = [] if stored is None else list(stored.steps.values())
+        return sorted(row[1] for row in rows if row[1] < stop and row[3] in kinds)
+
     def _select_llm_calls(self, prompt_ids: Sequence[str] | None) -> Iterator[LLMCall]:
         with self._lock:
             if prompt_ids is None:

@@ -120,7 +120,9 @@ class Studio:
         key = (info.id, info.n_steps)
         tape = self.cache.get(key)
         if tape is None:
-            tape = readable(lambda: self.store.get_tape(info.id), lambda: lenient_tape(self.store, info))
+            tape = readable(
+                lambda: parsed(self.store.get_tape(info.id)), lambda: lenient_tape(self.store, info)
+            )
             self.cache.put(key, tape)
         return tape
 
@@ -179,6 +181,13 @@ def readable(load: Callable[[], Any], lenient: Callable[[], Any]) -> Any:
         return load()
     except ValidationError:
         return lenient()
+
+
+def parsed(tape: Tape[Any, Any]) -> Tape[Any, Any]:
+    """``tape`` with every step parsed now (a stored tape parses its steps when they are first
+    read), so a step that does not validate fails inside :func:`readable`."""
+    tape.steps.to_list()
+    return tape
 
 
 def int_param(value: str | None, name: str, default: int, minimum: int = 1) -> int:

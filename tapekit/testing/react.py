@@ -4,6 +4,8 @@ scripted model that never reads its input: ``turns`` tool calls, then a final an
 
 Tests of long sessions (stored prompts that read back byte-identical, a store file that grows
 linearly) and ``bench/peers.py`` (tapekit against LangGraph) run the same session from here.
+With ``window``, the prompt holds only the last steps of the conversation (a bounded prompt:
+``bench/resume.py`` measures what resuming costs the framework with it).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any, Literal
 
 from tapekit.agent import Agent
 from tapekit.core import LLMOutput, Prompt, Tape, ToolCallRequest
-from tapekit.dialog import SystemStep, UserStep
+from tapekit.dialog import SystemStep, UserStep, view_to_messages
 from tapekit.environment import ToolEnvironment
 from tapekit.llm.scripted import FunctionLLM
 from tapekit.nodes import ToolCallingNode
@@ -28,10 +30,20 @@ def add(a: int, b: int) -> int:
 class ReactNode(ToolCallingNode):
     """The user's ReAct node: the whole conversation as the prompt, with ``tools``; the model's
     tool calls loop back to this node, a text answer ends the session (a
-    :class:`~tapekit.nodes.ToolCallingNode` with ``final="stop"``)."""
+    :class:`~tapekit.nodes.ToolCallingNode` with ``final="stop"``). With ``window`` > 0 the
+    prompt holds the last ``window`` steps of the agent's view only."""
 
     name: str = "react"
     final: Literal["message", "stop", "respond"] = "stop"
+    window: int = 0
+
+    def make_prompt(self, agent: Agent, tape: Tape[Any, Any]) -> Prompt:
+        """The whole conversation (or its last ``window`` steps) as the prompt, with ``tools``."""
+        if not self.window:
+            return super().make_prompt(agent, tape)
+        steps = agent.compute_view(tape).top.steps
+        messages = view_to_messages(steps[max(0, len(steps) - self.window) :], agent.full_name)
+        return Prompt(messages=messages, tools=self.tools or None)
 
 
 class ScriptedTurns:
@@ -58,15 +70,16 @@ class ScriptedTurns:
 
 
 def react_agent(
-    turns: int, final: str = "done", record: bool = False
+    turns: int, final: str = "done", record: bool = False, window: int = 0
 ) -> tuple[Agent, ToolEnvironment, ScriptedTurns]:
-    """The ReAct agent on a :class:`ScriptedTurns` model, its tool environment, and the model."""
+    """The ReAct agent on a :class:`ScriptedTurns` model, its tool environment, and the model
+    (``window``: see :class:`ReactNode`)."""
     env = ToolEnvironment([add])
     model = ScriptedTurns(turns, final, record)
     agent = Agent.create(
         name="react",
         llms=FunctionLLM(fn=model, stream_chunks=False),
-        nodes=[ReactNode(tools=env.tool_schemas())],
+        nodes=[ReactNode(tools=env.tool_schemas(), window=window)],
         max_iterations=10**9,
     )
     return agent, env, model
