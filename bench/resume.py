@@ -2,10 +2,12 @@
 
 A session of K tool turns (the ReAct workload of bench/peers.py: a turn is the model's tool call
 and the tool's result) is stored in SQLite and left unfinished, as a crash would leave it. A
-resume is then timed from nothing, in the same process (imports done):
+resume is then timed from nothing, in the same process (imports done), each round on a fresh
+copy of the stored session (a resume stores its new step: the next round would otherwise resume
+a session cut inside that step's node run):
 
   tapekit   open      ``open_store(path)``
-            load      ``store.get_tape(id)``: the steps, parsed into their classes
+            load      ``store.get_tape(id)``: the tape, its steps left in the store until read
             view      ``agent.compute_view(tape)``: the agent's view rebuilt over the tape
             first     ``main_loop(agent, tape, env, store=store)`` until its first new step
             total     all four
@@ -13,10 +15,16 @@ resume is then timed from nothing, in the same process (imports done):
                       checkpoint holding the K turns' messages)
             first     ``graph.invoke(None, config)`` until the model's next turn is checkpointed
 
-Each line is the median of ``--rounds`` resumes. Per-step cost after the load should not grow
-with K; the load itself reads every step once.
+Each line is the median of ``--rounds`` resumes. The load reads the tape's row, not its steps
+(each is fetched and parsed when first read); the view reads the steps that call, respond or
+fork (found by kind in an index) and the last node run; none of the framework's work grows with
+K. The ReAct prompt holds the whole conversation, so the first step of ``tapekit``
+(``--workloads react``) reads, converts and stores all K turns' messages: that part is the
+workload's, and ``tapekit-w6`` (``--workloads window``: the same agent with a prompt of its
+view's last 6 steps) shows the resume without it.
 
     python bench/resume.py [--ks 100,1000,10000] [--rounds 5] [--frameworks tapekit,langgraph]
+                           [--workloads react,window]
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import argparse
 import asyncio
 import os
 import platform
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -51,8 +60,14 @@ def stored_session(k: int, path: Path) -> str:
     return start.metadata.id
 
 
-def resume_tapekit(k: int, path: Path, tape_id: str) -> dict[str, float]:
-    agent, env, model = react_agent(k + 10)
+WINDOW = 6  # the steps of the view in the prompt of the "window" workload
+
+
+def resume_tapekit(k: int, stored: Path, tape_id: str, window: int = 0) -> dict[str, float]:
+    path = stored.with_name(f"resumed-{stored.name}")
+    shutil.copyfile(stored, path)  # the stored session as the crash left it, for every round
+    # (no window argument for the plain workload: the script also runs on versions without it)
+    agent, env, model = react_agent(k + 10, window=window) if window else react_agent(k + 10)
     model.calls = k  # the scripted model carries on from turn k
     t0 = time.perf_counter()
     store = open_store(path)
@@ -137,26 +152,35 @@ def main() -> None:
     parser.add_argument("--ks", default="100,1000,10000")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--frameworks", default="tapekit,langgraph")
+    parser.add_argument("--workloads", default="react,window", help="tapekit's: react, window")
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
     frameworks = args.frameworks.split(",")
+    windows = {"react": 0, "window": WINDOW}
+    runs = [
+        ("tapekit" if w == "react" else f"tapekit-w{WINDOW}", windows[w]) for w in args.workloads.split(",")
+    ]
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}"
     print(f"# {machine}, load {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="tapekit-resume-") as tmp:
         for k in ks:
-            results: dict[str, list[dict[str, float]]] = {f: [] for f in frameworks}
+            names = [name for name, _ in runs] if "tapekit" in frameworks else []
+            results: dict[str, list[dict[str, float]]] = {
+                f: [] for f in [*names, *(f for f in frameworks if f != "tapekit")]
+            }
             tapekit_path, lg_path = Path(tmp) / f"t{k}.db", Path(tmp) / f"l{k}.db"
             tape_id = stored_session(k, tapekit_path) if "tapekit" in frameworks else ""
             lg = langgraph_session(k, lg_path) if "langgraph" in frameworks else None
             for _ in range(args.rounds):
                 if "tapekit" in frameworks:
-                    results["tapekit"].append(resume_tapekit(k, tapekit_path, tape_id))
+                    for name, window in runs:
+                        results[name].append(resume_tapekit(k, tapekit_path, tape_id, window))
                 if lg is not None:
                     results["langgraph"].append(resume_langgraph(k, lg_path, *lg))
             for framework, rounds in results.items():
                 medians = {key: statistics.median(r[key] for r in rounds) * 1000 for key in rounds[0]}
                 parts = " ".join(f"{key}_ms={value:.1f}" for key, value in medians.items())
-                print(f"{framework:9s} K={k:6d} {parts}", flush=True)
+                print(f"{framework:10s} K={k:6d} {parts}", flush=True)
     print(f"# load at the end {os.getloadavg()[0]:.1f}")
 
 

@@ -6,8 +6,9 @@ first save to the last commit, with one writer and with 4 writer processes on on
 Each step but a tape's first also writes its LLM call (``--calls ids``, the default: with a
 ``TokenTrace`` of 300 prompt ids, 40 output ids and their log-probabilities, stored compactly;
 ``--calls text``: the call without ids; ``--calls none``: steps only, as before token ids).
-Reads: the time to open a 10,000-step tape (``get_tape``) and its first page
-(``get_steps(id, 0, 100)``), median of several runs.
+Reads: the time to read a whole 10,000-step tape (``get_tape``, then every step: a read tape
+fetches and parses its steps as they are read) and its first page (``get_steps(id, 0, 100)``),
+median of several runs.
 
 PostgreSQL runs on a throwaway cluster started from this machine's server binaries, with the
 server's default durability (fsync and synchronous commit on); it is skipped, saying why, when
@@ -116,7 +117,8 @@ def throughput(url: str, n_steps: int, writers: int, calls: str = "ids") -> floa
 
 
 def read_latency(url: str, n_steps: int = 10_000, repeats: int = 5) -> tuple[float, float]:
-    """Median seconds to ``get_tape`` a ``n_steps``-step tape and to ``get_steps`` its first 100."""
+    """Median seconds to ``get_tape`` a ``n_steps``-step tape and read all its steps, and to
+    ``get_steps`` its first 100."""
     with open_store(url) as store:
         tape = Tape(steps=[UserStep(content="question")]).extend(make_step(i, 0) for i in range(1, n_steps))
         key = store.save_tape(tape, "long")
@@ -126,6 +128,7 @@ def read_latency(url: str, n_steps: int = 10_000, repeats: int = 5) -> tuple[flo
         for _ in range(repeats):
             t0 = time.perf_counter()
             loaded = store.get_tape(key)
+            loaded.steps.to_list()  # every step read (and parsed), as before reads were lazy
             full.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             first = store.get_steps(key, 0, 100)
@@ -140,7 +143,7 @@ def run(name: str, make_url: object, n_steps: int, writers: int, calls: str = "i
     full, page = read_latency(make_url())  # type: ignore[operator]
     print(f"{name:<10} write 1 writer         {one:>10,.0f} steps/s")
     print(f"{name:<10} write {writers} writer procs  {many:>10,.0f} steps/s")
-    print(f"{name:<10} get_tape 10k steps     {full * 1000:>10.1f} ms")
+    print(f"{name:<10} get_tape, read 10k     {full * 1000:>10.1f} ms")
     print(f"{name:<10} get_steps(0, 100)      {page * 1000:>10.1f} ms", flush=True)
 
 
