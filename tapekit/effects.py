@@ -263,13 +263,7 @@ class Journal:
         if known is not None and known.state in ("done", "failed"):
             return known.result, known.error, "reused"
         if known is not None and known.state == "started":
-            answer: Any = UNKNOWN
-            if reconcile is not None:
-                answer = reconcile(call)
-                if asyncio.iscoroutine(answer):
-                    answer = await answer
-            if answer is UNKNOWN:
-                raise InDoubtToolCall(call, known)
+            answer = await ask_reconcile(reconcile, call, known)
             if answer is not NOT_DONE:
                 content = jsonable(answer)
                 await asyncio.to_thread(self._outcome, key, call, "done", content)
@@ -288,6 +282,19 @@ class Journal:
         state: EffectState = "failed" if error is not None else "done"
         await asyncio.to_thread(self._outcome, key, call, state, content, error)
         return content, error, "ran"
+
+
+async def ask_reconcile(reconcile: Callable[..., Any] | None, call: Action, known: ToolEffect) -> Any:
+    """What ``reconcile(call)`` (sync or async) says of the ``once`` call in doubt ``known``: its
+    result (it happened) or :data:`NOT_DONE`; :class:`InDoubtToolCall` when there is no
+    ``reconcile`` or it answers :data:`UNKNOWN`. A tool's calls and a web task's actions in doubt
+    are settled through it."""
+    answer: Any = UNKNOWN if reconcile is None else reconcile(call)
+    if asyncio.iscoroutine(answer):
+        answer = await answer
+    if answer is UNKNOWN:
+        raise InDoubtToolCall(call, known)
+    return answer
 
 
 _JOURNAL: contextvars.ContextVar[Journal | None] = contextvars.ContextVar("tapekit_journal", default=None)

@@ -482,21 +482,16 @@ def make_student(
         raise ValueError(f"demos for unknown student nodes: {sorted(unknown)}")
     nodes: list[Node] = [
         IsFormSelected(filling_node="respond"),
-        FormNode(
-            name="intent_discovery",
-            step_classes=INTENT_STEPS,
-            ends_turn=True,
-            whole_turn=True,
-            demos=shown.get("intent_discovery", []),
-            constrain=constrain,
-        ),
-        FormNode(
-            name="respond",
-            step_classes=RESPOND_STEPS,
-            ends_turn=True,
-            whole_turn=True,
-            demos=shown.get("respond", []),
-            constrain=constrain,
+        *(
+            FormNode(
+                name=name,
+                step_classes=steps,
+                ends_turn=True,
+                whole_turn=True,
+                demos=shown.get(name, []),
+                constrain=constrain,
+            )
+            for name, steps in (("intent_discovery", INTENT_STEPS), ("respond", RESPOND_STEPS))
         ),
     ]
     return Agent.create(name, llms=llm, nodes=nodes, templates={**STUDENT_TEMPLATES, **(templates or {})})

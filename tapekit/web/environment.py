@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, Self, TypeVar, overload
 
 from tapekit.core import Observation, Tape, new_id
-from tapekit.effects import NOT_DONE, UNKNOWN, EffectState, InDoubtToolCall, Journal, ToolEffect
+from tapekit.effects import NOT_DONE, EffectState, InDoubtToolCall, Journal, ToolEffect, ask_reconcile
 from tapekit.effects import journal as current_journal
 from tapekit.environment import (
     ENVIRONMENT_FAILURE,
@@ -381,10 +381,7 @@ class WebEnvironment(Environment):
             if known is not None and known.state == "started":  # never done again blindly
                 known, how = await self._reconciled(state, action, doubt, known), "reconciled"
             if known is not None and known.state in ("done", "failed"):
-                obs = await self._reused(state, action, known, step)
-                if "effect" in obs.metadata.other:
-                    obs.metadata.other["effect"] = how
-                return _timed(obs, started)
+                return _timed(await self._reused(state, action, known, step, how), started)
         async with self._pool.slots:
             try:
                 episode, replayed = await self._live_episode(state)
@@ -460,7 +457,7 @@ class WebEnvironment(Environment):
         return _timed(obs, started)
 
     async def _reused(
-        self, state: _TapeState, action: WebAction, known: ToolEffect, step: int
+        self, state: _TapeState, action: WebAction, known: ToolEffect, step: int, how: str = "reused"
     ) -> WebObservation:
         """The observation of a ``once`` action whose outcome the journal holds (it died before
         its observation was stored, or a person resolved it): it is not done again. The page is
@@ -497,7 +494,7 @@ class WebEnvironment(Environment):
             finally:
                 episode.busy = False
                 episode.last_used = time.monotonic()
-        obs.metadata.other["effect"] = "reused"
+        obs.metadata.other["effect"] = how  # "reused", or "reconciled" when the task settled it
         if obs.done:
             await self._pool.close_page(episode)
         return _marked_once(obs)
@@ -509,11 +506,8 @@ class WebEnvironment(Environment):
         and journal its answer: done (the journal's outcome from now on), not done (None: do it
         now), or :class:`InDoubtToolCall` when it cannot tell."""
         assert state.open is not None
-        answer = self.task(state.open.task).reconcile(action, known)
-        if asyncio.iscoroutine(answer):
-            answer = await answer
-        if answer is UNKNOWN:
-            raise InDoubtToolCall(action, known)
+        task = self.task(state.open.task)
+        answer = await ask_reconcile(lambda a: task.reconcile(a, known), action, known)
         if answer is NOT_DONE:
             return None
         await asyncio.to_thread(
