@@ -15,10 +15,12 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tapekit import Tape, UserStep
+from tapekit import Agent, FunctionLLM, LLMOutput, Prompt, Tape, ToolCallRequest, ToolEnvironment, UserStep
+from tapekit.effects import Effect
 from tapekit.sandbox import Sandbox, SandboxLimits, SandboxUnavailableError
 
 pytestmark = pytest.mark.skipif(
@@ -300,3 +302,126 @@ def test_memory_limit_leaves_a_process_under_it_alone(memory_mechanism: str) -> 
 def _process_count() -> int:
     out = subprocess.run(["ps", "-e", "--no-headers"], capture_output=True, text=True).stdout
     return len(out.splitlines())
+
+
+# --- a session killed while its sandboxed code runs (docs/durability.md, "Sandboxes") ---------
+
+_KILLED_CODE = (
+    "runs = open('ledger.txt', 'a+')\n"
+    "runs.write('ran\\n'); runs.flush(); runs.seek(0)\n"
+    "if len(runs.read().split()) == 1:\n"
+    "    import time\n"
+    "    time.sleep(120)\n"
+    "print('finished')\n"
+)
+
+
+def _coder(workdir: Path, effect: Effect) -> tuple[Agent, ToolEnvironment, Sandbox]:
+    """The agent (one run_python call, then "done"), its environment and the sandbox on
+    ``workdir``: what both the killed process and the resuming one build."""
+    from tapekit.testing.react import ReactNode
+
+    def model(prompt: Prompt) -> LLMOutput:
+        if prompt.messages[-1]["role"] == "tool":
+            return LLMOutput(content="done")
+        return LLMOutput(tool_calls=[ToolCallRequest(id="c1", name="run_python", arguments=_json_code())])
+
+    box = Sandbox(SandboxLimits(wall_s=300, cpu_s=30), workdir=workdir)
+    env = ToolEnvironment([box.python_tool(effect=effect)])
+    agent = Agent.create(
+        name="coder", llms=FunctionLLM(fn=model), nodes=[ReactNode(tools=env.tool_schemas())]
+    )
+    return agent, env, box
+
+
+def _json_code() -> str:
+    import json
+
+    return json.dumps({"code": _KILLED_CODE})
+
+
+def _killed_child(db: str, workdir: str, effect: Effect) -> None:
+    """Run in a child process: start the session; it is killed inside the sandboxed code."""
+    from tapekit import main_loop
+    from tapekit.store import SQLiteStore
+
+    agent, env, _ = _coder(Path(workdir), effect)
+    start: Tape[Any, Any] = Tape(steps=[UserStep(content="append to the ledger")])
+    print(start.metadata.id, flush=True)
+    with SQLiteStore(db) as store:
+        main_loop(agent, start, env, store=store).get_final_tape()
+
+
+def _start_and_kill(tmp_path: Path, effect: Effect) -> tuple[Path, Path, str]:
+    import signal
+    import time
+
+    db, workdir = tmp_path / "s.db", tmp_path / "work"
+    workdir.mkdir()
+    root = Path(__file__).resolve().parents[1]
+    args = f"{str(db)!r}, {str(workdir)!r}, {effect!r}"
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"import tests.test_sandbox as t; t._killed_child({args})"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    tape_id = child.stdout.readline().strip()
+    ledger = workdir / "ledger.txt"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (ledger.exists() and ledger.read_text()):
+        time.sleep(0.05)
+    assert ledger.read_text() == "ran\n", "the sandboxed code never ran"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    deadline = time.monotonic() + 10  # bwrap --die-with-parent: the code dies with the session
+    while time.monotonic() < deadline and _running_in(workdir):
+        time.sleep(0.1)
+    assert not _running_in(workdir), "the killed session's sandboxed code is still running"
+    return db, workdir, tape_id
+
+
+def _running_in(workdir: Path) -> bool:
+    found = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True)
+    return bool(found.stdout.split())
+
+
+def test_a_once_sandbox_killed_mid_run_is_not_run_again_on_resume(tmp_path: Path) -> None:
+    """``python_tool(effect="once")`` on a working directory that outlives the process: the
+    session is SIGKILLed while the code runs; the code dies with it, and the resume does not run
+    it again but waits in doubt; resolved done, the session ends, the code having run once."""
+    from tapekit import InDoubtToolCall, main_loop
+    from tapekit.dialog import ToolResult
+    from tapekit.store import SQLiteStore
+
+    db, workdir, tape_id = _start_and_kill(tmp_path, "once")
+    agent, env, box = _coder(workdir, "once")
+    with SQLiteStore(db) as store, box:
+        events = list(main_loop(agent, store.get_tape(tape_id), env, store=store))
+        waiting = [e.external for e in events if e.external is not None]
+        assert len(waiting) == 1 and isinstance(waiting[0], InDoubtToolCall), events
+        assert (workdir / "ledger.txt").read_text() == "ran\n"
+        [effect] = store.tool_effects(in_doubt=True)
+        store.resolve_tool_effect(effect.key, result="ran once (read the ledger)")
+        final = main_loop(agent, store.get_tape(tape_id), env, store=store).get_final_tape()
+    results = [s for s in final.steps if isinstance(s, ToolResult)]
+    assert [r.content for r in results] == ["ran once (read the ledger)"]
+    assert (workdir / "ledger.txt").read_text() == "ran\n"
+
+
+def test_a_read_sandbox_killed_mid_run_runs_again_on_resume(tmp_path: Path) -> None:
+    """The default, ``"read"``: the same kill, and the resume runs the code again (the ledger
+    gets a second line): right for a throwaway working directory, wrong for this one."""
+    from tapekit import main_loop
+    from tapekit.dialog import ToolResult
+    from tapekit.store import SQLiteStore
+
+    db, workdir, tape_id = _start_and_kill(tmp_path, "read")
+    agent, env, box = _coder(workdir, "read")
+    with SQLiteStore(db) as store, box:
+        final = main_loop(agent, store.get_tape(tape_id), env, store=store).get_final_tape()
+    [result] = [s for s in final.steps if isinstance(s, ToolResult)]
+    assert "finished" in str(result.content)
+    assert (workdir / "ledger.txt").read_text() == "ran\nran\n"
