@@ -47,15 +47,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PG_UNAVAILABLE = postgres_unavailable()
 
 
-@pytest.fixture(scope="session")
-def pg_cluster() -> Iterator[TempPostgres]:
-    """One throwaway PostgreSQL cluster for the session."""
-    if PG_UNAVAILABLE is not None:
-        pytest.skip(f"PostgreSQL backend: {PG_UNAVAILABLE}")
-    with TempPostgres() as pg:
-        yield pg
-
-
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
     """A factory of new, empty stores of one backend (what the conformance checks take)."""

@@ -30,9 +30,7 @@ from tapekit.llm.base import LLMStream
 from tapekit.store import TapeStore, open_store
 from tapekit.store._text import text_problem
 from tapekit.structured import LLMOutputParsingFailure, StructuredNode
-from tapekit.testing.postgres import TempPostgres, postgres_unavailable
-
-PG_UNAVAILABLE = postgres_unavailable()
+from tapekit.testing.postgres import TempPostgres
 
 # What the scripted model answers. The plain node's text holds a raw lone surrogate and a
 # surrogate pair split into two code points; the structured node first answers prose with a raw
@@ -103,15 +101,6 @@ def check_half_emoji_session(store: TapeStore, tape: Tape[Any, Any]) -> None:
         NOT_JSON_STORED,
         '{"steps": [{"kind": "respond", "content": "escaped \\ud83d, raw \\ud83d"}]}',
     ]
-
-
-@pytest.fixture(scope="module")
-def pg_cluster() -> Iterator[TempPostgres]:
-    """One throwaway PostgreSQL cluster for this module."""
-    if PG_UNAVAILABLE is not None:
-        pytest.skip(f"PostgreSQL backend: {PG_UNAVAILABLE}")
-    with TempPostgres() as pg:
-        yield pg
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import random
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +27,8 @@ from tapekit import Agent, Call, Fork, Respond, SetNextNode, Step, StopStep, Tap
 from tapekit._diff import signatures
 from tapekit.core import Action, Branch, Observation, Thought
 from tapekit.environment import ToolEnvironment
-from tapekit.store import MemoryStore, SQLiteStore, TapeStore
+from tapekit.store import MemoryStore, PostgresStore, SQLiteStore, TapeStore
+from tapekit.testing.postgres import TempPostgres
 from tapekit.testing.react import ScriptedTurns, react_agent, react_start
 from tapekit.views import TapeViewStack
 
@@ -82,16 +84,20 @@ def counts(monkeypatch: pytest.MonkeyPatch) -> Counts:
     return seen
 
 
-def resume(stored: Path, tape_id: str, k: int, agent_of: Any, counts: Counts) -> tuple[Counts, int]:
-    """The bench's resume (``bench/resume.py``) on a copy of the stored sessions: open the
-    store, load the tape, rebuild the view, run until the first new step; the counts it took,
-    and the tape's length."""
-    path = stored.with_name(f"copy-{stored.name}")
-    shutil.copyfile(stored, path)  # the sessions as stored, for every resume
+def resume(
+    stored: Path | Callable[[], TapeStore], tape_id: str, k: int, agent_of: Any, counts: Counts
+) -> tuple[Counts, int]:
+    """The bench's resume (``bench/resume.py``): open the store (an SQLite copy of the stored
+    sessions, or what ``stored`` opens), load the tape, rebuild the view, run until the first
+    new step; the counts it took, and the tape's length."""
+    if isinstance(stored, Path):
+        path = stored.with_name(f"copy-{stored.name}")
+        shutil.copyfile(stored, path)  # the sessions as stored, for every resume
+        stored = partial(SQLiteStore, path)
     agent, env, model = agent_of(k + 10)
     model.calls = k  # the scripted model carries on from turn k
     counts.__init__()  # type: ignore[misc]
-    with SQLiteStore(path) as store:
+    with stored() as store:
         tape = store.get_tape(tape_id)
         agent.compute_view(tape)
         for event in main_loop(agent, tape, env, max_loops=1, store=store):
@@ -118,6 +124,23 @@ def test_resume_cost_is_flat_in_the_session_length(
     path, ids = sessions
     short, n_short = resume(path, ids[100], 100, window_agent, counts)
     long, n_long = resume(path, ids[2000], 2000, window_agent, counts)
+    assert (n_short, n_long) == (302, 6002)
+    assert short.parsed <= 3 * 64 and long.parsed <= 3 * 64, (short, long)
+    assert long.serialised == short.serialised <= 4, (short, long)
+    assert long.pushed == short.pushed <= 4, (short, long)
+
+
+def test_resume_cost_is_flat_on_postgres(pg_cluster: TempPostgres, counts: Counts) -> None:
+    """The same on PostgreSQL (its own ``steps_stack`` index and lazy reads): resuming a
+    2,000-turn session costs what resuming a 100-turn one does."""
+    url = pg_cluster.create_database()
+    try:
+        with PostgresStore(url) as store:
+            ids = {k: stored_session(store, k) for k in (100, 2000)}
+        short, n_short = resume(partial(PostgresStore, url), ids[100], 100, window_agent, counts)
+        long, n_long = resume(partial(PostgresStore, url), ids[2000], 2000, window_agent, counts)
+    finally:
+        pg_cluster.drop_database(url.split("/")[3].split("?")[0])
     assert (n_short, n_long) == (302, 6002)
     assert short.parsed <= 3 * 64 and long.parsed <= 3 * 64, (short, long)
     assert long.serialised == short.serialised <= 4, (short, long)
