@@ -1,0 +1,141 @@
+"""``examples/web_agent/plateau.py``: the plateau rule, a resumed run's ledger and validation
+points, a model swapped in whole even when killed, and test seeds no earlier study read. The
+stages themselves run real Chromium and SmolLM2 for hours: docs/experiments/web-plateau.md is
+their record."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.examples._commands import missing_for_web
+
+MISSING = missing_for_web(("trl", "trl"), ("llguidance", "llguidance"))
+pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)}")
+
+
+def _points(*values: float) -> list[dict[str, Any]]:
+    return [{"step": 8 * i, "success": v} for i, v in enumerate(values)]
+
+
+def test_the_plateau_is_three_evaluations_without_a_rise() -> None:
+    from examples.web_agent.plateau import plateau_reached
+
+    assert not plateau_reached([], 3)
+    assert not plateau_reached(_points(0.2, 0.5, 0.5, 0.5), 3)  # 3 evaluations after the best, 2 of them ties
+    assert plateau_reached(_points(0.2, 0.5, 0.5, 0.5, 0.4), 3)  # a tie is not a rise
+    assert not plateau_reached(_points(0.2, 0.5, 0.4, 0.4, 0.6), 3)  # it rose again: wait on
+    assert plateau_reached(_points(0.9, 0.1, 0.2, 0.3), 3)  # the first point was the best
+    assert not plateau_reached(_points(0.2, 0.5, 0.4, 0.4), 3)
+
+
+def test_the_fresh_test_seeds_are_in_the_split_and_after_the_first_forty() -> None:
+    from examples.web_agent.plateau import TEST_SEEDS
+    from tapekit.web.miniwob import SPLIT, split_of
+
+    assert list(TEST_SEEDS) == list(range(200_040, 200_060))
+    assert all(split_of("click-button", s) == "test" for s in TEST_SEEDS)
+    assert all(split_of("click-dialog-2", s) == "held_out" for s in TEST_SEEDS)
+    assert not set(TEST_SEEDS) & set(SPLIT.test_seeds[:40])  # what earlier studies evaluated
+
+
+def test_a_resumed_run_drops_the_ledger_lines_after_its_checkpoint(tmp_path: Path) -> None:
+    """Steps done after the last checkpoint are done again on resume: their charges go."""
+    from examples.web_agent.plateau import run_ledger
+    from examples.web_agent.study import Ledger
+
+    class Model:
+        def num_parameters(self) -> int:
+            return 1000
+
+    run = tmp_path / "grpo-seed0"
+    run.mkdir()
+    first = Ledger(run / "ledger.jsonl", 1000)
+    for step in range(1, 6):
+        first.add(f"grpo-seed0-{step}", 10.0, trained=100, rolled=50, episodes=4)
+    (run / "ckpt-000003").mkdir()  # killed after step 5; the last checkpoint is step 3
+    resumed = run_ledger(run / "ledger.jsonl", Model())
+    assert [json.loads(x)["stage"] for x in (run / "ledger.jsonl").read_text().splitlines()] == [
+        "grpo-seed0-1",
+        "grpo-seed0-2",
+        "grpo-seed0-3",
+    ]
+    assert resumed.seconds == 30.0 and resumed.episodes == 12
+    assert resumed.flops == 3 * (6.0 * 1000 * 100 + 2.0 * 1000 * 50)
+    resumed.add("grpo-seed0-4", 10.0, trained=100, rolled=50, episodes=4)
+    assert resumed.seconds == 40.0  # counting goes on from the checkpoint
+    (run / "ckpt-000003").rmdir()
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    assert run_ledger(sft / "ledger.jsonl", Model()).seconds == 0.0  # a new run
+
+
+class _Model:
+    def __init__(self, tag: str, fail: bool = False) -> None:
+        self.tag, self.fail = tag, fail
+
+    def save_pretrained(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text(json.dumps({"tag": self.tag}))
+        if self.fail:
+            raise KeyboardInterrupt  # killed before the weights were whole
+
+
+class _Tokenizer:
+    def save_pretrained(self, path: Path) -> None:
+        (path / "tokenizer_config.json").write_text("{}")
+
+
+def test_a_model_is_swapped_in_whole_or_not_at_all(tmp_path: Path) -> None:
+    from examples.web_agent import plateau
+
+    where = tmp_path / "plateau"
+    plateau.save(_Model("a"), _Tokenizer(), where)
+    assert plateau.ready(where) and json.loads((where / "config.json").read_text())["tag"] == "a"
+    with pytest.raises(KeyboardInterrupt):  # killed while writing the next best
+        plateau.save(_Model("b", fail=True), _Tokenizer(), where)
+    assert plateau.ready(where) and json.loads((where / "config.json").read_text())["tag"] == "a"
+    # killed between the renames: the new model is whole beside it, and ready() finishes the swap
+    plateau.save(_Model("c"), _Tokenizer(), tmp_path / "c")
+    shutil.rmtree(tmp_path / "plateau.part")  # what the next save does first
+    (tmp_path / "c").rename(tmp_path / "plateau.part")
+    where.rename(tmp_path / "plateau.old")
+    assert plateau.ready(where) and json.loads((where / "config.json").read_text())["tag"] == "c"
+
+
+class _Record:
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+
+def test_validation_points_are_neither_repeated_nor_skipped_on_resume(tmp_path: Path) -> None:
+    from examples.web_agent.plateau import Evaluations, plateau_reached, read_lines
+
+    path = tmp_path / "val.jsonl"
+    scores = iter([0.1, 0.3, 0.3, 0.2, 0.25, 0.9])
+    scored: list[int] = []
+
+    def score(step: int) -> dict[str, float]:
+        scored.append(step)
+        return {"success": next(scores)}
+
+    def evaluations() -> Evaluations:
+        return Evaluations(
+            path,
+            lambda r: r.step % 8 == 0,
+            score,
+            then=lambda _: plateau_reached(read_lines(path), 3),
+        )
+
+    first = evaluations()
+    for step in range(1, 20):  # killed after step 19 (the checkpoint was at 16)
+        assert first.on_step(_Record(step)) is None  # type: ignore[arg-type]
+    again = evaluations()
+    stops = [step for step in range(17, 41) if again.on_step(_Record(step))]  # type: ignore[arg-type]
+    assert scored == [8, 16, 24, 32, 40]
+    assert stops == [40]  # 0.3 at 16, then 24, 32, 40 without a rise: the plateau
+    assert [p["step"] for p in read_lines(path)] == [8, 16, 24, 32, 40]
