@@ -229,6 +229,8 @@ def test_the_step_record_is_written_as_every_log_line_so_far() -> None:
     assert RLStepRecord.from_log(line, seconds=9.0) == record
     idle = _record(grad_norm=None, processes=2).to_log()  # a step that trained nothing; two processes
     assert "grad_norm" not in idle and list(idle)[-1] == "processes" and idle["processes"] == 2
+    by_task = _record(category_rewards={"a": 0.5}).to_log()  # written by runs since 2026-11-28
+    assert list(by_task).index("category_rewards") == list(by_task).index("categories") + 1
     # a StepRecord like SFT's and DPO's: what the callbacks and the trackers read
     assert record.metrics == line and record.value("score_strict") == 0.25 and record.value("reward") == 0.5
     scalars = record.scalars()

@@ -104,6 +104,7 @@ def _part(rank: int, rewards: list[float], tokens: int, loss: float) -> dict[str
         "scores": {"strict": [float(r > 0.5) for r in rewards]},
         "tasks": [(f"t{rank}", "a")] * max(1, len(rewards)),  # drawn, even when every rollout failed
         "kept_tasks": [f"t{rank}"] if rewards else [],
+        "category_rewards": [("a" if i % 2 else "b", r) for i, r in enumerate(rewards)],
         "zero_groups": rank,
         "n_groups": 1,
         "output_tokens": 50,
@@ -124,6 +125,7 @@ def test_merge_records_is_the_whole_steps_record() -> None:
     assert merged["rollout_seconds"] == 2.0 and merged["rollout_tokens_per_s"] == 50.0
     assert merged["failed_rollouts"] == 1 and merged["processes"] == 2
     assert merged["scored_rollouts"] == 4
+    assert merged["category_rewards"] == {"a": 1.0, "b": 0.5}  # over both ranks' rollouts
     typed = RLStepRecord.from_log(merged)  # what the run keeps: the whole step's record, typed
     assert typed.processes == 2 and typed.step == 3 and typed.to_log() == merged
     # every rollout of the step failed by the environment, on both ranks
@@ -131,6 +133,7 @@ def test_merge_records_is_the_whole_steps_record() -> None:
     assert hung["reward_mean"] is None and hung["reward_std"] is None and hung["score_strict"] is None
     assert hung["scored_rollouts"] == 0
     assert hung["groups"] == 0 and hung["categories"] == {"a": 2}  # two tasks drawn, none trained
+    assert hung["category_rewards"] == {}
     diverged = _part(1, [1.0], 10, 0.0)
     diverged["record"]["sampler_values"] = {"a": 0.2}
     with pytest.raises(RuntimeError, match=r"rank 1 disagrees.*sampler_values"):

@@ -287,12 +287,14 @@ def test_a_step_whose_every_rollout_the_environment_failed_reports_no_reward_not
     assert hung.reward is None and hung.reward_std is None and hung.scores["steps"] is None
     assert hung.zero_adv_share == 1.0  # no group, nothing to train on
     assert hung.groups == 0 and hung.categories  # two tasks drawn, no group to train on
+    assert hung.category_rewards == {}  # no scored rollout in any category
     line = hung.to_log()  # null in rl_log.jsonl, not 0
     assert line["reward_mean"] is None and line["score_steps"] is None and "grad_norm" not in line
     half = record(1, {tasks[0].question})
     assert half.environment_failures == 2 and half.scored_rollouts == 2
     assert half.groups == 1  # the failed task's group is not counted as trained
     assert half.reward == 1.0 and half.scores["steps"] == 1.0  # the oracle solves what ran
+    assert half.category_rewards == {tasks[1].category or "default": 1.0}  # the task that ran
     store.close()
 
 

@@ -51,7 +51,7 @@ from tapekit.training._trace import weights_hash
 from tapekit.training.rl._advantages import mean_abs_by_key
 from tapekit.training.rl._batch import RLBatch, make_rl_batch, signal_minibatches
 from tapekit.training.rl._config import RLConfig, RLRunConfig
-from tapekit.training.rl._record import RLStepRecord, mean_std
+from tapekit.training.rl._record import RLStepRecord, mean_by_category, mean_std
 from tapekit.training.rl._step import RLStepStats, grpo_step
 from tapekit.training.rl._step import merge_stats as merge_step_stats
 
@@ -72,7 +72,8 @@ def batch_weight(batch: RLBatch, config: RLConfig) -> float:
 
 def merge_records(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One step's record for the whole run from each rank's part (its local ``record``, its
-    ``rewards``, ``scores`` by scorer, ``tasks`` as (id, category) pairs, ``kept_tasks`` (the
+    ``rewards``, ``scores`` by scorer, ``tasks`` as (id, category) pairs, ``category_rewards``
+    as (category, reward) pairs of its scored rollouts, ``kept_tasks`` (the
     ids of the groups trained on: tasks with a rollout the environment did not fail),
     ``zero_groups`` and ``n_groups`` counts, ``output_tokens``): rewards and scores over all
     rollouts, the training figures token-weighted, throughputs added up, times the slowest rank's. Raises
@@ -96,6 +97,9 @@ def merge_records(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     record["categories"] = {
         c: sum(1 for v in unique.values() if v == c) for c in sorted(set(unique.values()))
     }
+    record["category_rewards"] = mean_by_category(
+        (str(c), float(r)) for p in parts for c, r in p.get("category_rewards", ())
+    )
     seconds = max(p["record"]["rollout_seconds"] for p in parts)
     record["rollout_seconds"] = seconds
     record["rollout_tokens_per_s"] = sum(p["output_tokens"] for p in parts) / seconds if seconds else 0.0
@@ -356,6 +360,7 @@ class RLDist:
             "scores": {n: rollouts.scores(n) for n in record.scores},
             "tasks": [(t.id, t.category) for t in rollouts.tasks],
             "kept_tasks": sorted(rollouts.kept_task_ids),
+            "category_rewards": rollouts.category_rewards,
             "zero_groups": len(full.groups.zero_groups) if full is not None else 0,
             "n_groups": len(full.groups.groups) if full is not None else 0,
             "output_tokens": rollouts.output_tokens,

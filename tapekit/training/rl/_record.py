@@ -12,7 +12,7 @@ reads a log line back (resuming a run, or a committed experiment's log).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 
 # The record's fields in the order of a log line (``step`` first), and the two whose log name
-# is not their own; ``grad_norm`` and ``processes`` are written only when known.
+# is not their own; ``grad_norm``, ``processes`` and ``category_rewards`` (logs from before
+# 2026-11-28 lack it) are written only when known.
 _LOG_ORDER = (
     "policy_version",
     "rollout_version",
@@ -49,6 +50,7 @@ _LOG_ORDER = (
     "sampler_values",
     "sampler_probs",
     "categories",
+    "category_rewards",
     "loss",
     "clip_fraction",
     "ratio_mean",
@@ -61,7 +63,7 @@ _LOG_ORDER = (
 )
 _LOG_NAME = {"reward": "reward_mean", "tokens": "train_tokens"}
 _FIELD_NAME = {log: name for name, log in _LOG_NAME.items()}
-_WHEN_KNOWN = {"grad_norm", "processes"}
+_WHEN_KNOWN = {"grad_norm", "processes", "category_rewards"}
 
 
 class RLStepRecord(StepRecord):
@@ -78,7 +80,8 @@ class RLStepRecord(StepRecord):
       ``environment_failures``, ``rollout_seconds``, ``rollout_tokens_per_s`` (sampled),
       ``rollout_prompt_tokens``, ``rollout_output_tokens``;
     - groups: ``groups`` (trained on), ``zero_adv_share``, ``categories`` (tasks drawn per
-      category), the sampler's ``sampler_values`` and ``sampler_probs``;
+      category), ``category_rewards`` (the mean reward of each category's scored rollouts),
+      the sampler's ``sampler_values`` and ``sampler_probs``;
     - training: ``clip_fraction``, ``ratio_mean``, ``kl``, ``train_tokens_per_s``, ``grad_norm``
       (``None`` when the step trained nothing), ``train_input_tokens``;
     - ``processes``: the processes of a data-parallel run (``None``: one).
@@ -106,6 +109,7 @@ class RLStepRecord(StepRecord):
     sampler_values: dict[str, float] = Field(default_factory=dict)
     sampler_probs: dict[str, float] = Field(default_factory=dict)
     categories: dict[str, int] = Field(default_factory=dict)
+    category_rewards: dict[str, float] | None = None
     clip_fraction: float = 0.0
     ratio_mean: float = 1.0
     kl: float = 0.0
@@ -159,6 +163,14 @@ def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
         return None, None
     mean = sum(values) / len(values)
     return mean, (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+
+
+def mean_by_category(pairs: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """The mean reward of each category of ``(category, reward)`` pairs, categories sorted."""
+    found: dict[str, list[float]] = {}
+    for category, reward in pairs:
+        found.setdefault(category, []).append(reward)
+    return {c: sum(found[c]) / len(found[c]) for c in sorted(found)}
 
 
 def _task_counts(tasks: Sequence[Task]) -> dict[str, int]:
@@ -219,5 +231,6 @@ def step_record(
         sampler_values=sampler.values(),
         sampler_probs=sampler.probabilities(),
         categories=_task_counts(rollouts.tasks),
+        category_rewards=mean_by_category(rollouts.category_rewards),
         **{"loss": 0.0, "tokens": 0, **trained},
     )

@@ -69,6 +69,14 @@ class RolloutBatch:
         whose every rollout the environment failed gives GRPO no group)."""
         return {str(t.metadata.result["task_id"]) for t in self.kept}
 
+    @property
+    def category_rewards(self) -> list[tuple[str, float]]:
+        """Each kept tape's task category (``"default"`` for none) and reward."""
+        return [
+            (str(t.metadata.result.get("category") or "default"), float(t.metadata.result["reward"]))
+            for t in self.kept
+        ]
+
     def scores(self, name: str) -> list[float]:
         """Each kept tape's value under scorer ``name``."""
         return [float(t.metadata.result["scores"][name]) for t in self.kept]
