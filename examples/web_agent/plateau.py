@@ -270,7 +270,7 @@ class Charge(StepCallback):
     def __init__(self, ledger: Ledger, stage: str) -> None:
         self.ledger, self.stage = ledger, stage
         self.last = time.perf_counter()
-        self.tokens_seen = 0
+        self.tokens_seen = ledger.trained_tokens  # SFT counts input tokens from the run's start, resumed too
         self.paused = 0.0
 
     def on_step(self, record: StepRecord) -> bool | None:
