@@ -73,15 +73,16 @@ def test_teacher_solves_episodes_in_main_loop(env: WebEnvironment, task: str, se
 
 
 def test_teacher_solves_every_training_task(env: WebEnvironment) -> None:
-    """The teacher's success on its tasks (docs/web.md has the figures on 30 seeds per task)."""
-    tasks = eval_tasks("train", n_seeds=2)
+    """The teacher solves a page of each of its tasks (docs/web.md has its success on 30 seeds
+    per task)."""
+    tasks = eval_tasks("train", n_seeds=1)
     report = evaluate(teacher_agent(), env, tasks, reward_scorer)
     failed = [
         (s.task_id, s.scores["reward_scorer"].feedback, s.error)
         for s in report.samples
         if not s.scores["reward_scorer"].passed
     ]
-    assert report.n_tasks == 28 and failed == []
+    assert report.n_tasks == 14 and failed == []
 
 
 def test_async_main_loop_runs_episodes_concurrently(env: WebEnvironment) -> None:
