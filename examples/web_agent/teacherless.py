@@ -9,6 +9,7 @@ held-out tasks, which stay untouched for generalisation). Every stage writes its
     python examples/web_agent/teacherless.py screen         # the candidates on their validation seeds
     python examples/web_agent/teacherless.py rl --seed 0    # GRPO on the chosen tasks (resumes)
     python examples/web_agent/teacherless.py test           # once, for the final runs: before and after
+    python examples/web_agent/teacherless.py probe --policy rl-seed0 --temperature 1   # validation only
     python examples/web_agent/teacherless.py all --seeds 0 1 2   # everything above, in order
 
 The student's agent, its evaluation (greedy, up to 32 episodes decoded together, a browser
@@ -31,8 +32,12 @@ failure run once more) and its answer cap are the web study's (``examples/web_ag
   (``OUT/rl-seedS``: weights, optimiser, RNG, curriculum, log), the validation seeds scored
   every ``--eval-every`` steps (``val.jsonl``). Killed, the same command continues.
 - ``test``: the student and each finished seed's final policy, greedy, on the RL tasks' test
-  seeds and the 14 teacher tasks' test seeds (forgetting); each policy is evaluated once
-  (``test.json`` keeps the result, and a second call only adds policies not yet evaluated).
+  seeds and the 14 teacher tasks' test seeds (forgetting), then sampled at T = 1 on the RL
+  tasks' test seeds (a secondary figure); each policy is evaluated once (``test.json`` keeps
+  the result, and a second call only adds what is not there yet).
+- ``probe --policy P --temperature T``: a finished policy (``student``, ``rl-seed0``, ...) on
+  the RL tasks' validation seeds at temperature T (``probe.jsonl``): what a setting for the
+  next seeds is chosen on.
 
 Every stage's wall seconds go to ``OUT/ledger.jsonl``; tapes to ``OUT/tapes.db``. The write-up
 is docs/experiments/web-teacherless.md, its tables and picture drawn by
@@ -326,37 +331,85 @@ def stage_rl(args: argparse.Namespace, out: Path, seed: int) -> None:
 
 
 def stage_test(args: argparse.Namespace, out: Path) -> None:
-    """The student and every finished seed, greedy, on the test seeds; each evaluated once."""
+    """The student and every finished seed on the test seeds, each evaluated once: greedy on the
+    RL tasks and the teacher tasks (``per_task``), then sampled at T = 1 on the RL tasks
+    (``sampled``; a secondary figure, added before any test episode ran, once validation had
+    shown the greedy policy repeating actions that sampling varies)."""
+    import torch
+
     path = out / "test.json"
     results = json.loads(path.read_text()) if path.exists() else {}
     policies = {"student": out / STUDENT}
     policies.update(
         {d.name: d / "final" for d in sorted(out.glob("rl-seed*")) if (d / "final" / "config.json").exists()}
     )
-    todo = {name: where for name, where in policies.items() if name not in results}
+    todo = {name: where for name, where in policies.items() if "sampled" not in results.get(name, {})}
     if not todo:
         print("test: every policy is evaluated", flush=True)
         return
-    tasks = eval_tasks("test", args.test_seeds, TEACHERLESS_TASKS) + eval_tasks("test", args.forgetting_seeds)
+    rl_tasks = eval_tasks("test", args.test_seeds, TEACHERLESS_TASKS)
+    tasks = rl_tasks + eval_tasks("test", args.forgetting_seeds)
     store = open_store(str(out / "tapes.db"))
     with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
         for name, where in todo.items():
-            started = time.perf_counter()
             model, tokenizer = load(where)
-            report = evaluate_student(model, tokenizer, env, tasks, f"test-{name}", store)
-            results[name] = {
-                "per_task": per_task(report),
-                "environment_failures": report.n_environment_failures,
-            }
+            if name not in results:
+                started = time.perf_counter()
+                report = evaluate_student(model, tokenizer, env, tasks, f"test-{name}", store)
+                results[name] = {
+                    "per_task": per_task(report),
+                    "environment_failures": report.n_environment_failures,
+                }
+                path.write_text(json.dumps(results, indent=1) + "\n")
+                log(out, f"test-{name}", time.perf_counter() - started, episodes=len(tasks))
+            started = time.perf_counter()
+            torch.manual_seed(0)
+            sampled = evaluate_student(
+                model, tokenizer, env, rl_tasks, f"test-{name}-t1", store, temperature=1.0
+            )
+            results[name]["sampled"] = per_task(sampled)
             path.write_text(json.dumps(results, indent=1) + "\n")
-            log(out, f"test-{name}", time.perf_counter() - started, episodes=len(tasks))
+            log(out, f"test-{name}-t1", time.perf_counter() - started, episodes=len(rl_tasks))
             print(f"test: {name} done", flush=True)
     store.close()
 
 
+def stage_probe(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """A finished policy (``--policy``: ``student`` or a seed's run, e.g. ``rl-seed0``) on the RL
+    tasks' validation seeds at ``--temperature``, one line of ``probe.jsonl`` (validation only:
+    what a setting is chosen on)."""
+    import torch
+
+    where = out / STUDENT if args.policy == "student" else out / args.policy / "final"
+    if not (where / "config.json").exists():
+        raise SystemExit(f"probe: no finished policy at {where}")
+    model, tokenizer = load(where)
+    store = open_store(str(out / "tapes.db"))
+    tasks = eval_tasks("validation", args.val_seeds, TEACHERLESS_TASKS)
+    started = time.perf_counter()
+    torch.manual_seed(0)
+    name = f"probe-{args.policy}-t{args.temperature:g}"
+    with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
+        report = evaluate_student(model, tokenizer, env, tasks, name, store, temperature=args.temperature)
+    table = per_task(report)
+    values = [v for seeds in table.values() for v in seeds.values()]
+    point = {
+        "policy": args.policy,
+        "temperature": args.temperature,
+        "success": sum(values) / len(values),
+        "per_task": table,
+    }
+    with (out / "probe.jsonl").open("a") as f:
+        f.write(json.dumps(point) + "\n")
+    log(out, name, time.perf_counter() - started, episodes=len(tasks))
+    store.close()
+    print(f"probe {name}: {point['success']:.3f}", flush=True)
+    return point
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("stage", choices=["sft", "screen", "rl", "test", "all"])
+    p.add_argument("stage", choices=["sft", "screen", "rl", "test", "probe", "all"])
     p.add_argument("--out", default="runs/teacherless")
     p.add_argument("--seed", type=int, default=0, help="rl: the training seed")
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="all: the training seeds")
@@ -387,6 +440,10 @@ def main(argv: list[str] | None = None) -> None:
         help="rl (--group-key task_id): up to this many more rounds for pages whose attempts all agree",
     )
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--policy", default="student", help="probe: student or a finished seed's run (rl-seed0)")
+    p.add_argument(
+        "--temperature", type=float, default=1.0, help="probe: the sampling temperature (0: greedy)"
+    )
     args = p.parse_args(argv)
     import torch
 
@@ -410,6 +467,8 @@ def main(argv: list[str] | None = None) -> None:
             stage_rl(args, out, seed)
     if args.stage in ("test", "all"):
         stage_test(args, out)
+    if args.stage == "probe":
+        stage_probe(args, out)
 
 
 if __name__ == "__main__":
