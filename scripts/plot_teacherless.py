@@ -51,12 +51,15 @@ def success(table: dict[str, dict[str, float]], tasks: list[str]) -> dict[str, A
     return out
 
 
-def gain(test: dict[str, Any], runs: list[str], tasks: list[str]) -> Any:
-    """After − before on ``tasks``' test episodes, the training seed as the unit (None: no run)."""
-    before = test["student"]["per_task"]
+def gain(test: dict[str, Any], runs: list[str], tasks: list[str], key: str = "per_task") -> Any:
+    """After − before on ``tasks``' test episodes (greedy, ``key="per_task"``, or sampled,
+    ``"sampled"``), the training seed as the unit (None: no run)."""
+    before = test["student"][key]
     pairs: dict[str, dict[str, tuple[float, float]]] = {}
     for run in runs:
-        after = test[run]["per_task"]
+        if key not in test[run]:
+            continue
+        after = test[run][key]
         pairs[run] = {
             f"{t}/{s}": (after[t][s], before[t][s])
             for t in tasks
@@ -89,11 +92,14 @@ def main(argv: list[str] | None = None) -> None:
             shown = "—" if value is None else f"{value:.2f}"
             md.append(f"| {task} | {shown} | {'yes' if task in screen['chosen'] else ''} |")
         md.append("")
-    for name, tasks in (("RL tasks", rl_tasks), ("teacher tasks (forgetting)", teacher_tasks)):
+    sections = [("RL tasks", rl_tasks, "per_task"), ("teacher tasks (forgetting)", teacher_tasks, "per_task")]
+    if "sampled" in test.get("student", {}):  # the secondary figure: each policy sampled once at T = 1
+        sections.insert(1, ("RL tasks, sampled at T = 1", rl_tasks, "sampled"))
+    for name, tasks, key in sections:
         if "student" not in test:
             break
-        policies = ["student", *runs]
-        table = {policy: success(test[policy]["per_task"], tasks) for policy in policies}
+        policies = ["student", *(r for r in runs if key in test[r])]
+        table = {policy: success(test[policy][key], tasks) for policy in policies}
         summary["runs"][name] = table
         md += [
             f"## Test seeds: {name}",
@@ -107,13 +113,13 @@ def main(argv: list[str] | None = None) -> None:
                 row = table[policy].get(task)
                 cells.append("—" if row is None else f"{row['success']:.2f} ({row['passed']}/{row['n']})")
             md.append(f"| {task} | " + " | ".join(cells) + " |")
-        difference = gain(test, runs, tasks)
+        difference = gain(test, runs, tasks, key)
         if difference is not None:
             summary[f"gain {name}"] = difference.model_dump()
             md += ["", f"After − before, the training seed as the unit: {difference}", ""]
             per_task_lines = []
             for task in tasks:
-                d = gain(test, runs, [task])
+                d = gain(test, runs, [task], key)
                 if d is not None:
                     per_task_lines.append(f"- {task}: {d}")
             md += [*per_task_lines, ""]

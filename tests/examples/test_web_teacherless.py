@@ -90,6 +90,13 @@ def test_the_tables_and_the_picture_from_a_study_with_a_known_gain(tmp_path: Pat
         return {"per_task": per_task, "environment_failures": 0}
 
     test = {"student": policy(0), "rl-seed0": policy(8), "rl-seed1": policy(4), "rl-seed2": policy(0)}
+    for name, solved in (
+        ("student", 4),
+        ("rl-seed0", 4),
+        ("rl-seed1", 8),
+        ("rl-seed2", 12),
+    ):  # sampled at T = 1
+        test[name]["sampled"] = policy(solved)["per_task"]
     root.mkdir()
     (root / "screen.json").write_text(json.dumps(screen))
     (root / "test.json").write_text(json.dumps(test))
@@ -109,6 +116,8 @@ def test_the_tables_and_the_picture_from_a_study_with_a_known_gain(tmp_path: Pat
     assert gain["n_seeds"] == 3 and gain["n_items"] == 32
     assert gain["seed_low"] < 0 < gain["seed_high"]  # three seeds this far apart: not above 0
     assert summary["gain teacher tasks (forgetting)"]["value"] == 0.0
+    sampled = summary["gain RL tasks, sampled at T = 1"]  # 0, +0.125, +0.25 over the student's 4/32
+    assert sampled["per_seed"] == {"rl-seed0": 0.0, "rl-seed1": 0.125, "rl-seed2": 0.25}
     assert summary["rl"]["rl-seed1"] == {
         "steps": 12,
         "seconds": 1200.0,
