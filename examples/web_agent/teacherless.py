@@ -9,7 +9,7 @@ held-out tasks, which stay untouched for generalisation). Every stage writes its
     python examples/web_agent/teacherless.py screen         # the candidates on their validation seeds
     python examples/web_agent/teacherless.py rl --seed 0    # GRPO on the chosen tasks (resumes)
     python examples/web_agent/teacherless.py test           # once, for the final runs: before and after
-    python examples/web_agent/teacherless.py probe --policy rl-seed0 --temperature 1   # validation only
+    python examples/web_agent/teacherless.py probe --policy rl-seed0 --probe-temperature 1   # validation
     python examples/web_agent/teacherless.py all --seeds 0 1 2   # everything above, in order
 
 The student's agent, its evaluation (greedy, up to 32 episodes decoded together, a browser
@@ -35,7 +35,7 @@ failure run once more) and its answer cap are the web study's (``examples/web_ag
   seeds and the 14 teacher tasks' test seeds (forgetting), then sampled at T = 1 on the RL
   tasks' test seeds (a secondary figure); each policy is evaluated once (``test.json`` keeps
   the result, and a second call only adds what is not there yet).
-- ``probe --policy P --temperature T``: a finished policy (``student``, ``rl-seed0``, ...) on
+- ``probe --policy P --probe-temperature T``: a finished policy (``student``, ``rl-seed0``, ...) on
   the RL tasks' validation seeds at temperature T (``probe.jsonl``): what a setting for the
   next seeds is chosen on.
 
@@ -388,14 +388,16 @@ def stage_probe(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     tasks = eval_tasks("validation", args.val_seeds, TEACHERLESS_TASKS)
     started = time.perf_counter()
     torch.manual_seed(0)
-    name = f"probe-{args.policy}-t{args.temperature:g}"
+    name = f"probe-{args.policy}-t{args.probe_temperature:g}"
     with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
-        report = evaluate_student(model, tokenizer, env, tasks, name, store, temperature=args.temperature)
+        report = evaluate_student(
+            model, tokenizer, env, tasks, name, store, temperature=args.probe_temperature
+        )
     table = per_task(report)
     values = [v for seeds in table.values() for v in seeds.values()]
     point = {
         "policy": args.policy,
-        "temperature": args.temperature,
+        "temperature": args.probe_temperature,
         "success": sum(values) / len(values),
         "per_task": table,
     }
@@ -442,7 +444,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--policy", default="student", help="probe: student or a finished seed's run (rl-seed0)")
     p.add_argument(
-        "--temperature", type=float, default=1.0, help="probe: the sampling temperature (0: greedy)"
+        "--probe-temperature", type=float, default=1.0, help="probe: the sampling temperature (0: greedy)"
     )
     args = p.parse_args(argv)
     import torch
