@@ -4,6 +4,8 @@ The tape is a typed, granular log of an agent session that is also its resumable
 Everything a user needs is re-exported here; submodules hold the implementation.
 """
 
+from typing import TYPE_CHECKING
+
 from tapekit._engine.runs import node_run_steps
 from tapekit._version import __version__ as __version__
 from tapekit.agent import Agent, Node, NodeRun
@@ -53,11 +55,9 @@ from tapekit.environment import (
     unanswered_actions,
 )
 from tapekit.errors import AgentError, ReconstructionError, TapekitError
-from tapekit.evaluate import EvalReport, Score, Task, aevaluate, evaluate, rescore
 from tapekit.events import AgentEvent, AgentStream, AsyncAgentStream
 from tapekit.llm import LLM, FunctionLLM, LLMCall, LLMStream, ReplayLLM, ScriptedLLM, TrainingText
 from tapekit.nodes import ToolCallingNode
-from tapekit.optimize import AddDemos, BootstrapFewShot, InstructionSearch, Reflective, optimize
 from tapekit.orchestrator import (
     AsyncMainLoopStream,
     MainLoopEvent,
@@ -81,9 +81,34 @@ from tapekit.structured import (
 )
 from tapekit.views import TapeView, TapeViewStack, cached_fold
 
+if TYPE_CHECKING:  # what type checkers see of the names loaded lazily below
+    from tapekit.evaluate import EvalReport, Score, Task, aevaluate, evaluate, rescore
+    from tapekit.frameworks import (
+        Demo,
+        FunctionTermination,
+        InputField,
+        LLMFunction,
+        LLMFunctionNode,
+        MaxTurns,
+        MonoAgent,
+        MonoNode,
+        OutputField,
+        StepSource,
+        TeamAgent,
+        TextMention,
+    )
+    from tapekit.llm import LiteLLM, LlamaCppLLM, OpenAICompatibleLLM, TransformersLLM
+    from tapekit.optimize import AddDemos, BootstrapFewShot, InstructionSearch, Reflective, optimize
+
 # names loaded from their module on first access, so that `import tapekit` stays light: the LLM
-# backends (tapekit.llm) and the low-code frameworks (tapekit.frameworks)
+# backends (tapekit.llm), the low-code frameworks (tapekit.frameworks), evaluation and
+# optimisation (tapekit.evaluate, tapekit.optimize: ~50 ms of import a script that only runs
+# agents does not need)
 _LAZY: dict[str, str] = {
+    **dict.fromkeys(("EvalReport", "Score", "Task", "aevaluate", "evaluate", "rescore"), "tapekit.evaluate"),
+    **dict.fromkeys(
+        ("AddDemos", "BootstrapFewShot", "InstructionSearch", "Reflective", "optimize"), "tapekit.optimize"
+    ),
     **dict.fromkeys(("LiteLLM", "LlamaCppLLM", "OpenAICompatibleLLM", "TransformersLLM"), "tapekit.llm"),
     **dict.fromkeys(
         (

@@ -40,6 +40,19 @@ def test_import_pulls_no_heavy_dependencies() -> None:
     assert out.strip() == "[]"
 
 
+def test_evaluation_and_optimisation_load_when_first_named() -> None:
+    """``import tapekit`` leaves tapekit.evaluate and tapekit.optimize unloaded (a script that only
+    runs agents does not pay for them); ``tapekit.evaluate`` is the real function once named."""
+    code = (
+        "import json, sys, tapekit\n"
+        "before = sorted(m for m in ('tapekit.evaluate', 'tapekit.optimize') if m in sys.modules)\n"
+        "from tapekit import evaluate, optimize\n"
+        "print(json.dumps([before, evaluate.__module__, optimize.__module__]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == [[], "tapekit.evaluate", "tapekit.optimize._optimize"]
+
+
 def test_import_does_not_load_the_migration_tool_and_generic_steps_still_load() -> None:
     step = {"kind": "generic_action", "original_kind": "x_action", "fields": {"a": 1}}
     code = (
