@@ -55,9 +55,11 @@ from tapekit.environment import (
     unanswered_actions,
 )
 from tapekit.errors import AgentError, ReconstructionError, TapekitError
+from tapekit.evaluate import EvalReport, Score, Task, aevaluate, evaluate, rescore
 from tapekit.events import AgentEvent, AgentStream, AsyncAgentStream
 from tapekit.llm import LLM, FunctionLLM, LLMCall, LLMStream, ReplayLLM, ScriptedLLM, TrainingText
 from tapekit.nodes import ToolCallingNode
+from tapekit.optimize import AddDemos, BootstrapFewShot, InstructionSearch, Reflective, optimize
 from tapekit.orchestrator import (
     AsyncMainLoopStream,
     MainLoopEvent,
@@ -82,7 +84,6 @@ from tapekit.structured import (
 from tapekit.views import TapeView, TapeViewStack, cached_fold
 
 if TYPE_CHECKING:  # what type checkers see of the names loaded lazily below
-    from tapekit.evaluate import EvalReport, Score, Task, aevaluate, evaluate, rescore
     from tapekit.frameworks import (
         Demo,
         FunctionTermination,
@@ -98,17 +99,12 @@ if TYPE_CHECKING:  # what type checkers see of the names loaded lazily below
         TextMention,
     )
     from tapekit.llm import LiteLLM, LlamaCppLLM, OpenAICompatibleLLM, TransformersLLM
-    from tapekit.optimize import AddDemos, BootstrapFewShot, InstructionSearch, Reflective, optimize
 
 # names loaded from their module on first access, so that `import tapekit` stays light: the LLM
-# backends (tapekit.llm), the low-code frameworks (tapekit.frameworks), evaluation and
-# optimisation (tapekit.evaluate, tapekit.optimize: ~50 ms of import a script that only runs
-# agents does not need)
+# backends (tapekit.llm) and the low-code frameworks (tapekit.frameworks). Not `evaluate` and
+# `optimize`: a function named as its own subpackage must be bound after the subpackage is
+# imported, or a later `import tapekit.evaluate` leaves `tapekit.evaluate` the module.
 _LAZY: dict[str, str] = {
-    **dict.fromkeys(("EvalReport", "Score", "Task", "aevaluate", "evaluate", "rescore"), "tapekit.evaluate"),
-    **dict.fromkeys(
-        ("AddDemos", "BootstrapFewShot", "InstructionSearch", "Reflective", "optimize"), "tapekit.optimize"
-    ),
     **dict.fromkeys(("LiteLLM", "LlamaCppLLM", "OpenAICompatibleLLM", "TransformersLLM"), "tapekit.llm"),
     **dict.fromkeys(
         (
