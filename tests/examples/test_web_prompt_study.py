@@ -60,7 +60,7 @@ def test_the_earliest_of_the_best_is_chosen_and_costs_are_per_episode() -> None:
 @pytest.mark.skipif(bool(MISSING), reason="needs " + ", ".join(MISSING))
 def test_quick_run_chooses_on_validation_tests_once_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    args = ("examples/web_agent/prompt_study.py", "--quick", "--threads", "1", "--out", str(out))
+    args = ("examples/web_agent/prompt_study.py", "--quick", "--threads", "2", "--out", str(out))
     first = run_command(*args, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
     figures = json.loads((out / "figures.json").read_text())
