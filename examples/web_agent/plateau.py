@@ -67,7 +67,7 @@ from examples.web_agent.study import (
     sample_reward,
     student_agent,
 )
-from examples.web_agent.teacherless import load, log, per_task
+from examples.web_agent.teacherless import load, log, per_task, success
 from tapekit import ReconstructionError, evaluate, open_store
 from tapekit.evaluate import Task
 from tapekit.llm import TransformersLLM
@@ -133,12 +133,6 @@ def ready(path: Path) -> bool:
     if not path.exists() and (part / "config.json").exists() and (part / "tokenizer_config.json").exists():
         part.rename(path)
     return (path / "config.json").exists()
-
-
-def success(table: dict[str, dict[str, float]]) -> float:
-    """The mean reward over every episode of a :func:`per_task` table."""
-    values = [v for seeds in table.values() for v in seeds.values()]
-    return sum(values) / len(values) if values else 0.0
 
 
 def validate(

@@ -128,6 +128,15 @@ def load(path: Path) -> tuple[Any, Any]:
     )
 
 
+def success(table: dict[str, dict[str, float]]) -> float:
+    """The mean reward over every episode of a :func:`per_task` table; a ``ValueError`` when it
+    has none (every episode failed by the browser: no figure, rather than a made-up 0)."""
+    values = [v for seeds in table.values() for v in seeds.values()]
+    if not values:
+        raise ValueError("no scored episode: the environment failed every one")
+    return sum(values) / len(values)
+
+
 def per_task(report: Any) -> dict[str, dict[str, float]]:
     """``{task: {seed: reward}}`` of a report, environment failures left out."""
     table: dict[str, dict[str, float]] = {}
@@ -284,8 +293,7 @@ def stage_rl(args: argparse.Namespace, out: Path, seed: int) -> None:
         def score(step: int) -> dict[str, Any]:
             report = evaluate_student(model, tokenizer, env, val, f"rl-seed{seed}-val{step}", store)
             table = per_task(report)
-            values = [v for seeds in table.values() for v in seeds.values()]
-            return {"success": sum(values) / len(values), "per_task": table}
+            return {"success": success(table), "per_task": table}
 
         setup = RLSetup(
             agent_for=student_agent,
@@ -394,11 +402,10 @@ def stage_probe(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             model, tokenizer, env, tasks, name, store, temperature=args.probe_temperature
         )
     table = per_task(report)
-    values = [v for seeds in table.values() for v in seeds.values()]
     point = {
         "policy": args.policy,
         "temperature": args.probe_temperature,
-        "success": sum(values) / len(values),
+        "success": success(table),
         "per_task": table,
     }
     with (out / "probe.jsonl").open("a") as f:
