@@ -119,6 +119,15 @@ TIERS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 
+# Running on two workers (`pytest -n 2`, pytest-xdist, as the README's test command does): each
+# module runs whole on one worker (its module fixtures are built once), and the modules that start
+# a local Ray cluster share one worker, so two clusters never run side by side. Tests that look for
+# processes find their own by a marker of theirs, never by a machine-wide name.
+SAME_WORKER: dict[str, tuple[str, ...]] = {
+    "ray": ("batch/test_batch_ray", "training/test_rl_ray"),
+}
+
+
 # `study`: a learning regression run of an example pipeline (real training at a budget of
 # minutes, an assertion that the trained model beats its baseline). Studies check results, not
 # mechanics (each has a cheap mechanics test beside it), and the default run skips them, so the
@@ -130,9 +139,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the worker groups (its hook is a plain one)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with the tiers its module belongs to (see TIERS); skip the studies unless
-    --studies is given."""
+    """Mark each test with the tiers its module belongs to (see TIERS) and its worker group (see
+    SAME_WORKER: its module's group, or its module); skip the studies unless --studies is given."""
     root = Path(__file__).resolve().parent
     studies = config.getoption("--studies")
     skip_study = pytest.mark.skip(reason="a learning study (minutes of training): run with pytest --studies")
@@ -146,3 +156,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for tier, prefixes in TIERS.items():
             if any(rel.startswith(p) for p in prefixes):
                 item.add_marker(getattr(pytest.mark, tier))
+        if item.get_closest_marker("xdist_group") is None:
+            group = next((g for g, prefixes in SAME_WORKER.items() if rel.startswith(prefixes)), rel)
+            item.add_marker(pytest.mark.xdist_group(group))

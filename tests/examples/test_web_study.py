@@ -283,28 +283,43 @@ def test_the_rl_arm_runs_through_tapekit_train_rl_and_resumes_after_a_kill(tmp_p
     }
     (tmp_path / "rl.json").write_text(json.dumps(config))
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root), "TOKENIZERS_PARALLELISM": "false"}
+    # an environment variable the run's Chromium inherits: finds this test's browsers, not others'
+    mark = f"TAPEKIT_TEST_RUN={tmp_path}"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "TOKENIZERS_PARALLELISM": "false",
+        "TAPEKIT_TEST_RUN": str(tmp_path),
+    }
     command = [sys.executable, "-m", "tapekit.cli", "train", "rl", str(tmp_path / "rl.json")]
 
-    def browsers() -> set[int]:  # the headless Chromium processes of these runs (their user data dirs)
+    def browsers() -> set[int]:  # these runs' headless Chromium processes (not other tests' beside them)
         found = subprocess.run(["pgrep", "-f", "tapekit-browser="], capture_output=True, text=True)
-        return {int(x) for x in found.stdout.split()}
+        ours = set()
+        for pid in (int(x) for x in found.stdout.split()):
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:  # exited meanwhile
+                continue
+            if mark.encode() in environ:
+                ours.add(pid)
+        return ours
 
-    before = browsers()
     killed = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     log = tmp_path / "rl" / "rl_log.jsonl"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and (not log.exists() or not log.read_text().strip()):
         time.sleep(0.2)
     time.sleep(2.0)  # into the second step's rollouts: the browser is busy
+    assert browsers(), "the run's browser should be found while it runs (else the checks below prove nothing)"
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     assert killed.returncode == -signal.SIGKILL
     assert len(log.read_text().splitlines()) == 1, "the run must be killed in its second step"
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and browsers() - before:
+    while time.monotonic() < deadline and browsers():
         time.sleep(0.5)
-    assert not browsers() - before, "the killed run's browser is still running"
+    assert not browsers(), "the killed run's browser is still running"
 
     resumed = subprocess.run(
         [*command, "--resume"], cwd=root, env=env, capture_output=True, text=True, timeout=900
@@ -313,7 +328,7 @@ def test_the_rl_arm_runs_through_tapekit_train_rl_and_resumes_after_a_kill(tmp_p
     records = [json.loads(x) for x in log.read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1] and all(r["rollouts"] == 4 for r in records)
     assert (tmp_path / "rl" / "final" / "model.safetensors").is_file()
-    assert not browsers() - before  # the resumed run closed its browser
+    assert not browsers()  # the resumed run closed its browser
     store = open_store(str(tmp_path / "rl" / "rollouts.db"))
     try:
         for step in range(2):
