@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import socket
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,13 +121,21 @@ TIERS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 
-# Running on two workers (`pytest -n 2`, pytest-xdist, as the README's test command does): each
-# module runs whole on one worker (its module fixtures are built once), and the modules that start
-# a local Ray cluster share one worker, so two clusters never run side by side. Tests that look for
-# processes find their own by a marker of theirs, never by a machine-wide name.
-SAME_WORKER: dict[str, tuple[str, ...]] = {
-    "ray": ("batch/test_batch_ray", "training/test_rl_ray"),
-}
+# Running on two workers (`pytest -n 2 --dist loadfile`, pytest-xdist, as the README's test
+# command does): each module runs whole on one worker (its module fixtures are built once). What
+# must not run twice at once on one machine (a local Ray cluster) takes its turn with
+# `one_at_a_time`; tests that look for processes find their own by a marker of theirs, never by a
+# machine-wide name.
+@contextmanager
+def one_at_a_time(name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Hold a lock named ``name`` shared by this run's workers (a file beside their temp dirs)."""
+    root = tmp_path_factory.getbasetemp().parent  # the workers' temp dirs share this parent
+    with open(root / f"{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # `study`: a learning regression run of an example pipeline (real training at a budget of
@@ -139,10 +149,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the worker groups (its hook is a plain one)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with the tiers its module belongs to (see TIERS) and its worker group (see
-    SAME_WORKER: its module's group, or its module); skip the studies unless --studies is given."""
+    """Mark each test with the tiers its module belongs to (see TIERS); skip the studies unless
+    --studies is given."""
     root = Path(__file__).resolve().parent
     studies = config.getoption("--studies")
     skip_study = pytest.mark.skip(reason="a learning study (minutes of training): run with pytest --studies")
@@ -156,6 +165,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for tier, prefixes in TIERS.items():
             if any(rel.startswith(p) for p in prefixes):
                 item.add_marker(getattr(pytest.mark, tier))
-        if item.get_closest_marker("xdist_group") is None:
-            group = next((g for g, prefixes in SAME_WORKER.items() if rel.startswith(prefixes)), rel)
-            item.add_marker(pytest.mark.xdist_group(group))

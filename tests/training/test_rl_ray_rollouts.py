@@ -17,6 +17,7 @@ from tapekit.core import Prompt
 from tapekit.llm.scripted import FunctionLLM
 from tapekit.store import SQLiteStore, TapeFilter
 from tapekit.training.rl import collect_rollouts
+from tests.conftest import one_at_a_time
 from tests.training.rl_toy import make_setup
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,10 +56,12 @@ def test_ray_backend_refuses_an_in_process_policy(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def local_ray() -> Iterator[Any]:
+def local_ray(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
+    if ray.is_initialized():
+        yield ray
+        return
+    with one_at_a_time("ray", tmp_path_factory):  # one local cluster at a time on this machine
         ray.init(
             num_cpus=2,
             include_dashboard=False,
@@ -66,8 +69,7 @@ def local_ray() -> Iterator[Any]:
             log_to_driver=False,
             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},  # workers import tests (the toy setup)
         )
-    yield ray
-    if started:
+        yield ray
         ray.shutdown()
 
 
