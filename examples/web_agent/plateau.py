@@ -65,22 +65,22 @@ from examples.web_agent.study import (
     evaluate_student,
     load_student,
     sample_reward,
-    student_agent,
 )
-from examples.web_agent.teacherless import load, log, per_task, success
-from tapekit import ReconstructionError, evaluate, open_store
+from examples.web_agent.teacherless import (
+    load,
+    log,
+    per_task,
+    rl_config,
+    rl_setup,
+    sft_config,
+    student_sft_data,
+    success,
+)
+from tapekit import evaluate, open_store
 from tapekit.evaluate import Task
-from tapekit.llm import TransformersLLM
 from tapekit.training import (
-    CurriculumConfig,
-    GRPOConfig,
-    RLRunConfig,
-    RLSetup,
-    RolloutConfig,
-    SFTConfig,
     StepCallback,
     StepRecord,
-    make_samples,
     train_rl,
     train_sft,
 )
@@ -91,7 +91,6 @@ from tapekit.web import (
     reward_scorer,
     start_tape,
     teacher_agent,
-    without_thoughts,
 )
 
 MIN_SOLVED = 32
@@ -217,46 +216,6 @@ def stage_teacher(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return result
 
 
-def sft_samples(out: Path, ids: list[str], model: Any, tokenizer: Any) -> Any:
-    """The training samples of the teacher tapes ``ids`` as the student would write them (tapes
-    its agent would not have written are left out and counted)."""
-    store = open_store(str(out / "tapes.db"))
-    student = student_agent(TransformersLLM.from_model(model, tokenizer))
-    tapes, dropped = [], 0
-    for tape in (without_thoughts(store.get_tape(i)) for i in ids):
-        try:  # the student's agent aborts a 4th identical action in a row
-            student.reuse(tape)
-            tapes.append(tape)
-        except ReconstructionError:
-            dropped += 1
-    store.close()
-    if dropped:
-        print(f"sft data: {dropped} teacher tapes the student cannot reproduce left out", flush=True)
-    return make_samples(tapes, reuse_with=student, tokenizer=tokenizer).dataset
-
-
-def sft_config(output_dir: Path, seed: int, max_steps: int, save_steps: int, resume: bool) -> SFTConfig:
-    """The web study's SFT: full fine-tune, 8 packed rows of up to 1,024 tokens a step, learning
-    rate 5e-5 constant."""
-    return SFTConfig(
-        output_dir=str(output_dir),
-        lora=None,
-        learning_rate=5e-5,
-        lr_scheduler="constant",
-        max_steps=max_steps,
-        batch_size=2,
-        grad_accum=4,
-        max_length=1024,
-        device="cpu",
-        dtype="auto",
-        seed=seed,
-        logging_steps=1,
-        save_steps=save_steps,
-        save_total_limit=1,
-        resume=resume,
-    )
-
-
 class Charge(StepCallback):
     """Charges each training step to a run's :class:`Ledger` (wall seconds since the last step,
     evaluations excluded; SFT: the input tokens seen; RL: trained and rolled-out tokens)."""
@@ -367,9 +326,8 @@ def stage_sft(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             then=lambda _: plateau_reached(read_lines(val_path), args.patience),
         )
         if not plateau_reached(read_lines(val_path), args.patience):
-            dataset = sft_samples(out, pools["sft"], model, tokenizer)
-            resume = any(run.glob("checkpoint-*"))
-            config = sft_config(run, 0, args.sft_max_steps, args.eval_every, resume)
+            dataset, _ = student_sft_data(store, pools["sft"], model, tokenizer)
+            config = sft_config(run, seed=0, max_steps=args.sft_max_steps, save_steps=args.eval_every)
             train_sft(dataset, model, tokenizer=tokenizer, config=config, callbacks=[charge, evals])
     points = read_lines(val_path)
     best = max(points, key=lambda p: (p["success"], -p["step"]))
@@ -416,12 +374,6 @@ def grpo_run(
     model, tokenizer = load(out / PLATEAU)
     store = open_store(str(out / "tapes.db"))
     ledger = run_ledger(run / "ledger.jsonl", model)
-    first = 1000 * seed + 500  # after the teacher's seeds, a pool of its own per training seed
-    pool = [
-        Task(id=f"{t}/{s}", start=start_tape(t, s), category=t)
-        for t in args.tasks
-        for s in SPLIT.train_seeds[first : first + args.rl_seeds]
-    ]
     started = time.perf_counter()
     with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
         charge = Charge(ledger, run.name)
@@ -431,31 +383,17 @@ def grpo_run(
             lambda step: validate(model, tokenizer, env, args, f"{run.name}-val{step}", store),
             charge,
         )
-        setup = RLSetup(
-            agent_for=student_agent,
-            environment=env,
-            tasks=pool,
-            scorers={"reward": reward_scorer},
-            reward="reward",
-        )
-        config = RLRunConfig(
-            output_dir=str(run),
-            run_name=run.name,
-            steps=steps,
-            learning_rate=lr,
-            grpo=GRPOConfig(scale_rewards=False, micro_batch_size=4, kl_coef=kl_coef, group_key="category"),
-            rollouts=RolloutConfig(
-                tasks_per_step=args.tasks_per_step,
-                group_size=args.group_size,
-                temperature=temperature,
-                max_tokens=MAX_TOKENS,
-                max_loops=None,
-            ),
-            curriculum=CurriculumConfig(kind="uniform"),
-            lora=None,
+        setup = rl_setup(env, args.tasks, seed, args.rl_seeds)
+        config = rl_config(
+            run,
             seed=seed,
-            checkpoint=True,
-            resume=True,
+            steps=steps,
+            lr=lr,
+            temperature=temperature,
+            kl_coef=kl_coef,
+            group_key="category",
+            tasks_per_step=args.tasks_per_step,
+            group_size=args.group_size,
         )
         train_rl(setup, model, tokenizer, config, store=store, callbacks=[charge, evals])
     save(model, tokenizer, run / "final")
@@ -543,8 +481,8 @@ def sft_arm(args: argparse.Namespace, out: Path, run: Path) -> dict[str, Any]:
             charge,
             then=lambda _: ledger.seconds >= budget,
         )
-        dataset = sft_samples(out, pools["sft"] + pools["fresh"], model, tokenizer)
-        config = sft_config(run, args.seed, 100_000, 4, any(run.glob("checkpoint-*")))
+        dataset, _ = student_sft_data(store, pools["sft"] + pools["fresh"], model, tokenizer)
+        config = sft_config(run, seed=args.seed, max_steps=100_000, save_steps=4)
         train_sft(dataset, model, tokenizer=tokenizer, config=config, callbacks=[charge, evals])
     save(model, tokenizer, run / "final")
     log(out, run.name, time.perf_counter() - started, budget_seconds=budget, flops=ledger.flops)

@@ -50,6 +50,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,105 @@ def per_task(report: Any) -> dict[str, dict[str, float]]:
 # --- stages -------------------------------------------------------------------------------
 
 
+def student_sft_data(store: Any, ids: list[str], model: Any, tokenizer: Any) -> tuple[Any, list[str]]:
+    """The training samples of the stored teacher tapes ``ids`` as the student would write them
+    (no rationale: the teacher's thoughts are not part of what it learns), and the ids of the
+    tapes left out because the student's agent would not have written them (it aborts a 4th
+    identical action in a row)."""
+    student = student_agent(TransformersLLM.from_model(model, tokenizer))
+    tapes, dropped = [], []
+    for tape in (without_thoughts(store.get_tape(i)) for i in ids):
+        try:
+            student.reuse(tape)
+            tapes.append(tape)
+        except ReconstructionError:
+            dropped.append(tape.metadata.id)
+    if dropped:
+        print(
+            f"sft: {len(dropped)} teacher tapes the student cannot reproduce left out: {dropped}",
+            flush=True,
+        )
+    return make_samples(tapes, reuse_with=student, tokenizer=tokenizer).dataset, dropped
+
+
+def sft_config(output_dir: Path, *, seed: int, max_steps: int, save_steps: int) -> SFTConfig:
+    """The web studies' SFT: a full fine-tune on CPU, 8 packed rows of up to 1,024 tokens a step,
+    learning rate 5e-5 constant; resumes from a checkpoint in ``output_dir`` when there is one."""
+    return SFTConfig(
+        output_dir=str(output_dir),
+        lora=None,
+        learning_rate=5e-5,
+        lr_scheduler="constant",
+        max_steps=max_steps,
+        batch_size=2,  # packed rows of up to 1,024 tokens
+        grad_accum=4,
+        max_length=1024,
+        device="cpu",
+        dtype="auto",
+        seed=seed,
+        logging_steps=1,
+        save_steps=save_steps,
+        save_total_limit=1,
+        resume=any(output_dir.glob("checkpoint-*")),
+    )
+
+
+def rl_setup(env: WebEnvironment, tasks: Sequence[str], seed: int, per_task: int) -> RLSetup:
+    """Training seed ``seed``'s GRPO setup: the student's agent in ``env``, rewarded by the task's
+    own reward, on a pool of ``per_task`` training seeds of each task (after the teacher's seeds,
+    apart from every other training seed's pool)."""
+    first = 1000 * seed + 500
+    pool = [
+        Task(id=f"{t}/{s}", start=start_tape(t, s), category=t)
+        for t in tasks
+        for s in SPLIT.train_seeds[first : first + per_task]
+    ]
+    return RLSetup(
+        agent_for=student_agent,
+        environment=env,
+        tasks=pool,
+        scorers={"reward": reward_scorer},
+        reward="reward",
+    )
+
+
+def rl_config(
+    run: Path,
+    *,
+    seed: int,
+    steps: int,
+    lr: float,
+    temperature: float,
+    kl_coef: float,
+    group_key: str,
+    tasks_per_step: int,
+    group_size: int,
+    resample_rounds: int = 0,
+) -> RLRunConfig:
+    """The web studies' GRPO into ``run``: full fine-tune, unscaled group advantages, a uniform
+    curriculum, answers of at most :data:`MAX_TOKENS`, a checkpoint every update (resumed)."""
+    return RLRunConfig(
+        output_dir=str(run),
+        run_name=run.name,
+        steps=steps,
+        learning_rate=lr,
+        grpo=GRPOConfig(scale_rewards=False, micro_batch_size=4, kl_coef=kl_coef, group_key=group_key),
+        rollouts=RolloutConfig(
+            tasks_per_step=tasks_per_step,
+            group_size=group_size,
+            temperature=temperature,
+            max_tokens=MAX_TOKENS,
+            max_loops=None,
+            resample_rounds=resample_rounds,
+        ),
+        curriculum=CurriculumConfig(kind="uniform"),
+        lora=None,
+        seed=seed,
+        checkpoint=True,
+        resume=True,
+    )
+
+
 def stage_sft(args: argparse.Namespace, out: Path) -> None:
     """The SFT student in ``OUT/sft/final`` (skipped when it is there; resumes its checkpoints)."""
     if (out / STUDENT / "config.json").exists():
@@ -172,41 +272,12 @@ def stage_sft(args: argparse.Namespace, out: Path) -> None:
         solved_file.write_text(json.dumps({"episodes": len(tasks), "solved": solved}) + "\n")
         log(out, "teacher", time.perf_counter() - started, episodes=len(tasks), solved=len(solved))
     ids = json.loads(solved_file.read_text())["solved"]
-    # the student writes no rationale: the teacher's thoughts are not part of what it learns
-    student = student_agent(TransformersLLM.from_model(model, tokenizer))
-    tapes, dropped = [], []
-    for tape in (without_thoughts(store.get_tape(i)) for i in ids):
-        try:  # a tape the student's agent would not have written (it aborts a 4th identical action)
-            student.reuse(tape)
-            tapes.append(tape)
-        except ReconstructionError:
-            dropped.append(tape.metadata.id)
-    if dropped:
-        print(
-            f"sft: {len(dropped)} teacher tapes the student cannot reproduce left out: {dropped}", flush=True
-        )
-    samples = make_samples(tapes, reuse_with=student, tokenizer=tokenizer)
-    sft_dir = out / "sft"
-    config = SFTConfig(
-        output_dir=str(sft_dir),
-        lora=None,
-        learning_rate=5e-5,
-        lr_scheduler="constant",
-        max_steps=args.sft_steps,
-        batch_size=2,  # packed rows of up to 1,024 tokens
-        grad_accum=4,
-        max_length=1024,
-        device="cpu",
-        dtype="auto",
-        seed=0,
-        logging_steps=1,
-        save_steps=5,
-        save_total_limit=1,
-        resume=any(sft_dir.glob("checkpoint-*")),
-    )
+    dataset, dropped = student_sft_data(store, ids, model, tokenizer)
+    config = sft_config(out / "sft", seed=0, max_steps=args.sft_steps, save_steps=5)
     began = time.perf_counter()
-    train_sft(samples.dataset, model, tokenizer=tokenizer, config=config)  # the student: sft/final
-    log(out, "sft", time.perf_counter() - began, steps=args.sft_steps, tapes=len(tapes), dropped=dropped)
+    train_sft(dataset, model, tokenizer=tokenizer, config=config)  # the student: sft/final
+    kept = len(ids) - len(dropped)
+    log(out, "sft", time.perf_counter() - began, steps=args.sft_steps, tapes=kept, dropped=dropped)
     store.close()
 
 
@@ -281,11 +352,6 @@ def stage_rl(args: argparse.Namespace, out: Path, seed: int) -> None:
     torch.manual_seed(seed)
     model, tokenizer = load(out / STUDENT)
     store = open_store(str(out / "tapes.db"))
-    pool = [
-        Task(id=f"{t}/{s}", start=start_tape(t, s), category=t)
-        for t in tasks
-        for s in SPLIT.train_seeds[1000 * seed + 500 : 1000 * seed + 500 + args.rl_seeds]
-    ]
     val = eval_tasks("validation", args.val_seeds, tasks)
     started = time.perf_counter()
     with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
@@ -295,34 +361,18 @@ def stage_rl(args: argparse.Namespace, out: Path, seed: int) -> None:
             table = per_task(report)
             return {"success": success(table), "per_task": table}
 
-        setup = RLSetup(
-            agent_for=student_agent,
-            environment=env,
-            tasks=pool,
-            scorers={"reward": reward_scorer},
-            reward="reward",
-        )
-        config = RLRunConfig(
-            output_dir=str(run),
-            run_name=f"rl-seed{seed}",
-            steps=args.steps,
-            learning_rate=args.lr,
-            grpo=GRPOConfig(
-                scale_rewards=False, micro_batch_size=4, kl_coef=args.kl_coef, group_key=args.group_key
-            ),
-            rollouts=RolloutConfig(
-                tasks_per_step=args.tasks_per_step,
-                group_size=args.group_size,
-                temperature=args.temperature,
-                max_tokens=MAX_TOKENS,
-                max_loops=None,
-                resample_rounds=args.resample_rounds,
-            ),
-            curriculum=CurriculumConfig(kind="uniform"),
-            lora=None,
+        setup = rl_setup(env, tasks, seed, args.rl_seeds)
+        config = rl_config(
+            run,
             seed=seed,
-            checkpoint=True,
-            resume=True,
+            steps=args.steps,
+            lr=args.lr,
+            temperature=args.temperature,
+            kl_coef=args.kl_coef,
+            group_key=args.group_key,
+            tasks_per_step=args.tasks_per_step,
+            group_size=args.group_size,
+            resample_rounds=args.resample_rounds,
         )
         train_rl(
             setup,

@@ -128,3 +128,28 @@ def test_the_tables_and_the_picture_from_a_study_with_a_known_gain(tmp_path: Pat
     assert script.student_validation(root) == pytest.approx(0.25)
     assert script.moving_mean([1.0, 0.0, 1.0, 1.0], 2) == [1.0, 0.5, 0.5, 1.0]
     assert (to / "curves.png").stat().st_size > 20_000
+
+
+def test_each_training_seed_has_its_own_rl_pool_of_training_seeds_only(tmp_path: Path) -> None:
+    from examples.web_agent.teacherless import rl_config, rl_setup, sft_config
+    from tapekit.web.miniwob import SPLIT, TEACHERLESS_TASKS, split_of
+
+    tasks = list(TEACHERLESS_TASKS[:2])
+    pools = [rl_setup(object(), tasks, seed, 10).tasks for seed in (0, 1, 2)]  # type: ignore[arg-type]
+    ids = [{t.id for t in pool} for pool in pools]
+    assert all(len(x) == 20 for x in ids) and not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
+    teacher_seeds = set(SPLIT.train_seeds[:500])
+    for pool in pools:
+        for task in pool:
+            name, seed = task.id.rsplit("/", 1)
+            assert task.category == name and int(seed) not in teacher_seeds
+            assert split_of(name, int(seed)) == "train"  # never a validation or test seed
+    assert int(pools[1][0].id.rsplit("/", 1)[1]) in SPLIT.train_seeds
+    config = rl_config(
+        tmp_path / "rl-seed1", seed=1, steps=3, lr=1e-5, temperature=0.7, kl_coef=0.0,
+        group_key="category", tasks_per_step=2, group_size=4,
+    )  # fmt: skip
+    assert config.run_name == "rl-seed1" and config.rollouts.temperature == 0.7 and config.resume
+    assert not sft_config(tmp_path / "sft", seed=0, max_steps=3, save_steps=1).resume
+    (tmp_path / "sft" / "checkpoint-1").mkdir(parents=True)
+    assert sft_config(tmp_path / "sft", seed=0, max_steps=3, save_steps=1).resume  # picks up its checkpoint
