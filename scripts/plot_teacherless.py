@@ -1,15 +1,18 @@
 """Summarise the teacherless RL study (examples/web_agent/teacherless.py): tables and a picture.
 
-Reads ``screen.json``, ``test.json``, ``ledger.jsonl`` and each ``rl-seed*/`` folder's
+Reads ``screen.json``, ``test.json``, ``probe.jsonl``, ``ledger.jsonl`` and each ``rl-seed*/`` folder's
 ``rl_log.jsonl`` and ``val.jsonl`` under the study's ``--out`` folder, and writes into ``--to``:
 
 - ``summary.json`` and ``table.md``: the screening (every candidate's validation success and
-  the choice); on the RL tasks' test seeds, the student's success and each training seed's
-  after GRPO, per task; the gain after − before with the **training seed as the unit**
-  (``tapekit.evaluate.seed_paired_difference``: the mean over seeds of each seed's mean
-  per-episode difference, an item-bootstrap interval with items resampled within tasks and
-  the seeds held fixed, and a seed-level Student-t interval); the same on the 14 teacher
-  tasks' test seeds (forgetting), per task; and every run's steps and seconds;
+  the choice); each policy's decoding chosen on validation (greedy or one sample at T = 1,
+  from ``val.jsonl``, ``screen.json`` and ``probe.jsonl``: the higher, greedy on a tie); the
+  student's and each training seed's final success on the RL tasks' test seeds, per task,
+  under the chosen decodings (the primary figure), greedy, and sampled; the gain after − before
+  with the **training seed as the unit** (``tapekit.evaluate.seed_paired_difference``: the
+  mean over seeds of each seed's mean per-episode difference, an item-bootstrap interval with
+  items resampled within tasks and the seeds held fixed, and a seed-level Student-t interval);
+  the same on the 14 teacher tasks' test seeds (forgetting), per task; and every run's steps
+  and seconds;
 - ``curves.png``: validation success on the RL tasks along GRPO (one line per seed), and the
   rollouts' mean reward per step.
 
@@ -51,15 +54,22 @@ def success(table: dict[str, dict[str, float]], tasks: list[str]) -> dict[str, A
     return out
 
 
-def gain(test: dict[str, Any], runs: list[str], tasks: list[str], key: str = "per_task") -> Any:
-    """After − before on ``tasks``' test episodes (greedy, ``key="per_task"``, or sampled,
-    ``"sampled"``), the training seed as the unit (None: no run)."""
-    before = test["student"][key]
+def gain(
+    test: dict[str, Any], runs: list[str], tasks: list[str], key: str | dict[str, str] = "per_task"
+) -> Any:
+    """After − before on ``tasks``' test episodes, the training seed as the unit (None: no run).
+    ``key`` says which episodes of a policy: ``"per_task"`` (greedy), ``"sampled"`` (one sample
+    at T = 1), or a policy → key mapping (each policy under its chosen decoding)."""
+
+    def key_of(policy: str) -> str:
+        return key if isinstance(key, str) else key[policy]
+
+    before = test["student"][key_of("student")]
     pairs: dict[str, dict[str, tuple[float, float]]] = {}
     for run in runs:
-        if key not in test[run]:
+        if key_of(run) not in test[run]:
             continue
-        after = test[run][key]
+        after = test[run][key_of(run)]
         pairs[run] = {
             f"{t}/{s}": (after[t][s], before[t][s])
             for t in tasks
@@ -70,6 +80,27 @@ def gain(test: dict[str, Any], runs: list[str], tasks: list[str], key: str = "pe
     if not pairs:
         return None
     return seed_paired_difference(pairs, strata=lambda item: item.rsplit("/", 1)[0], n_resamples=10_000)
+
+
+def decodings(root: Path, policies: list[str]) -> dict[str, dict[str, Any]]:
+    """Each policy's validation success on the RL tasks greedy (the student's screening, a
+    seed's last validation point) and sampled once at T = 1 (its last ``probe.jsonl`` line at
+    temperature 1), and its chosen decoding: the test key of the higher (``"sampled"`` or
+    ``"per_task"``, greedy on a tie; None while either figure is missing)."""
+    probes = {p["policy"]: p["success"] for p in lines(root / "probe.jsonl") if p.get("temperature") == 1}
+    out: dict[str, dict[str, Any]] = {}
+    for policy in policies:
+        if policy == "student":
+            greedy = student_validation(root)
+        else:
+            points = lines(root / policy / "val.jsonl")
+            greedy = points[-1]["success"] if points else None
+        sampled = probes.get(policy)
+        chosen = None
+        if greedy is not None and sampled is not None:
+            chosen = "sampled" if sampled > greedy else "per_task"
+        out[policy] = {"greedy": greedy, "sampled": sampled, "chosen": chosen}
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,19 +123,51 @@ def main(argv: list[str] | None = None) -> None:
             shown = "—" if value is None else f"{value:.2f}"
             md.append(f"| {task} | {shown} | {'yes' if task in screen['chosen'] else ''} |")
         md.append("")
-    sections = [("RL tasks", rl_tasks, "per_task"), ("teacher tasks (forgetting)", teacher_tasks, "per_task")]
-    if "sampled" in test.get("student", {}):  # the secondary figure: each policy sampled once at T = 1
-        sections.insert(1, ("RL tasks, sampled at T = 1", rl_tasks, "sampled"))
+    choice = decodings(root, ["student", *runs])
+    summary["decodings"] = choice
+    chosen: dict[str, str] | None = {p: c["chosen"] for p, c in choice.items() if c["chosen"]}
+    if "student" not in test or set(chosen or {}) != {"student", *runs}:
+        chosen = None  # the primary figure waits for every policy's two validation figures
+    sampled = "sampled" in test.get("student", {})  # each policy sampled once at T = 1
+    sections: list[tuple[str, list[str], str | dict[str, str]]] = []
+    if chosen is not None:
+        sections.append(("RL tasks, each policy under its chosen decoding (primary)", rl_tasks, chosen))
+    sections.append(("RL tasks", rl_tasks, "per_task"))
+    if sampled:
+        sections.append(("RL tasks, sampled at T = 1", rl_tasks, "sampled"))
+    if chosen is not None:
+        sections.append(("teacher tasks (forgetting), chosen decoding", teacher_tasks, chosen))
+    sections.append(("teacher tasks (forgetting)", teacher_tasks, "per_task"))
+    if sampled:
+        sections.append(("teacher tasks (forgetting), sampled at T = 1", teacher_tasks, "sampled"))
+    if choice:
+        md += ["## Decoding chosen on validation (RL tasks' validation seeds)", ""]
+        md += ["| policy | greedy | sampled at T = 1 | chosen |", "|---|---|---|---|"]
+        for policy, c in choice.items():
+            shown = [("—" if v is None else f"{v:.3f}") for v in (c["greedy"], c["sampled"])]
+            label = {"per_task": "greedy", "sampled": "T = 1", None: "—"}[c["chosen"]]
+            md.append(f"| {policy} | {shown[0]} | {shown[1]} | {label} |")
+        md.append("")
     for name, tasks, key in sections:
         if "student" not in test:
             break
-        policies = ["student", *(r for r in runs if key in test[r])]
-        table = {policy: success(test[policy][key], tasks) for policy in policies}
+
+        def key_of(policy: str, key: str | dict[str, str] = key) -> str:
+            return key if isinstance(key, str) else key[policy]
+
+        policies = ["student", *(r for r in runs if key_of(r) in test[r])]
+        if not all(key_of(x) in test[x] for x in policies):
+            continue
+        table = {policy: success(test[policy][key_of(policy)], tasks) for policy in policies}
         summary["runs"][name] = table
+        header = [
+            p if isinstance(key, str) else f"{p} ({'T = 1' if key[p] == 'sampled' else 'greedy'})"
+            for p in policies
+        ]
         md += [
             f"## Test seeds: {name}",
             "",
-            "| task | " + " | ".join(policies) + " |",
+            "| task | " + " | ".join(header) + " |",
             "|---" * (len(policies) + 1) + "|",
         ]
         for task in [*tasks, "all"]:

@@ -390,9 +390,10 @@ def stage_rl(args: argparse.Namespace, out: Path, seed: int) -> None:
 
 def stage_test(args: argparse.Namespace, out: Path) -> None:
     """The student and every finished seed on the test seeds, each evaluated once: greedy on the
-    RL tasks and the teacher tasks (``per_task``), then sampled at T = 1 on the RL tasks
-    (``sampled``; a secondary figure, added before any test episode ran, once validation had
-    shown the greedy policy repeating actions that sampling varies)."""
+    RL tasks and the teacher tasks (``per_task``), then one sample at T = 1 on the same episodes
+    (``sampled``; added before any test episode ran, once validation had shown the greedy
+    policy repeating actions that sampling varies). Which of the two is a policy's primary
+    figure is chosen on validation (docs/experiments/web-teacherless.md; the plot script)."""
     import torch
 
     path = out / "test.json"
@@ -423,11 +424,12 @@ def stage_test(args: argparse.Namespace, out: Path) -> None:
             started = time.perf_counter()
             torch.manual_seed(0)
             sampled = evaluate_student(
-                model, tokenizer, env, rl_tasks, f"test-{name}-t1", store, temperature=1.0
+                model, tokenizer, env, tasks, f"test-{name}-t1", store, temperature=1.0
             )
             results[name]["sampled"] = per_task(sampled)
+            results[name]["sampled_environment_failures"] = sampled.n_environment_failures
             path.write_text(json.dumps(results, indent=1) + "\n")
-            log(out, f"test-{name}-t1", time.perf_counter() - started, episodes=len(rl_tasks))
+            log(out, f"test-{name}-t1", time.perf_counter() - started, episodes=len(tasks))
             print(f"test: {name} done", flush=True)
     store.close()
 

@@ -95,8 +95,9 @@ def test_the_tables_and_the_picture_from_a_study_with_a_known_gain(tmp_path: Pat
         ("rl-seed0", 4),
         ("rl-seed1", 8),
         ("rl-seed2", 12),
-    ):  # sampled at T = 1
+    ):  # sampled at T = 1 (on the teacher tasks too: there 1 of 2 seeds passes)
         test[name]["sampled"] = policy(solved)["per_task"]
+        test[name]["sampled"].update({t: {"200000": 1.0, "200001": 0.0} for t in teacher})
     root.mkdir()
     (root / "screen.json").write_text(json.dumps(screen))
     (root / "test.json").write_text(json.dumps(test))
@@ -109,7 +110,35 @@ def test_the_tables_and_the_picture_from_a_study_with_a_known_gain(tmp_path: Pat
     pytest.importorskip("matplotlib")  # in the dev extra
     script = load_script("plot_teacherless")
     script.main([str(root), "--to", str(to)])
+    assert "chosen decoding" not in (to / "table.md").read_text()  # no probe yet: no primary figure
+    # validation at T = 1: the student 0.20 (< its greedy 0.25: greedy), seed 0 0.30 (= greedy:
+    # greedy on a tie), seed 1 0.50 and seed 2 0.60 (above 0.40 and 0.50: sampled)
+    probes = [("student", 0.2), ("rl-seed0", 0.3), ("rl-seed1", 0.5), ("rl-seed2", 0.6), ("rl-seed2", 0.0)]
+    (root / "probe.jsonl").write_text(
+        "".join(
+            json.dumps({"policy": n, "temperature": 1.0 if v else 0.7, "success": v}) + "\n"
+            for n, v in probes
+        )
+    )  # the last line is a probe at another temperature: not the T = 1 figure
+    script.main([str(root), "--to", str(to)])
     summary = json.loads((to / "summary.json").read_text())
+    chosen = {p: c["chosen"] for p, c in summary["decodings"].items()}
+    assert chosen == {
+        "student": "per_task",
+        "rl-seed0": "per_task",
+        "rl-seed1": "sampled",
+        "rl-seed2": "sampled",
+    }
+    primary = summary["gain RL tasks, each policy under its chosen decoding (primary)"]
+    # greedy student 0/32; seed 0 greedy 8/32, seeds 1 and 2 sampled 8/32 and 12/32
+    assert primary["per_seed"] == {"rl-seed0": 0.25, "rl-seed1": 0.25, "rl-seed2": 0.375}
+    # forgetting under the chosen decodings: seeds 1 and 2 sampled (1 of 2) against greedy (2 of 2)
+    assert summary["gain teacher tasks (forgetting), chosen decoding"]["per_seed"] == {
+        "rl-seed0": 0.0,
+        "rl-seed1": -0.5,
+        "rl-seed2": -0.5,
+    }
+    assert summary["gain teacher tasks (forgetting), sampled at T = 1"]["value"] == 0.0
     gain = summary["gain RL tasks"]
     assert gain["value"] == pytest.approx(0.125)
     assert gain["per_seed"] == {"rl-seed0": 0.25, "rl-seed1": 0.125, "rl-seed2": 0.0}
