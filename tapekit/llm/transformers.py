@@ -15,12 +15,14 @@ import asyncio
 import os
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, Self
 
 from pydantic import PrivateAttr
 
 from tapekit._sync import iterate_in_thread
 from tapekit.core import LLMOutput, Prompt
+from tapekit.llm._gguf_cache import cached_checkpoint
 from tapekit.llm.base import LLM, LLMError, LLMEvent, TokenTrace, TrainingText, answer_text
 from tapekit.llm.llamacpp import plain_messages, smollm2_path
 
@@ -36,7 +38,10 @@ class TransformersLLM(LLM):
       holding ``gguf_file``;
     - neither: the embedded SmolLM2 GGUF.
 
-    ``adapter_path`` puts a peft adapter directory (LoRA) on top of the base model.
+    ``adapter_path`` puts a peft adapter directory (LoRA) on top of the base model. A GGUF file
+    is converted for transformers once and kept in a local cache (``gguf_cache``, on by default;
+    ``$TAPEKIT_CACHE_DIR`` or ``~/.cache/tapekit``): later loads take under a second instead of
+    about 20 s (see :mod:`tapekit.llm._gguf_cache`).
     ``device`` is ``"cpu"``, ``"cuda"`` or ``"auto"``; ``dtype`` ``"float32"``, ``"bfloat16"``,
     ``"float16"`` or ``"auto"`` (the checkpoint's).
 
@@ -53,8 +58,7 @@ class TransformersLLM(LLM):
     template applied), the sampled ids (the end-of-turn token included when the model wrote
     it), and their log-probabilities: under the sampling distribution (after temperature,
     top-p and top-k) when sampling, under the model when greedy. ``policy_version`` is copied
-    into the trace. There is no constrained decoding here: structured nodes fall back to
-    parsing and validating.
+    into the trace.
     """
 
     model_name: str = "smollm2-135m-instruct"
@@ -70,6 +74,7 @@ class TransformersLLM(LLM):
     seed: int | None = None
     policy_version: str | None = None
     parameters: dict[str, Any] = {}
+    gguf_cache: bool = True
     _model: Any = PrivateAttr(None)
     _tokenizer: Any = PrivateAttr(None)
     _fingerprint: str | None = PrivateAttr(None)
@@ -106,14 +111,21 @@ class TransformersLLM(LLM):
             path, gguf = str(embedded.parent), gguf or embedded.name
         if not os.path.isdir(path):
             raise LLMError(f"TransformersLLM: model_path {path!r} is not a directory (nothing is downloaded)")
-        extra: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
         dtype = self.dtype if self.dtype == "auto" else getattr(torch, self.dtype, None)
         if not isinstance(dtype, str | torch.dtype):  # "auto" or a torch dtype
             raise LLMError(f"TransformersLLM: dtype {self.dtype!r} is not float32, bfloat16, float16 or auto")
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, **extra)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype, **extra)
+        if gguf and self.gguf_cache:  # read the file's checkpoint, converted once (_gguf_cache)
+            folder, name = path, gguf
+            checkpoint = cached_checkpoint(
+                Path(folder, name), lambda: _from_gguf(folder, name, torch.float32)
+            )
+            if checkpoint is not None:
+                path, gguf = str(checkpoint), None
         if gguf:
-            _as_plain_model(model)
+            model, tokenizer = _from_gguf(path, gguf, dtype)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
         if self.adapter_path is not None:
             model = _with_adapter(model, self.adapter_path)
         device = self.device
@@ -244,6 +256,19 @@ class TransformersLLM(LLM):
                 finish_reason=finish,
             ),
         )
+
+
+def _from_gguf(directory: str, gguf: str, dtype: Any) -> tuple[Any, Any]:
+    """(model, tokenizer) read from ``directory/gguf`` by transformers (dequantized to ``dtype``),
+    the model without quantization marks."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True, gguf_file=gguf)
+    model = AutoModelForCausalLM.from_pretrained(
+        directory, local_files_only=True, dtype=dtype, gguf_file=gguf
+    )
+    _as_plain_model(model)
+    return model, tokenizer
 
 
 def _as_plain_model(model: Any) -> None:

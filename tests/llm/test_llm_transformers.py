@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +26,16 @@ QUESTION = Prompt(
 
 
 @pytest.fixture(scope="module")
-def llm() -> object:
+def gguf_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A GGUF cache of this module's own, empty at first: the first load converts the file."""
+    folder = tmp_path_factory.mktemp("gguf-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TAPEKIT_CACHE_DIR", str(folder))
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def llm(gguf_cache: Path) -> object:
     from tapekit.llm.transformers import TransformersLLM
 
     model = TransformersLLM(device="cpu", parameters={"max_new_tokens": 20, "do_sample": False})
@@ -38,7 +51,7 @@ def test_loads_the_embedded_gguf_and_answers_like_llama_cpp(llm: object) -> None
     assert type(model).__name__ == "LlamaForCausalLM"
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
     # dequantized tensors, not a quantized model: full fine-tuning and save_pretrained work
-    assert not getattr(model, "is_quantized", False) and model.hf_quantizer is None
+    assert not getattr(model, "is_quantized", False) and getattr(model, "hf_quantizer", None) is None
     assert "quantization_config" not in model.config.to_dict()
     events = list(llm.stream(QUESTION))
     chunks = [e.chunk for e in events if e.chunk]
@@ -48,6 +61,86 @@ def test_loads_the_embedded_gguf_and_answers_like_llama_cpp(llm: object) -> None
     reference = LlamaCppLLM(parameters={"temperature": 0.0, "max_tokens": 20}).generate(QUESTION)
     assert "Paris" in (reference.content or "")
     assert final.output_tokens and final.prompt_tokens and final.prompt_tokens > 10
+
+
+def test_the_gguf_is_converted_once_then_read_from_the_cache(
+    llm: object, gguf_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    import transformers
+
+    from tapekit.llm._gguf_cache import DONE, entry_for
+    from tapekit.llm.llamacpp import smollm2_path
+    from tapekit.llm.transformers import TransformersLLM
+
+    assert isinstance(llm, TransformersLLM)
+    entry = entry_for(smollm2_path())
+    assert entry.parent == gguf_cache / "gguf" and (entry / DONE).is_file()  # the first load wrote it
+    assert (entry / "model.safetensors").is_file() and (entry / "tokenizer.json").is_file()
+    calls: list[dict[str, Any]] = []
+    real = transformers.AutoModelForCausalLM.from_pretrained
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy)
+    again = TransformersLLM(device="cpu", parameters={"max_new_tokens": 20, "do_sample": False})
+    model, tokenizer = again.load()
+    assert len(calls) == 1 and "gguf_file" not in calls[0]  # read from the entry, not the GGUF file
+    first, first_tokenizer = llm.load()
+    mine, theirs = model.state_dict(), first.state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    text = "Prix: 12,50 € — ünïcode <|im_end|>"
+    assert tokenizer(text)["input_ids"] == first_tokenizer(text)["input_ids"]
+    assert again.make_training_text(QUESTION, LLMOutput(content="Paris.")) == llm.make_training_text(
+        QUESTION, LLMOutput(content="Paris.")
+    )
+    assert again.generate(QUESTION).content == llm.generate(QUESTION).content
+
+
+class _Saves:
+    """A stand-in model or tokenizer: save_pretrained writes one file."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def save_pretrained(self, folder: Path) -> None:
+        (Path(folder) / self.name).write_text("x")
+
+
+def test_the_cache_keys_on_the_file_and_never_stands_in_the_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import os
+
+    from tapekit.llm._gguf_cache import DONE, cached_checkpoint, entry_for
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF v1")
+    monkeypatch.setenv("TAPEKIT_CACHE_DIR", str(tmp_path / "cache"))
+    converted: list[int] = []
+
+    def convert() -> tuple[Any, Any]:
+        converted.append(1)
+        return _Saves("model.safetensors"), _Saves("tokenizer.json")
+
+    entry = cached_checkpoint(gguf, convert)
+    assert entry == entry_for(gguf) and entry is not None and (entry / DONE).is_file()
+    assert sorted(p.name for p in entry.iterdir()) == sorted([DONE, "model.safetensors", "tokenizer.json"])
+    assert cached_checkpoint(gguf, convert) == entry and converted == [1]  # converted once
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # no scratch folder left
+    os.utime(gguf, ns=(0, 10**9))  # the file changed: a new entry
+    assert entry_for(gguf) != entry
+    half = entry_for(gguf)
+    half.mkdir()  # a half-written folder (no DONE) is replaced, not used
+    assert cached_checkpoint(gguf, convert) == half and (half / DONE).is_file() and converted == [1, 1]
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    monkeypatch.setenv("TAPEKIT_CACHE_DIR", str(blocked))
+    with caplog.at_level(logging.WARNING):
+        assert cached_checkpoint(gguf, convert) is None  # the caller loads the GGUF file itself
+    assert "not writable" in caplog.text
 
 
 def test_training_text_matches_the_runtime_models_chat_template(llm: object) -> None:
