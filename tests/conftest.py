@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,6 +137,25 @@ def one_at_a_time(name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A local two-CPU Ray cluster whose workers can import ``tests`` (one at a time on this
+    machine: see ``one_at_a_time``); yields the ``ray`` module."""
+    ray = pytest.importorskip("ray")
+    with one_at_a_time("ray", tmp_path_factory):
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            configure_logging=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}},
+        )
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
 
 
 # `study`: a learning regression run of an example pipeline (real training at a budget of

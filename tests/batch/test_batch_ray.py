@@ -16,23 +16,13 @@ ray = pytest.importorskip("ray")
 from tapekit.batch import BatchStats, batch, batch_tags, batch_tape_id  # noqa: E402
 from tapekit.store import SQLiteStore, TapeFilter  # noqa: E402
 from tests.batch.test_batch import BEnv, calls_left, content, factory, make_agent, make_tapes, sequential  # noqa: E402
-from tests.conftest import one_at_a_time  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ray_cluster  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    with one_at_a_time("ray", tmp_path_factory):  # one local cluster at a time on this machine
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            configure_logging=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},  # workers import tests.batch.test_batch
-        )
+    with ray_cluster(tmp_path_factory):  # workers import tests.batch.test_batch
         yield
-        ray.shutdown()
 
 
 def _stored(store: SQLiteStore, name: str) -> dict[str, Any]:

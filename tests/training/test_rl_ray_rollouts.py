@@ -17,10 +17,8 @@ from tapekit.core import Prompt
 from tapekit.llm.scripted import FunctionLLM
 from tapekit.store import SQLiteStore, TapeFilter
 from tapekit.training.rl import collect_rollouts
-from tests.conftest import one_at_a_time
+from tests.conftest import ray_cluster
 from tests.training.rl_toy import make_setup
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def answer(prompt: Prompt) -> str:
@@ -57,20 +55,8 @@ def test_ray_backend_refuses_an_in_process_policy(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def local_ray(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():
+    with ray_cluster(tmp_path_factory) as ray:  # workers import tests (the toy setup)
         yield ray
-        return
-    with one_at_a_time("ray", tmp_path_factory):  # one local cluster at a time on this machine
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            configure_logging=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},  # workers import tests (the toy setup)
-        )
-        yield ray
-        ray.shutdown()
 
 
 def test_ray_rollouts_equal_the_local_ones(tmp_path: Path, local_ray: Any) -> None:
