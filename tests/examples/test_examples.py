@@ -21,8 +21,8 @@ def test_readme_starts_with_the_two_commands() -> None:
         "pip install -e . && bash scripts/install-local.sh && python examples/analyst.py"
     )
     test_command = (
-        'pip install -e ".[dev]" && bash scripts/install-system.sh && bash scripts/install-local.sh && pytest'
-        " && mypy tapekit && lint-imports"
+        'pip install -e ".[dev]" && bash scripts/install-system.sh && bash scripts/install-local.sh'
+        " && pytest -n 2 --dist loadfile && mypy tapekit && lint-imports"
     )
     assert block[1] == test_command + "   # run the tests"
     ci = (ROOT / ".ci" / "run").read_text()
