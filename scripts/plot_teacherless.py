@@ -1,6 +1,6 @@
 """Summarise the teacherless RL study (examples/web_agent/teacherless.py): tables and a picture.
 
-Reads ``screen.json``, ``test.json``, ``probe.jsonl``, ``ledger.jsonl`` and each ``rl-seed*/`` folder's
+Reads ``screen.json``, ``test.json``, ``probe.jsonl``, ``ledger.jsonl`` and each ``rl-*seed*/`` folder's
 ``rl_log.jsonl`` and ``val.jsonl`` under the study's ``--out`` folder, and writes into ``--to``:
 
 - ``summary.json`` and ``table.md``: the screening (every candidate's validation success and
@@ -35,6 +35,12 @@ from tapekit.web.miniwob import SPLIT, TEACHERLESS_TASKS
 def lines(path: Path) -> list[dict[str, Any]]:
     """The JSON lines of ``path`` (none when it is missing)."""
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def arm_of(run: str) -> str:
+    """A run folder's arm: ``rl-seed0`` → ``""`` (the study's first setting), ``rl-t07-seed1``
+    → ``"t07"`` (as examples/web_agent/teacherless.py names them)."""
+    return run.removeprefix("rl-").rsplit("seed", 1)[0].removesuffix("-")
 
 
 def success(table: dict[str, dict[str, float]], tasks: list[str]) -> dict[str, Any]:
@@ -113,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     root: Path = args.folder
     screen = json.loads((root / "screen.json").read_text()) if (root / "screen.json").exists() else None
     test = json.loads((root / "test.json").read_text()) if (root / "test.json").exists() else {}
-    runs = sorted(r for r in test if r.startswith("rl-seed"))
+    runs = sorted(r for r in test if r.startswith("rl-"))
     rl_tasks, teacher_tasks = list(TEACHERLESS_TASKS), list(SPLIT.train_tasks)
     summary: dict[str, Any] = {"screen": screen, "ledger": lines(root / "ledger.jsonl"), "runs": {}}
     md = ["# Teacherless RL: the tables", ""]
@@ -125,21 +131,27 @@ def main(argv: list[str] | None = None) -> None:
         md.append("")
     choice = decodings(root, ["student", *runs])
     summary["decodings"] = choice
-    chosen: dict[str, str] | None = {p: c["chosen"] for p, c in choice.items() if c["chosen"]}
-    if "student" not in test or set(chosen or {}) != {"student", *runs}:
-        chosen = None  # the primary figure waits for every policy's two validation figures
     sampled = "sampled" in test.get("student", {})  # each policy sampled once at T = 1
-    sections: list[tuple[str, list[str], str | dict[str, str]]] = []
-    if chosen is not None:
-        sections.append(("RL tasks, each policy under its chosen decoding (primary)", rl_tasks, chosen))
-    sections.append(("RL tasks", rl_tasks, "per_task"))
-    if sampled:
-        sections.append(("RL tasks, sampled at T = 1", rl_tasks, "sampled"))
-    if chosen is not None:
-        sections.append(("teacher tasks (forgetting), chosen decoding", teacher_tasks, chosen))
-    sections.append(("teacher tasks (forgetting)", teacher_tasks, "per_task"))
-    if sampled:
-        sections.append(("teacher tasks (forgetting), sampled at T = 1", teacher_tasks, "sampled"))
+    sections: list[tuple[str, list[str], str | dict[str, str], list[str]]] = []
+    for arm in dict.fromkeys(arm_of(r) for r in runs):  # the first arm (""), then changed settings
+        arm_runs = [r for r in runs if arm_of(r) == arm]
+        tag = f" [arm {arm}]" if arm else ""
+        picks = {p: choice[p]["chosen"] for p in ["student", *arm_runs]}
+        # the primary figure waits for every policy's two validation figures
+        chosen = picks if "student" in test and all(picks.values()) else None
+        if chosen is not None:
+            name = f"RL tasks{tag}, each policy under its chosen decoding (primary)"
+            sections.append((name, rl_tasks, chosen, arm_runs))
+        sections.append((f"RL tasks{tag}", rl_tasks, "per_task", arm_runs))
+        if sampled:
+            sections.append((f"RL tasks{tag}, sampled at T = 1", rl_tasks, "sampled", arm_runs))
+        if chosen is not None:
+            name = f"teacher tasks (forgetting){tag}, chosen decoding"
+            sections.append((name, teacher_tasks, chosen, arm_runs))
+        sections.append((f"teacher tasks (forgetting){tag}", teacher_tasks, "per_task", arm_runs))
+        if sampled:
+            name = f"teacher tasks (forgetting){tag}, sampled at T = 1"
+            sections.append((name, teacher_tasks, "sampled", arm_runs))
     if choice:
         md += ["## Decoding chosen on validation (RL tasks' validation seeds)", ""]
         md += ["| policy | greedy | sampled at T = 1 | chosen |", "|---|---|---|---|"]
@@ -148,14 +160,14 @@ def main(argv: list[str] | None = None) -> None:
             label = {"per_task": "greedy", "sampled": "T = 1", None: "—"}[c["chosen"]]
             md.append(f"| {policy} | {shown[0]} | {shown[1]} | {label} |")
         md.append("")
-    for name, tasks, key in sections:
+    for name, tasks, key, arm_runs in sections:
         if "student" not in test:
             break
 
         def key_of(policy: str, key: str | dict[str, str] = key) -> str:
             return key if isinstance(key, str) else key[policy]
 
-        policies = ["student", *(r for r in runs if key_of(r) in test[r])]
+        policies = ["student", *(r for r in arm_runs if key_of(r) in test[r])]
         if not all(key_of(x) in test[x] for x in policies):
             continue
         table = {policy: success(test[policy][key_of(policy)], tasks) for policy in policies}
@@ -176,17 +188,17 @@ def main(argv: list[str] | None = None) -> None:
                 row = table[policy].get(task)
                 cells.append("—" if row is None else f"{row['success']:.2f} ({row['passed']}/{row['n']})")
             md.append(f"| {task} | " + " | ".join(cells) + " |")
-        difference = gain(test, runs, tasks, key)
+        difference = gain(test, arm_runs, tasks, key)
         if difference is not None:
             summary[f"gain {name}"] = difference.model_dump()
             md += ["", f"After − before, the training seed as the unit: {difference}", ""]
             per_task_lines = []
             for task in tasks:
-                d = gain(test, runs, [task], key)
+                d = gain(test, arm_runs, [task], key)
                 if d is not None:
                     per_task_lines.append(f"- {task}: {d}")
             md += [*per_task_lines, ""]
-    for run_dir in sorted(root.glob("rl-seed*")):
+    for run_dir in sorted(root.glob("rl-*seed*")):
         steps = lines(run_dir / "rl_log.jsonl")
         summary.setdefault("rl", {})[run_dir.name] = {
             "steps": len(steps),
@@ -228,7 +240,7 @@ def plot(root: Path, path: Path, smooth: int = 10) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     start = student_validation(root)
-    for i, run_dir in enumerate(sorted(root.glob("rl-seed*"))):
+    for i, run_dir in enumerate(sorted(root.glob("rl-*seed*"))):
         colour = f"C{i}"
         val = lines(run_dir / "val.jsonl")
         points = ([(0, start)] if start is not None else []) + [(v["step"], v["success"]) for v in val]

@@ -30,10 +30,12 @@ failure run once more) and its answer cap are the web study's (``examples/web_ag
   category``: the student's attempts at one page nearly always score alike, so a page is no
   group), a checkpoint after every step
   (``OUT/rl-seedS``: weights, optimiser, RNG, curriculum, log), the validation seeds scored
-  every ``--eval-every`` steps (``val.jsonl``). Killed, the same command continues.
-- ``test``: the student and each finished seed's final policy, greedy, on the RL tasks' test
-  seeds and the 14 teacher tasks' test seeds (forgetting), then sampled at T = 1 on the RL
-  tasks' test seeds (a secondary figure); each policy is evaluated once (``test.json`` keeps
+  every ``--eval-every`` steps (``val.jsonl``). Killed, the same command continues. A changed
+  setting is an arm of its own: ``--arm NAME`` (e.g. ``rl --arm t07 --temperature 0.7``) runs
+  into ``OUT/rl-NAME-seedS``.
+- ``test``: the student and each finished seed's final policy (every arm), greedy, on the RL
+  tasks' test seeds and the 14 teacher tasks' test seeds (forgetting), then sampled at T = 1 on
+  the same episodes; each policy is evaluated once (``test.json`` keeps
   the result, and a second call only adds what is not there yet).
 - ``probe --policy P --probe-temperature T``: a finished policy (``student``, ``rl-seed0``, ...) on
   the RL tasks' validation seeds at temperature T (``probe.jsonl``): what a setting for the
@@ -335,13 +337,28 @@ class Validation(StepCallback):
         return None
 
 
+def run_name(arm: str, seed: int) -> str:
+    """The folder of training seed ``seed`` of ``arm`` (a named setting; ``""``: the study's
+    first): ``rl-seed0``, ``rl-t07-seed0``."""
+    if arm and not arm.replace("_", "").isalnum():
+        raise SystemExit(f"--arm {arm!r}: letters, digits and _ only (it names folders)")
+    return f"rl-{arm}-seed{seed}" if arm else f"rl-seed{seed}"
+
+
+def arm_of(run: str) -> str:
+    """The arm of a run folder's name (the inverse of :func:`run_name`)."""
+    middle = run.removeprefix("rl-").rsplit("seed", 1)[0]
+    return middle.removesuffix("-")
+
+
 def stage_rl(args: argparse.Namespace, out: Path, seed: int) -> None:
-    """GRPO from the student on the RL tasks, seed ``seed``; resumes from its last step."""
+    """GRPO from the student on the RL tasks, seed ``seed`` of ``--arm``; resumes from its last
+    step."""
     import torch
 
-    run = out / f"rl-seed{seed}"
+    run = out / run_name(args.arm, seed)
     if (run / "final" / "config.json").exists():
-        print(f"rl seed {seed}: finished", flush=True)
+        print(f"rl {run.name}: finished", flush=True)
         return
     run.mkdir(parents=True, exist_ok=True)
     tasks = list(TEACHERLESS_TASKS)
@@ -357,7 +374,7 @@ def stage_rl(args: argparse.Namespace, out: Path, seed: int) -> None:
     with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
 
         def score(step: int) -> dict[str, Any]:
-            report = evaluate_student(model, tokenizer, env, val, f"rl-seed{seed}-val{step}", store)
+            report = evaluate_student(model, tokenizer, env, val, f"{run.name}-val{step}", store)
             table = per_task(report)
             return {"success": success(table), "per_task": table}
 
@@ -384,7 +401,8 @@ def stage_rl(args: argparse.Namespace, out: Path, seed: int) -> None:
         )
     model.save_pretrained(run / "final")
     tokenizer.save_pretrained(run / "final")
-    log(out, f"rl-seed{seed}", time.perf_counter() - started, steps=args.steps, lr=args.lr)
+    settings = {"lr": args.lr, "temperature": args.temperature, "kl": args.kl_coef}
+    log(out, run.name, time.perf_counter() - started, steps=args.steps, **settings)
     store.close()
 
 
@@ -400,7 +418,7 @@ def stage_test(args: argparse.Namespace, out: Path) -> None:
     results = json.loads(path.read_text()) if path.exists() else {}
     policies = {"student": out / STUDENT}
     policies.update(
-        {d.name: d / "final" for d in sorted(out.glob("rl-seed*")) if (d / "final" / "config.json").exists()}
+        {d.name: d / "final" for d in sorted(out.glob("rl-*seed*")) if (d / "final" / "config.json").exists()}
     )
     todo = {name: where for name, where in policies.items() if "sampled" not in results.get(name, {})}
     if not todo:
@@ -473,6 +491,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("stage", choices=["sft", "screen", "rl", "test", "probe", "all"])
     p.add_argument("--out", default="runs/teacherless")
     p.add_argument("--seed", type=int, default=0, help="rl: the training seed")
+    p.add_argument(
+        "--arm", default="", help="rl: a name for a changed setting (folders rl-ARM-seedS; default: rl-seedS)"
+    )
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="all: the training seeds")
     p.add_argument("--teacher-seeds", type=int, default=16)
     p.add_argument("--sft-steps", type=int, default=24)
@@ -515,7 +536,7 @@ def main(argv: list[str] | None = None) -> None:
     if not ignore.exists():
         ignore.write_text(
             "sft/checkpoint-*/\nsft/final/*\n!sft/final/tapekit_train.json\n"
-            "rl-seed*/ckpt-*/\nrl-seed*/.ckpt-*\nrl-seed*/final/\nrl-seed*/latest.json\n*.db*\n"
+            "rl-*/ckpt-*/\nrl-*/.ckpt-*\nrl-*/final/\nrl-*/latest.json\n*.db*\n"
         )
     if args.stage in ("sft", "all"):
         stage_sft(args, out)

@@ -139,6 +139,21 @@ def test_the_tables_and_the_picture_from_a_study_with_a_known_gain(tmp_path: Pat
         "rl-seed2": -0.5,
     }
     assert summary["gain teacher tasks (forgetting), sampled at T = 1"]["value"] == 0.0
+    # a second arm (a changed setting, rl-t07-seedS): its own tables and gains, the first arm's unchanged
+    for k, solved in enumerate((16, 12)):
+        name = f"rl-t07-seed{k}"
+        test[name] = policy(solved)
+        (root / name).mkdir()
+        (root / name / "val.jsonl").write_text(json.dumps({"step": 12, "success": 0.5}) + "\n")
+    (root / "test.json").write_text(json.dumps(test))
+    script.main([str(root), "--to", str(to)])
+    summary = json.loads((to / "summary.json").read_text())
+    assert summary["gain RL tasks [arm t07]"]["per_seed"] == {"rl-t07-seed0": 0.5, "rl-t07-seed1": 0.375}
+    assert summary["gain RL tasks"]["per_seed"] == {"rl-seed0": 0.25, "rl-seed1": 0.125, "rl-seed2": 0.0}
+    assert (
+        "gain RL tasks [arm t07], each policy under its chosen decoding (primary)" not in summary
+    )  # no probe
+    assert [script.arm_of(r) for r in ("rl-seed2", "rl-t07-seed10")] == ["", "t07"]
     gain = summary["gain RL tasks"]
     assert gain["value"] == pytest.approx(0.125)
     assert gain["per_seed"] == {"rl-seed0": 0.25, "rl-seed1": 0.125, "rl-seed2": 0.0}
@@ -182,3 +197,12 @@ def test_each_training_seed_has_its_own_rl_pool_of_training_seeds_only(tmp_path:
     assert not sft_config(tmp_path / "sft", seed=0, max_steps=3, save_steps=1).resume
     (tmp_path / "sft" / "checkpoint-1").mkdir(parents=True)
     assert sft_config(tmp_path / "sft", seed=0, max_steps=3, save_steps=1).resume  # picks up its checkpoint
+
+
+def test_a_changed_setting_runs_in_folders_of_its_own() -> None:
+    from examples.web_agent.teacherless import arm_of, run_name
+
+    assert run_name("", 1) == "rl-seed1" and run_name("t07", 0) == "rl-t07-seed0"
+    assert arm_of(run_name("t07", 12)) == "t07" and arm_of(run_name("", 3)) == ""
+    with pytest.raises(SystemExit, match="letters, digits"):
+        run_name("t0.7", 0)  # a dot or a slash would make other folders
