@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib.util
+import os
 import socket
 import subprocess
 import sys
@@ -156,6 +157,29 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             yield ray
         finally:
             ray.shutdown()
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not yet reaped by its parent, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:  # reaped meanwhile
+        return False
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` stops running within ``seconds`` (a loaded machine reaps late)."""
+    deadline = time.monotonic() + seconds
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 # `study`: a learning regression run of an example pipeline (real training at a budget of

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def kinds(tape: Tape[Any, Any]) -> list[str]:
     return [s.kind for s in tape.steps]
+
+
+@pytest.fixture(autouse=True)
+def empty_outbox() -> Iterator[None]:
+    """The mailer's outbox is this process's: each test starts and leaves it empty (the guide's
+    example, run by tests/test_docs.py in the same process, expects a fresh one)."""
+    OUTBOX.clear()
+    yield
+    OUTBOX.clear()
 
 
 def test_a_message_to_the_user_makes_the_session_wait(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -47,7 +46,7 @@ from tapekit.mcp import (
     StdioServer,
     listed_names,
 )
-from tests.conftest import free_port
+from tests.conftest import alive, free_port
 
 SERVER = str(Path(__file__).parent / "mcp_servers" / "tools_server.py")
 
@@ -84,15 +83,6 @@ def http_url() -> Iterator[str]:
 def stdio(name: str = "alpha", *tools: str) -> StdioServer:
     args = [SERVER, name] + (["--tools", ",".join(tools)] if tools else [])
     return StdioServer(name, sys.executable, args)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited but was not reaped
-        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 # ----------------------------------------------------------------------------- an agent that uses tools

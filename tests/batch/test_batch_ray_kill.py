@@ -38,6 +38,7 @@ from tapekit.environment import Tool, ToolEnvironment  # noqa: E402
 from tapekit.store import SQLiteStore, TapeFilter  # noqa: E402
 from tapekit.testing.chaos import PaymentsWorkload  # noqa: E402
 from tests.batch.test_batch_ray import local_ray  # noqa: E402, F401  (one local Ray for the module)
+from tests.conftest import gone_within  # noqa: E402
 
 NAME = "paykill"
 KILLED_INVOICE = "s0-A2"  # the second payment of session 0 (its first one is stored before the kill)
@@ -183,8 +184,7 @@ def test_a_ray_worker_killed_in_a_once_tool_pays_once_on_resume(
         assert not (world / "first-run").exists()
         assert died["invoice"] == KILLED_INVOICE and died["title"] == "ray::_run_share"  # a Ray worker's task
         assert died["pid"] != os.getpid() and died["worker_id"] != ray.get_runtime_context().get_worker_id()
-        with pytest.raises(ProcessLookupError):  # it is gone
-            os.kill(died["pid"], 0)
+        assert gone_within(died["pid"], 30), "the killed Ray worker is still running"
         # the shares are dealt round-robin: worker 0 ran sessions 0 and 2, worker 1 sessions 1 and 3
         killed_share, other_share = [0, 2], [1, 3]
         assert [r.index for r in first] == [0, 1, 2, 3]
