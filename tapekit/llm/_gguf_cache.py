@@ -23,6 +23,7 @@ Contract:
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -63,28 +64,29 @@ def cached_checkpoint(gguf: Path, convert: Callable[[], tuple[Any, Any]]) -> Pat
     entry = entry_for(gguf)
     if (entry / DONE).is_file():
         return entry
-    model, tokenizer = convert()
-    try:
+    try:  # before converting: an unwritable cache must not cost a conversion the caller repeats
         entry.parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
     except OSError as e:
         log.warning("tapekit: GGUF cache %s not writable (%s); loading %s without it", entry.parent, e, gguf)
         return None
     try:
-        model.save_pretrained(scratch)
-        tokenizer.save_pretrained(scratch)
-        (scratch / DONE).write_text(f'{{"gguf": "{gguf.resolve()}"}}\n')
+        model, tokenizer = convert()  # its errors are the caller's (a missing or broken file)
         try:
-            scratch.rename(entry)
-        except OSError:  # another process put the entry there first, or a half one is in the way
-            if not (entry / DONE).is_file():
-                shutil.rmtree(entry, ignore_errors=True)
+            model.save_pretrained(scratch)
+            tokenizer.save_pretrained(scratch)
+            (scratch / DONE).write_text(json.dumps({"gguf": str(gguf.resolve())}) + "\n")
+            try:
                 scratch.rename(entry)
-    except OSError as e:
-        log.warning(
-            "tapekit: could not write the GGUF cache entry %s (%s); loading %s without it", entry, e, gguf
-        )
-        return None
+            except OSError:  # another process put the entry there first, or a half one is in the way
+                if not (entry / DONE).is_file():
+                    shutil.rmtree(entry, ignore_errors=True)
+                    scratch.rename(entry)
+        except OSError as e:
+            log.warning(
+                "tapekit: could not write the GGUF cache entry %s (%s); loading %s without it", entry, e, gguf
+            )
+            return None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return entry

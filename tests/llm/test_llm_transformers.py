@@ -140,6 +140,7 @@ def test_the_cache_keys_on_the_file_and_never_stands_in_the_way(
     monkeypatch.setenv("TAPEKIT_CACHE_DIR", str(blocked))
     with caplog.at_level(logging.WARNING):
         assert cached_checkpoint(gguf, convert) is None  # the caller loads the GGUF file itself
+    assert converted == [1, 1]  # and it was not converted for nothing first
     assert "not writable" in caplog.text
 
 
