@@ -60,22 +60,23 @@ def success(table: dict[str, dict[str, float]], tasks: list[str]) -> dict[str, A
     return out
 
 
+def key_of(key: str | dict[str, str], policy: str) -> str:
+    """The test entry of ``policy`` that ``key`` names: ``"per_task"`` (greedy), ``"sampled"``
+    (one sample at T = 1), or per policy (a policy → key mapping: each under its chosen decoding)."""
+    return key if isinstance(key, str) else key[policy]
+
+
 def gain(
     test: dict[str, Any], runs: list[str], tasks: list[str], key: str | dict[str, str] = "per_task"
 ) -> Any:
     """After − before on ``tasks``' test episodes, the training seed as the unit (None: no run).
-    ``key`` says which episodes of a policy: ``"per_task"`` (greedy), ``"sampled"`` (one sample
-    at T = 1), or a policy → key mapping (each policy under its chosen decoding)."""
-
-    def key_of(policy: str) -> str:
-        return key if isinstance(key, str) else key[policy]
-
-    before = test["student"][key_of("student")]
+    ``key`` says which episodes of a policy (see :func:`key_of`)."""
+    before = test["student"][key_of(key, "student")]
     pairs: dict[str, dict[str, tuple[float, float]]] = {}
     for run in runs:
-        if key_of(run) not in test[run]:
+        if key_of(key, run) not in test[run]:
             continue
-        after = test[run][key_of(run)]
+        after = test[run][key_of(key, run)]
         pairs[run] = {
             f"{t}/{s}": (after[t][s], before[t][s])
             for t in tasks
@@ -163,14 +164,10 @@ def main(argv: list[str] | None = None) -> None:
     for name, tasks, key, arm_runs in sections:
         if "student" not in test:
             break
-
-        def key_of(policy: str, key: str | dict[str, str] = key) -> str:
-            return key if isinstance(key, str) else key[policy]
-
-        policies = ["student", *(r for r in arm_runs if key_of(r) in test[r])]
-        if not all(key_of(x) in test[x] for x in policies):
+        policies = ["student", *(r for r in arm_runs if key_of(key, r) in test[r])]
+        if not all(key_of(key, x) in test[x] for x in policies):
             continue
-        table = {policy: success(test[policy][key_of(policy)], tasks) for policy in policies}
+        table = {policy: success(test[policy][key_of(key, policy)], tasks) for policy in policies}
         summary["runs"][name] = table
         header = [
             p if isinstance(key, str) else f"{p} ({'T = 1' if key[p] == 'sampled' else 'greedy'})"

@@ -143,8 +143,12 @@ def one_at_a_time(name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @contextmanager
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A local two-CPU Ray cluster whose workers can import ``tests`` (one at a time on this
-    machine: see ``one_at_a_time``); yields the ``ray`` module."""
+    machine: see ``one_at_a_time``); yields the ``ray`` module. One this process started
+    already is used as it is, and left running."""
     ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        yield ray
+        return
     with one_at_a_time("ray", tmp_path_factory):
         ray.init(
             num_cpus=2,

@@ -345,12 +345,6 @@ def run_name(arm: str, seed: int) -> str:
     return f"rl-{arm}-seed{seed}" if arm else f"rl-seed{seed}"
 
 
-def arm_of(run: str) -> str:
-    """The arm of a run folder's name (the inverse of :func:`run_name`)."""
-    middle = run.removeprefix("rl-").rsplit("seed", 1)[0]
-    return middle.removesuffix("-")
-
-
 def stage_rl(args: argparse.Namespace, out: Path, seed: int) -> None:
     """GRPO from the student on the RL tasks, seed ``seed`` of ``--arm``; resumes from its last
     step."""

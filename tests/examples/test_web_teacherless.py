@@ -200,8 +200,10 @@ def test_each_training_seed_has_its_own_rl_pool_of_training_seeds_only(tmp_path:
 
 
 def test_a_changed_setting_runs_in_folders_of_its_own() -> None:
-    from examples.web_agent.teacherless import arm_of, run_name
+    from examples.web_agent.teacherless import run_name
+    from tests.examples._commands import load_script
 
+    arm_of = load_script("plot_teacherless").arm_of  # the plot reads the arm back from the folder
     assert run_name("", 1) == "rl-seed1" and run_name("t07", 0) == "rl-t07-seed0"
     assert arm_of(run_name("t07", 12)) == "t07" and arm_of(run_name("", 3)) == ""
     with pytest.raises(SystemExit, match="letters, digits"):
