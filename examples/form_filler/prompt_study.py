@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -60,6 +61,12 @@ CANDIDATES: dict[str, tuple[int, bool]] = {
 """Each candidate's worked examples per node and whether decoding is held to the output grammar."""
 
 BASELINE = "grammar"
+
+
+def batch_name(split: str, candidate: str) -> str:
+    """The batch (and tape-store) name of ``candidate``'s turns on ``split``: its words joined
+    by ``-`` (a batch name holds letters, digits, ``_``, ``-``, ``.`` and ``/`` only)."""
+    return f"prompt-{split}-" + "-".join(re.findall(r"[A-Za-z0-9]+", candidate))
 
 
 class Turns:
@@ -94,7 +101,7 @@ class Turns:
         agent = make_student(self.llm, demos=demos, constrain=constrain)
         started = time.perf_counter()
         tapes = continue_branches(
-            agent, self.branches, self.splits.catalog(), self.store, f"prompt-{self.settings.split}-{name}"
+            agent, self.branches, self.splits.catalog(), self.store, batch_name(self.settings.split, name)
         )
         return tapes, time.perf_counter() - started
 

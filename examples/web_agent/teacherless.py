@@ -251,6 +251,14 @@ def rl_config(
     )
 
 
+def _stored(store: Any, tape_id: str) -> bool:
+    try:
+        store.get_tape_info(tape_id)
+    except KeyError:
+        return False
+    return True
+
+
 def stage_sft(args: argparse.Namespace, out: Path) -> None:
     """The SFT student in ``OUT/sft/final`` (skipped when it is there; resumes its checkpoints)."""
     if (out / STUDENT / "config.json").exists():
@@ -261,6 +269,17 @@ def stage_sft(args: argparse.Namespace, out: Path) -> None:
     store = open_store(str(out / "tapes.db"))
     solved_file = out / "sft" / "teacher.json"  # the solved teacher tapes' ids (the tapes are in tapes.db)
     solved_file.parent.mkdir(parents=True, exist_ok=True)
+    record_file = solved_file.with_suffix(".recorded.json")
+    listed = json.loads(solved_file.read_text())["solved"] if solved_file.exists() else []
+    if listed and not all(_stored(store, i) for i in listed):
+        # teacher.json is committed, tapes.db is not: on a fresh checkout the teacher runs again
+        # (a program on fixed seeds) and must solve as many episodes as the record says.
+        print("sft: the teacher's tapes are not in tapes.db (a fresh checkout): it runs again", flush=True)
+        if record_file.exists():  # the first record stays the reference
+            solved_file.unlink()
+        else:
+            solved_file.replace(record_file)
+    recorded = json.loads(record_file.read_text()) if record_file.exists() else None
     if not solved_file.exists():
         tasks = [
             Task(id=f"{t}/{s}", start=start_tape(t, s), category=t)
@@ -271,6 +290,11 @@ def stage_sft(args: argparse.Namespace, out: Path) -> None:
             report = evaluate(teacher_agent(), env, tasks, reward_scorer, name="teacher", store=store)
         store.flush()
         solved = [s.tape_id for s in report.samples if sample_reward(s) > 0 and s.tape_id in report.tapes]
+        if recorded is not None and len(solved) != len(recorded["solved"]):
+            raise SystemExit(
+                f"sft: the teacher solved {len(solved)} of {len(tasks)} episodes again, the record says "
+                f"{len(recorded['solved'])}: the student would not be the one the study's figures are about"
+            )
         solved_file.write_text(json.dumps({"episodes": len(tasks), "solved": solved}) + "\n")
         log(out, "teacher", time.perf_counter() - started, episodes=len(tasks), solved=len(solved))
     ids = json.loads(solved_file.read_text())["solved"]

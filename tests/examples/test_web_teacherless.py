@@ -208,3 +208,48 @@ def test_a_changed_setting_runs_in_folders_of_its_own() -> None:
     assert arm_of(run_name("t07", 12)) == "t07" and arm_of(run_name("", 3)) == ""
     with pytest.raises(SystemExit, match="letters, digits"):
         run_name("t0.7", 0)  # a dot or a slash would make other folders
+
+
+def test_a_fresh_checkout_runs_the_teacher_again_and_holds_it_to_the_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """teacher.json is committed and tapes.db is not: the SFT stage must not look up tapes that
+    are gone, it runs the teacher again, and a teacher that solves a different number of
+    episodes than the record stops the stage (the student would not be the study's)."""
+    import argparse
+    from types import SimpleNamespace
+
+    from examples.web_agent import teacherless
+
+    solved_now: list[int] = [3]
+    trained: list[int] = []
+
+    class _Env:
+        def __init__(self, **_: object) -> None: ...
+        def __enter__(self) -> _Env:
+            return self
+
+        def __exit__(self, *_: object) -> None: ...
+
+    def evaluate(*_: object, **__: object) -> object:
+        samples = [SimpleNamespace(tape_id=f"new{i}") for i in range(solved_now[0])]
+        return SimpleNamespace(samples=samples, tapes={s.tape_id for s in samples})
+
+    monkeypatch.setattr(teacherless, "load_student", lambda: (None, None))
+    monkeypatch.setattr(teacherless, "WebEnvironment", _Env)
+    monkeypatch.setattr(teacherless, "evaluate", evaluate)
+    monkeypatch.setattr(teacherless, "sample_reward", lambda _s: 1.0)
+    monkeypatch.setattr(teacherless, "student_sft_data", lambda _st, ids, *_: (ids, []))
+    monkeypatch.setattr(teacherless, "train_sft", lambda data, *_, **__: trained.append(len(data)))
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / "teacher.json").write_text(json.dumps({"episodes": 4, "solved": ["a", "b", "c"]}))
+    args = argparse.Namespace(teacher_seeds=1, sft_steps=1)
+
+    teacherless.stage_sft(args, tmp_path)
+    assert json.loads((tmp_path / "sft" / "teacher.json").read_text())["solved"] == ["new0", "new1", "new2"]
+    assert trained == [3]
+    teacherless.stage_sft(args, tmp_path)  # the tapes are stored now (the stub stored none: it runs again)
+    solved_now[0] = 2
+    (tmp_path / "sft" / "teacher.json").write_text(json.dumps({"episodes": 4, "solved": ["gone"]}))
+    with pytest.raises(SystemExit, match=r"solved 2 of \d+ episodes again, the record says 3"):
+        teacherless.stage_sft(args, tmp_path)
