@@ -248,7 +248,8 @@ def test_a_fresh_checkout_runs_the_teacher_again_and_holds_it_to_the_record(
     teacherless.stage_sft(args, tmp_path)
     assert json.loads((tmp_path / "sft" / "teacher.json").read_text())["solved"] == ["new0", "new1", "new2"]
     assert trained == [3]
-    teacherless.stage_sft(args, tmp_path)  # the tapes are stored now (the stub stored none: it runs again)
+    teacherless.stage_sft(args, tmp_path)  # the stub stores no tape: again a fresh checkout, same count
+    assert trained == [3, 3]
     solved_now[0] = 2
     (tmp_path / "sft" / "teacher.json").write_text(json.dumps({"episodes": 4, "solved": ["gone"]}))
     with pytest.raises(SystemExit, match=r"solved 2 of \d+ episodes again, the record says 3"):
