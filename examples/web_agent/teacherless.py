@@ -286,7 +286,9 @@ def stage_sft(args: argparse.Namespace, out: Path) -> None:
             for t in SPLIT.train_tasks
             for s in SPLIT.train_seeds[: args.teacher_seeds]
         ]
-        with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
+        # the teacher acts at once on every page (no model to wait for): at 32 pages the 2-core
+        # machine of 2026-11-29 timed out clicks (Playwright's 2 s) and solved 84 and 170 of 224
+        with WebEnvironment(max_concurrent=args.teacher_concurrency, timeout_s=30) as env:
             report = evaluate(teacher_agent(), env, tasks, reward_scorer, name="teacher", store=store)
         store.flush()
         solved = [s.tape_id for s in report.samples if sample_reward(s) > 0 and s.tape_id in report.tapes]
@@ -514,6 +516,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="all: the training seeds")
     p.add_argument("--teacher-seeds", type=int, default=16)
+    p.add_argument("--teacher-concurrency", type=int, default=8, help="sft: pages the teacher drives at once")
     p.add_argument("--sft-steps", type=int, default=24)
     p.add_argument("--screen-seeds", type=int, default=20)
     p.add_argument("--rl-seeds", type=int, default=64, help="training seeds per RL task in the pool")

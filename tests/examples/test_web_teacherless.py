@@ -224,8 +224,12 @@ def test_a_fresh_checkout_runs_the_teacher_again_and_holds_it_to_the_record(
     solved_now: list[int] = [3]
     trained: list[int] = []
 
+    opened: list[object] = []
+
     class _Env:
-        def __init__(self, **_: object) -> None: ...
+        def __init__(self, **kw: object) -> None:
+            opened.append(kw.get("max_concurrent"))
+
         def __enter__(self) -> _Env:
             return self
 
@@ -243,11 +247,12 @@ def test_a_fresh_checkout_runs_the_teacher_again_and_holds_it_to_the_record(
     monkeypatch.setattr(teacherless, "train_sft", lambda data, *_, **__: trained.append(len(data)))
     (tmp_path / "sft").mkdir()
     (tmp_path / "sft" / "teacher.json").write_text(json.dumps({"episodes": 4, "solved": ["a", "b", "c"]}))
-    args = argparse.Namespace(teacher_seeds=1, sft_steps=1)
+    args = argparse.Namespace(teacher_seeds=1, teacher_concurrency=2, sft_steps=1)
 
     teacherless.stage_sft(args, tmp_path)
     assert json.loads((tmp_path / "sft" / "teacher.json").read_text())["solved"] == ["new0", "new1", "new2"]
     assert trained == [3]
+    assert opened == [2]  # the teacher drives --teacher-concurrency pages at once
     teacherless.stage_sft(args, tmp_path)  # the stub stores no tape: again a fresh checkout, same count
     assert trained == [3, 3]
     solved_now[0] = 2
