@@ -247,7 +247,7 @@ def test_a_fresh_checkout_runs_the_teacher_again_and_holds_it_to_the_record(
     monkeypatch.setattr(teacherless, "train_sft", lambda data, *_, **__: trained.append(len(data)))
     (tmp_path / "sft").mkdir()
     (tmp_path / "sft" / "teacher.json").write_text(json.dumps({"episodes": 4, "solved": ["a", "b", "c"]}))
-    args = argparse.Namespace(teacher_seeds=1, teacher_concurrency=2, sft_steps=1)
+    args = argparse.Namespace(teacher_seeds=1, teacher_concurrency=2, sft_steps=1, new_student=False)
 
     teacherless.stage_sft(args, tmp_path)
     assert json.loads((tmp_path / "sft" / "teacher.json").read_text())["solved"] == ["new0", "new1", "new2"]
@@ -257,5 +257,10 @@ def test_a_fresh_checkout_runs_the_teacher_again_and_holds_it_to_the_record(
     assert trained == [3, 3]
     solved_now[0] = 2
     (tmp_path / "sft" / "teacher.json").write_text(json.dumps({"episodes": 4, "solved": ["gone"]}))
-    with pytest.raises(SystemExit, match=r"solved 2 of \d+ episodes again, the record says 3"):
+    with pytest.raises(SystemExit, match=r"solved 2 of \d+ episodes again, the record says 3.*--new-student"):
         teacherless.stage_sft(args, tmp_path)
+    assert trained == [3, 3]
+    (tmp_path / "sft" / "teacher.json").write_text(json.dumps({"episodes": 4, "solved": ["gone"]}))
+    teacherless.stage_sft(argparse.Namespace(**{**vars(args), "new_student": True}), tmp_path)
+    assert trained == [3, 3, 2]  # a new student, on the episodes solved now
+    assert json.loads((tmp_path / "sft" / "teacher.recorded.json").read_text())["solved"] == ["a", "b", "c"]
