@@ -17,7 +17,11 @@ failure run once more) and its answer cap are the web study's (``examples/web_ag
 
 - ``sft``: the teacher's solved episodes on ``--teacher-seeds`` training seeds of each of the 14
   tasks, then ``--sft-steps`` SFT steps (8 rows, learning rate 5e-5, as the web study's SFT),
-  checkpointed every 5 steps. The student is ``OUT/sft/final``.
+  checkpointed every 5 steps. The student is ``OUT/sft/final``. On a fresh checkout (the
+  committed ``sft/teacher.json`` names tapes that are not in the uncommitted ``tapes.db``) the
+  teacher runs again (``--teacher-concurrency`` pages at once) and must solve as many episodes
+  as recorded; ``--new-student`` trains a student on what it solves otherwise (that student's
+  figures are then measured again; the first record stays in ``sft/teacher.recorded.json``).
 - ``screen``: the student, greedy, on ``--screen-seeds`` validation seeds of each of
   :data:`CANDIDATES` (fixed here, before anything was run). The RL tasks are those it solves
   5–60 % of the time (a task it always fails gives GRPO no signal; one it mostly solves leaves
@@ -525,7 +529,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="all: the training seeds")
     p.add_argument("--teacher-seeds", type=int, default=16)
-    p.add_argument("--teacher-concurrency", type=int, default=8, help="sft: pages the teacher drives at once")
+    p.add_argument("--teacher-concurrency", type=int, default=4, help="sft: pages the teacher drives at once")
+    p.add_argument(
+        "--new-student",
+        action="store_true",
+        help="sft: train a new student when the teacher, run again, solves another number of episodes",
+    )
     p.add_argument("--sft-steps", type=int, default=24)
     p.add_argument("--screen-seeds", type=int, default=20)
     p.add_argument("--rl-seeds", type=int, default=64, help="training seeds per RL task in the pool")

@@ -5,6 +5,7 @@ SmolLM2 for hours: docs/experiments/web-teacherless.md is their record."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -264,3 +265,17 @@ def test_a_fresh_checkout_runs_the_teacher_again_and_holds_it_to_the_record(
     teacherless.stage_sft(argparse.Namespace(**{**vars(args), "new_student": True}), tmp_path)
     assert trained == [3, 3, 2]  # a new student, on the episodes solved now
     assert json.loads((tmp_path / "sft" / "teacher.recorded.json").read_text())["solved"] == ["a", "b", "c"]
+
+
+def test_the_command_line_takes_the_sft_stage_options(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The sft stage's options reach it from the command line (a Namespace built by hand in the
+    test above once hid that --new-student was not on the parser)."""
+    from examples.web_agent import teacherless
+
+    seen: list[argparse.Namespace] = []
+    monkeypatch.setattr(teacherless, "stage_sft", lambda args, out: seen.append(args))
+    teacherless.main(["sft", "--out", str(tmp_path)])
+    teacherless.main(["sft", "--out", str(tmp_path), "--new-student", "--teacher-concurrency", "3"])
+    assert [(a.new_student, a.teacher_concurrency) for a in seen] == [(False, 4), (True, 3)]
