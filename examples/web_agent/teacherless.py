@@ -125,6 +125,35 @@ def log(out: Path, stage: str, seconds: float, **more: Any) -> None:
         f.write(json.dumps({"stage": stage, "seconds": round(seconds, 1), **more}) + "\n")
 
 
+def student_id(out: Path) -> str:
+    """Which SFT student ``OUT/sft/final`` is: the first 16 hex digits of the SHA-256 of its
+    weights. A student rebuilt on a fresh checkout may differ from the first (``--new-student``);
+    every RL run and probe records the id of the student it started from (lines without one
+    are the first student's, ``sft/teacher.recorded.json``)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with (out / STUDENT / "model.safetensors").open("rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def check_student(run: Path, student: str) -> None:
+    """Record in ``run/student.json`` the student a run starts from; a run resumed on another
+    student stops (its checkpoints continue the first)."""
+    path = run / "student.json"
+    if path.exists():
+        started = json.loads(path.read_text())["student"]
+        if started != student:
+            raise SystemExit(
+                f"{run.name} started from student {started}; {STUDENT} is now {student} "
+                "(a rebuilt student: run this arm's seeds again in a new --arm)"
+            )
+        return
+    path.write_text(json.dumps({"student": student}) + "\n")
+
+
 def load(path: Path) -> tuple[Any, Any]:
     """A student saved by ``train_sft`` (``save_pretrained``), in fp32."""
     import torch
@@ -400,6 +429,7 @@ def stage_rl(args: argparse.Namespace, out: Path, seed: int) -> None:
             "no RL tasks in the split yet: run `screen` and write its choice into TEACHERLESS_TASKS"
         )
     torch.manual_seed(seed)
+    check_student(run, student_id(out))
     model, tokenizer = load(out / STUDENT)
     store = open_store(str(out / "tapes.db"))
     val = eval_tasks("validation", args.val_seeds, tasks)
@@ -507,6 +537,7 @@ def stage_probe(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     table = per_task(report)
     point = {
         "policy": args.policy,
+        "student": student_id(out),
         "temperature": args.probe_temperature,
         "success": success(table),
         "per_task": table,

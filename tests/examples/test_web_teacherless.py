@@ -279,3 +279,25 @@ def test_the_command_line_takes_the_sft_stage_options(
     teacherless.main(["sft", "--out", str(tmp_path)])
     teacherless.main(["sft", "--out", str(tmp_path), "--new-student", "--teacher-concurrency", "3"])
     assert [(a.new_student, a.teacher_concurrency) for a in seen] == [(False, 4), (True, 3)]
+
+
+def test_a_run_records_its_student_and_refuses_another(tmp_path: Path) -> None:
+    """An RL run resumed after the student was rebuilt would continue checkpoints of the first
+    student under the second one's name: the run records the student it started from (a hash
+    of the weights) and stops on another."""
+    from examples.web_agent import teacherless
+
+    weights = tmp_path / "sft" / "final" / "model.safetensors"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"first student")
+    first = teacherless.student_id(tmp_path)
+    run = tmp_path / "rl-t07-seed0"
+    run.mkdir()
+    teacherless.check_student(run, first)
+    teacherless.check_student(run, first)  # resumed on the same student: fine
+    assert json.loads((run / "student.json").read_text()) == {"student": first}
+    weights.write_bytes(b"second student")
+    second = teacherless.student_id(tmp_path)
+    assert second != first and len(second) == 16
+    with pytest.raises(SystemExit, match=f"started from student {first}; sft/final is now {second}"):
+        teacherless.check_student(run, second)
