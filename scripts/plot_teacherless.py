@@ -13,8 +13,12 @@ Reads ``screen.json``, ``test.json``, ``probe.jsonl``, ``ledger.jsonl`` and each
   items resampled within tasks and the seeds held fixed, and a seed-level Student-t interval);
   the same on the 14 teacher tasks' test seeds (forgetting), per task; and every run's steps
   and seconds;
-- ``curves.png``: validation success on the RL tasks along GRPO (one line per seed), and the
-  rollouts' mean reward per step.
+- ``curves.png``: validation success on the RL tasks along GRPO (one line per seed, from its
+  own student's), and the rollouts' mean reward per step.
+
+A run that records the student it started from (``student.json``: a rebuilt student) is
+compared with that student: its greedy and T = 1 validation figures come from ``probe.jsonl``
+lines carrying its id; runs without the record started from the first student.
 
 Needs matplotlib (``pip install 'tapekit[plots]'``).
 
@@ -89,20 +93,49 @@ def gain(
     return seed_paired_difference(pairs, strata=lambda item: item.rsplit("/", 1)[0], n_resamples=10_000)
 
 
-def decodings(root: Path, policies: list[str]) -> dict[str, dict[str, Any]]:
-    """Each policy's validation success on the RL tasks greedy (the student's screening, a
-    seed's last validation point) and sampled once at T = 1 (its last ``probe.jsonl`` line at
+def run_student(root: Path, run: str) -> str | None:
+    """The id of the student ``run`` started from (its ``student.json``; None: the first
+    student, from before runs recorded it)."""
+    path = root / run / "student.json"
+    return json.loads(path.read_text())["student"] if path.exists() else None
+
+
+def tested_student(root: Path, runs: list[str]) -> str | None:
+    """The student the test's runs started from (the test stage scores ``sft/final``, the one
+    they share); a ``SystemExit`` when they started from different students."""
+    students = {run_student(root, r) for r in runs}
+    if len(students) > 1:
+        raise SystemExit(f"the tested runs started from different students: {sorted(map(str, students))}")
+    return students.pop() if students else None
+
+
+def student_figures(root: Path, student: str | None) -> tuple[float | None, float | None]:
+    """A student's validation success on the RL tasks, greedy and sampled once at T = 1. The
+    first student (None): greedy from the screening (the same seeds), sampled from its
+    ``probe.jsonl`` line (one without a ``student`` field); a rebuilt student: its own probe
+    lines at temperatures 0 and 1 (the last of each)."""
+    found: dict[float, float] = {}
+    for p in lines(root / "probe.jsonl"):
+        if p["policy"] == "student" and p.get("student") == student:
+            found[p["temperature"]] = p["success"]
+    greedy = student_validation(root) if student is None else found.get(0)
+    return greedy, found.get(1)
+
+
+def decodings(root: Path, policies: list[str], student: str | None = None) -> dict[str, dict[str, Any]]:
+    """Each policy's validation success on the RL tasks greedy (the student's screening or probe,
+    a seed's last validation point) and sampled once at T = 1 (its last ``probe.jsonl`` line at
     temperature 1), and its chosen decoding: the test key of the higher (``"sampled"`` or
-    ``"per_task"``, greedy on a tie; None while either figure is missing)."""
+    ``"per_task"``, greedy on a tie; None while either figure is missing). ``"student"`` is the
+    student ``student`` names (see :func:`student_figures`)."""
     probes = {p["policy"]: p["success"] for p in lines(root / "probe.jsonl") if p.get("temperature") == 1}
     out: dict[str, dict[str, Any]] = {}
     for policy in policies:
         if policy == "student":
-            greedy = student_validation(root)
+            greedy, sampled = student_figures(root, student)
         else:
             points = lines(root / policy / "val.jsonl")
-            greedy = points[-1]["success"] if points else None
-        sampled = probes.get(policy)
+            greedy, sampled = (points[-1]["success"] if points else None), probes.get(policy)
         chosen = None
         if greedy is not None and sampled is not None:
             chosen = "sampled" if sampled > greedy else "per_task"
@@ -130,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
             shown = "—" if value is None else f"{value:.2f}"
             md.append(f"| {task} | {shown} | {'yes' if task in screen['chosen'] else ''} |")
         md.append("")
-    choice = decodings(root, ["student", *runs])
+    choice = decodings(root, ["student", *runs], tested_student(root, runs))
     summary["decodings"] = choice
     sampled = "sampled" in test.get("student", {})  # each policy sampled once at T = 1
     sections: list[tuple[str, list[str], str | dict[str, str], list[str]]] = []
@@ -236,9 +269,9 @@ def plot(root: Path, path: Path, smooth: int = 10) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    start = student_validation(root)
     for i, run_dir in enumerate(sorted(root.glob("rl-*seed*"))):
         colour = f"C{i}"
+        start = student_figures(root, run_student(root, run_dir.name))[0]  # its own student's
         val = lines(run_dir / "val.jsonl")
         points = ([(0, start)] if start is not None else []) + [(v["step"], v["success"]) for v in val]
         if val:

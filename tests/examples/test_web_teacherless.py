@@ -174,6 +174,28 @@ def test_the_tables_and_the_picture_from_a_study_with_a_known_gain(tmp_path: Pat
     assert script.moving_mean([1.0, 0.0, 1.0, 1.0], 2) == [1.0, 0.5, 0.5, 1.0]
     assert (to / "curves.png").stat().st_size > 20_000
 
+    # a rebuilt student "b2": the t07 runs record it; only they are tested against it, and its
+    # figures come from its own probe lines (greedy 0.30, T = 1 0.40: sampled), not the first's
+    for k in range(2):
+        (root / f"rl-t07-seed{k}" / "student.json").write_text(json.dumps({"student": "b2"}))
+    with pytest.raises(SystemExit, match="different students"):
+        script.main([str(root), "--to", str(to)])
+    test = {name: entry for name, entry in test.items() if not name.startswith("rl-seed")}
+    (root / "test.json").write_text(json.dumps(test))
+    with (root / "probe.jsonl").open("a") as f:
+        for temperature, value in ((0.0, 0.3), (1.0, 0.4)):
+            f.write(
+                json.dumps(
+                    {"policy": "student", "student": "b2", "temperature": temperature, "success": value}
+                )
+            )
+            f.write("\n")
+    script.main([str(root), "--to", str(to)])
+    summary = json.loads((to / "summary.json").read_text())
+    assert summary["decodings"]["student"] == {"greedy": 0.3, "sampled": 0.4, "chosen": "sampled"}
+    assert script.student_figures(root, None) == (pytest.approx(0.25), 0.2)  # the first student's
+    assert script.student_figures(root, "other") == (None, None)
+
 
 def test_each_training_seed_has_its_own_rl_pool_of_training_seeds_only(tmp_path: Path) -> None:
     from examples.web_agent.teacherless import rl_config, rl_setup, sft_config
