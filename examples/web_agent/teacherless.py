@@ -143,8 +143,8 @@ def check_student(run: Path, student: str) -> None:
     """Record in ``run/student.json`` the student a run starts from; a run resumed on another
     student stops (its checkpoints continue the first)."""
     path = run / "student.json"
-    if path.exists():
-        started = json.loads(path.read_text())["student"]
+    started = started_from(run)
+    if started is not None:
         if started != student:
             raise SystemExit(
                 f"{run.name} started from student {started}; {STUDENT} is now {student} "
@@ -152,6 +152,12 @@ def check_student(run: Path, student: str) -> None:
             )
         return
     path.write_text(json.dumps({"student": student}) + "\n")
+
+
+def started_from(run: Path) -> str | None:
+    """The id of the student ``run`` started from (None: the first student, unrecorded)."""
+    path = run / "student.json"
+    return json.loads(path.read_text())["student"] if path.exists() else None
 
 
 def load(path: Path) -> tuple[Any, Any]:
@@ -322,7 +328,7 @@ def stage_sft(args: argparse.Namespace, out: Path) -> None:
         # the teacher acts at once on every page (no model to wait for): at 32 pages and
         # Playwright's 2 s wait for a clickable element, the 2-core VM of 2026-11-29 timed out
         # clicks and solved 84 and 170 of 224 (8 pages: 217); a slow click is the machine's, not
-        # the teacher's, so it waits longer here
+        # the teacher's, so it waits 10 s here (8 pages: 224 of 224)
         env = WebEnvironment(max_concurrent=args.teacher_concurrency, timeout_s=30, action_timeout_s=10.0)
         with env:
             report = evaluate(teacher_agent(), env, tasks, reward_scorer, name="teacher", store=store)
@@ -537,7 +543,7 @@ def stage_probe(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     table = per_task(report)
     point = {
         "policy": args.policy,
-        "student": student_id(out),
+        "student": student_id(out) if args.policy == "student" else started_from(out / args.policy),
         "temperature": args.probe_temperature,
         "success": success(table),
         "per_task": table,
@@ -560,7 +566,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="all: the training seeds")
     p.add_argument("--teacher-seeds", type=int, default=16)
-    p.add_argument("--teacher-concurrency", type=int, default=4, help="sft: pages the teacher drives at once")
+    p.add_argument("--teacher-concurrency", type=int, default=8, help="sft: pages the teacher drives at once")
     p.add_argument(
         "--new-student",
         action="store_true",

@@ -300,7 +300,7 @@ def test_the_command_line_takes_the_sft_stage_options(
     monkeypatch.setattr(teacherless, "stage_sft", lambda args, out: seen.append(args))
     teacherless.main(["sft", "--out", str(tmp_path)])
     teacherless.main(["sft", "--out", str(tmp_path), "--new-student", "--teacher-concurrency", "3"])
-    assert [(a.new_student, a.teacher_concurrency) for a in seen] == [(False, 4), (True, 3)]
+    assert [(a.new_student, a.teacher_concurrency) for a in seen] == [(False, 8), (True, 3)]
 
 
 def test_a_run_records_its_student_and_refuses_another(tmp_path: Path) -> None:
@@ -318,6 +318,7 @@ def test_a_run_records_its_student_and_refuses_another(tmp_path: Path) -> None:
     teacherless.check_student(run, first)
     teacherless.check_student(run, first)  # resumed on the same student: fine
     assert json.loads((run / "student.json").read_text()) == {"student": first}
+    assert teacherless.started_from(run) == first and teacherless.started_from(tmp_path / "rl-seed0") is None
     weights.write_bytes(b"second student")
     second = teacherless.student_id(tmp_path)
     assert second != first and len(second) == 16
