@@ -132,26 +132,21 @@ def student_id(out: Path) -> str:
     are the first student's, ``sft/teacher.recorded.json``)."""
     import hashlib
 
-    digest = hashlib.sha256()
     with (out / STUDENT / "model.safetensors").open("rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()[:16]
+        return hashlib.file_digest(f, "sha256").hexdigest()[:16]
 
 
 def check_student(run: Path, student: str) -> None:
     """Record in ``run/student.json`` the student a run starts from; a run resumed on another
     student stops (its checkpoints continue the first)."""
-    path = run / "student.json"
     started = started_from(run)
-    if started is not None:
-        if started != student:
-            raise SystemExit(
-                f"{run.name} started from student {started}; {STUDENT} is now {student} "
-                "(a rebuilt student: run this arm's seeds again in a new --arm)"
-            )
-        return
-    path.write_text(json.dumps({"student": student}) + "\n")
+    if started is None:
+        (run / "student.json").write_text(json.dumps({"student": student}) + "\n")
+    elif started != student:
+        raise SystemExit(
+            f"{run.name} started from student {started}; {STUDENT} is now {student} "
+            "(a rebuilt student: run this arm's seeds again in a new --arm)"
+        )
 
 
 def started_from(run: Path) -> str | None:
