@@ -374,6 +374,12 @@ def _start_and_kill(tmp_path: Path, effect: Effect) -> tuple[Path, Path, str]:
     while time.monotonic() < deadline and not (ledger.exists() and ledger.read_text()):
         time.sleep(0.05)
     assert ledger.read_text() == "ran\n", "the sandboxed code never ran"
+    # A "read" call is not logged ahead of running (only "once" is), so the store's writer may
+    # not have flushed the tool call yet on a loaded machine: kill only once it is stored.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _stored_steps(db, tape_id) < 2:
+        time.sleep(0.05)
+    assert _stored_steps(db, tape_id) >= 2, "the tool call never reached the store"
     child.send_signal(signal.SIGKILL)
     child.wait()
     deadline = time.monotonic() + 10  # bwrap --die-with-parent: the code dies with the session
@@ -381,6 +387,17 @@ def _start_and_kill(tmp_path: Path, effect: Effect) -> tuple[Path, Path, str]:
         time.sleep(0.1)
     assert not _running_in(workdir), "the killed session's sandboxed code is still running"
     return db, workdir, tape_id
+
+
+def _stored_steps(db: Path, tape_id: str) -> int:
+    """How many steps of ``tape_id`` another process's store has committed to ``db`` (0: none)."""
+    from tapekit.store import SQLiteStore, TapeNotFoundError
+
+    with SQLiteStore(db) as store:
+        try:
+            return len(store.get_tape(tape_id).steps)
+        except TapeNotFoundError:
+            return 0
 
 
 def _running_in(workdir: Path) -> bool:
