@@ -167,6 +167,7 @@ def test_rl_keeps_its_defaults_and_restates_no_field_of_another_config() -> None
     }
     own = set(RLRunConfig.__annotations__)
     assert own == {"setup", "setup_args", "run_name", "steps", "mode", "max_staleness", "checkpoint"} | {
+        "release_freed_memory",
         "grpo",
         "rollouts",
         "curriculum",

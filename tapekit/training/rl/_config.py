@@ -277,8 +277,11 @@ class RLRunConfig(TrainConfig):
     tasks, which seeds: the run's data, in its config); ``run_name`` names the rollout tapes'
     tags; ``steps`` RL steps; ``mode`` ``"sync"`` or ``"async"`` (rollouts of the next steps on a
     copy of the policy, at most ``max_staleness`` versions behind); ``checkpoint`` after every
-    step (atomic); and the sections ``grpo`` (:class:`GRPOConfig`), ``rollouts``
-    (:class:`RolloutConfig`) and ``curriculum`` (:class:`CurriculumConfig`).
+    step (atomic); ``release_freed_memory`` (on the CPU under glibc, tensors over 1 MiB go back
+    to the system when freed, so the process's size stays flat from step to step: see
+    :mod:`tapekit._heap`; false leaves the allocator alone); and the sections ``grpo``
+    (:class:`GRPOConfig`), ``rollouts`` (:class:`RolloutConfig`) and ``curriculum``
+    (:class:`CurriculumConfig`).
     """
 
     setup: str | None = None
@@ -288,6 +291,7 @@ class RLRunConfig(TrainConfig):
     mode: Literal["sync", "async"] = "sync"
     max_staleness: int = Field(1, ge=0)
     checkpoint: bool = True
+    release_freed_memory: bool = True
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     rollouts: RolloutConfig = Field(default_factory=RolloutConfig)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)

@@ -362,7 +362,12 @@ def train_rl(
             from peft import get_peft_model
 
             model = get_peft_model(model, lora_config(config))
-        model = model.to(dist.device(config))
+        device = dist.device(config)
+        model = model.to(device)
+        if config.release_freed_memory and device.startswith("cpu"):
+            from tapekit._heap import release_freed_memory
+
+            release_freed_memory()
         dist.sync_start(model)
         owned = store is None
         if store is None:
