@@ -6,10 +6,11 @@ served by ``mmap`` is freed, the threshold rises to that block's size (up to 32 
 first large activation is freed, later activations of a few MiB all come from the heap, and
 when they are freed the heap keeps the pages (a live block above them pins the top). An RL
 process alternates batched decoding and training passes of varying shapes, so the resident
-size keeps climbing: the web study's run grew about 2 GB per step and was killed for memory at
-18.5 GB of 24 (``MALLOC_ARENA_MAX=2`` slowed it to 0.4–1.3 GB a step). With the threshold fixed
-at 1 MiB, blocks above it are mapped and unmapped on their own, and the same run held steady at
-4.2–4.4 GB.
+size keeps climbing: a web-agent GRPO run (docs/experiments/web-teacherless.md) grew about 2 GB
+per step and was killed for memory at 18.5 GB of 24 (``MALLOC_ARENA_MAX=2`` slowed it to
+0.4–1.3 GB a step), with 2.2 GB of live tensors. With the threshold fixed at 1 MiB, blocks above
+it are mapped and unmapped on their own, and the study's next run held 4.2–4.4 GB at the end of
+every step.
 
 :func:`release_freed_memory` fixes the threshold (glibc's ``mallopt(M_MMAP_THRESHOLD, n)``,
 which also turns the dynamic rise off). It changes the whole process's allocator, so callers
