@@ -4,6 +4,8 @@ The tape is a typed, granular log of an agent session that is also its resumable
 Everything a user needs is re-exported here; submodules hold the implementation.
 """
 
+import sys
+import types
 from typing import TYPE_CHECKING
 
 from tapekit._engine.runs import node_run_steps
@@ -55,11 +57,9 @@ from tapekit.environment import (
     unanswered_actions,
 )
 from tapekit.errors import AgentError, ReconstructionError, TapekitError
-from tapekit.evaluate import EvalReport, Score, Task, aevaluate, evaluate, rescore
 from tapekit.events import AgentEvent, AgentStream, AsyncAgentStream
 from tapekit.llm import LLM, FunctionLLM, LLMCall, LLMStream, ReplayLLM, ScriptedLLM, TrainingText
 from tapekit.nodes import ToolCallingNode
-from tapekit.optimize import AddDemos, BootstrapFewShot, InstructionSearch, Reflective, optimize
 from tapekit.orchestrator import (
     AsyncMainLoopStream,
     MainLoopEvent,
@@ -84,6 +84,7 @@ from tapekit.structured import (
 from tapekit.views import TapeView, TapeViewStack, cached_fold
 
 if TYPE_CHECKING:  # what type checkers see of the names loaded lazily below
+    from tapekit.evaluate import EvalReport, Score, Task, aevaluate, evaluate, rescore
     from tapekit.frameworks import (
         Demo,
         FunctionTermination,
@@ -99,12 +100,17 @@ if TYPE_CHECKING:  # what type checkers see of the names loaded lazily below
         TextMention,
     )
     from tapekit.llm import LiteLLM, LlamaCppLLM, OpenAICompatibleLLM, TransformersLLM
+    from tapekit.optimize import AddDemos, BootstrapFewShot, InstructionSearch, Reflective, optimize
 
 # names loaded from their module on first access, so that `import tapekit` stays light: the LLM
-# backends (tapekit.llm) and the low-code frameworks (tapekit.frameworks). Not `evaluate` and
-# `optimize`: a function named as its own subpackage must be bound after the subpackage is
-# imported, or a later `import tapekit.evaluate` leaves `tapekit.evaluate` the module.
+# backends (tapekit.llm), the low-code frameworks (tapekit.frameworks), evaluation and prompt
+# optimisation. `evaluate` and `optimize` are functions named as their own subpackages: the
+# package's class below keeps the import system from binding the subpackage over the name.
 _LAZY: dict[str, str] = {
+    **dict.fromkeys(("EvalReport", "Score", "Task", "aevaluate", "evaluate", "rescore"), "tapekit.evaluate"),
+    **dict.fromkeys(
+        ("AddDemos", "BootstrapFewShot", "InstructionSearch", "Reflective", "optimize"), "tapekit.optimize"
+    ),
     **dict.fromkeys(("LiteLLM", "LlamaCppLLM", "OpenAICompatibleLLM", "TransformersLLM"), "tapekit.llm"),
     **dict.fromkeys(
         (
@@ -140,6 +146,22 @@ def __getattr__(name: str) -> object:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
+
+
+_SHADOWED = frozenset({"evaluate", "optimize"})
+
+
+class _Package(types.ModuleType):
+    """``tapekit`` itself: importing ``tapekit.evaluate`` (the subpackage) does not rebind the
+    name ``tapekit.evaluate``, which stays the function (the same for ``optimize``)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _SHADOWED and isinstance(value, types.ModuleType):
+            return  # the import system binding the subpackage: the name is the function's
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [
