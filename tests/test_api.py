@@ -40,6 +40,19 @@ def test_import_pulls_no_heavy_dependencies() -> None:
     assert out.strip() == "[]"
 
 
+def test_evaluation_and_optimisation_load_on_first_use() -> None:
+    """``import tapekit`` leaves ``tapekit.evaluate`` and ``tapekit.optimize`` unloaded; the first
+    use of one of their names loads it."""
+    code = (
+        "import json, sys, tapekit\n"
+        "before = sorted(m for m in sys.modules if m.startswith(('tapekit.evaluate', 'tapekit.optimize')))\n"
+        "task = tapekit.Task\n"
+        "print(json.dumps([before, 'tapekit.evaluate' in sys.modules, 'tapekit.optimize' in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == [[], True, False]
+
+
 def test_functions_named_as_their_subpackage_stay_functions() -> None:
     """``tapekit.evaluate`` and ``tapekit.optimize`` are the functions, also after code imports
     the subpackages of the same names (made lazy, the first such import left the module there)."""
