@@ -14,8 +14,11 @@ driver yields results as they come, as the local backend does.
   worker runs on the driver's machine, a PostgreSQL URL for a cluster of several machines.
   A worker commits each tape before reporting it, so a result the driver yields is stored.
 - **Errors**: a tape's failure is recorded on its tape as locally. If a whole worker fails
-  (it cannot import the agent's code, it is killed), the tapes it had not reported come back
-  failed with that error and are not marked done, so the next run retries them. Ray itself
+  (it cannot import the agent's code, it is killed), each tape it had not reported is read
+  back from the store: one the worker had committed as done before it died comes back as that
+  stored tape (finished, with its own error if it had one; its LLM counters are 0, the worker
+  never reported them); the others
+  come back failed with that error and are not marked done, so the next run retries them. Ray itself
   does not retry a worker (``max_retries=0``): its replay of a generator task drops the
   results whose position was already reported, and a worker reports its tapes in the order
   they finish, which a replay does not repeat (one tape's result would come twice, another's
@@ -37,10 +40,10 @@ from tapekit._loading import load_factory
 from tapekit.agent import Agent
 from tapekit.batch._config import BatchConfig
 from tapekit.batch._local import alocal
-from tapekit.batch._results import BatchResult, BatchStats, batch_tape_id
+from tapekit.batch._results import BatchResult, BatchStats, batch_tags, batch_tape_id
 from tapekit.core import Tape
 from tapekit.environment import Environment
-from tapekit.store.base import TapeStore
+from tapekit.store.base import TapeNotFoundError, TapeStore
 
 
 def _split(total: int, parts: int, index: int) -> int:
@@ -120,6 +123,25 @@ def _run_share(
             store.close()
 
 
+def unreported_result(
+    store: TapeStore | None, name: str, index: int, start: Tape[Any, Any], message: str
+) -> BatchResult:
+    """The result of input ``index`` (tape ``start``) of batch ``name`` whose Ray worker died
+    before reporting it: the stored tape if the worker had committed it with the batch's done
+    tag (it died between the commit and the report; its own error, if it finished with one),
+    else ``start`` failed with ``message``."""
+    start_id = start.metadata.id
+    tape_id = batch_tape_id(name, start_id)
+    if store is not None:
+        try:
+            if batch_tags(name)[1] in store.get_tape_info(tape_id).tags:
+                stored = store.get_tape(tape_id, type(start))
+                return BatchResult(index, start_id, tape_id, stored, stored.metadata.error)
+        except TapeNotFoundError:
+            pass
+    return BatchResult(index, start_id, tape_id, start.with_metadata(error=message), message)
+
+
 def _ray() -> Any:
     try:
         import ray
@@ -185,12 +207,10 @@ async def aray_batch(
             message = f"the Ray worker failed: {type(e).__name__}: {e}"
             for index in indices:
                 if index not in reported:
-                    start = starts[index]
-                    start_id = start.metadata.id
-                    failed = start.with_metadata(error=message)
-                    queue.put_nowait(
-                        BatchResult(index, start_id, batch_tape_id(name, start_id), failed, message)
+                    result = await asyncio.to_thread(
+                        unreported_result, store, name, index, starts[index], message
                     )
+                    queue.put_nowait(result)
 
     tasks = [asyncio.create_task(drain(g, indices)) for g, indices in generators]
     try:

@@ -110,6 +110,26 @@ def test_a_failing_ray_worker_fails_its_tapes_not_the_batch() -> None:
     assert [r.tape.steps[0] for r in results] == [t.steps[0] for t in tapes]
 
 
+def test_a_dead_workers_tape_committed_as_done_comes_back_as_stored(tmp_path: Path) -> None:
+    """A worker killed between committing a tape as done and reporting it (a window the kill
+    tests hit on a loaded machine): the driver reads that tape back from the store as it was
+    finished (with its own error when it failed); a tape the worker never stored comes back
+    failed with the worker's error, not done, to be retried."""
+    from tapekit.batch._ray import unreported_result
+
+    tapes = make_tapes(3, fail={1: "agent"})
+    message = "the Ray worker failed: ActorDiedError: killed"
+    with SQLiteStore(tmp_path / "s.db") as store:
+        done, failed = batch(make_agent(), BEnv(), tapes[:2], store=store, name="b")
+        assert done.ok and not failed.ok
+        kept, kept_failed, never = (unreported_result(store, "b", i, tapes[i], message) for i in range(3))
+    assert kept.ok and kept.tape_id == done.tape_id and content(kept.tape) == content(done.tape)
+    assert kept_failed.error == failed.error != message and content(kept_failed.tape) == content(failed.tape)
+    assert never.error == message and never.tape_id == batch_tape_id("b", "task-2")
+    assert never.tape.steps == tapes[2].steps
+    assert unreported_result(None, "b", 0, tapes[0], message).error == message  # no store: failed
+
+
 class _BrokenOnArrival(BEnv):
     """An environment that pickles but cannot be unpickled (as when a worker lacks its code)."""
 
