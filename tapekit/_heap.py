@@ -22,7 +22,6 @@ config's ``release_freed_memory`` is false). A threshold the user set in the env
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import platform
 
@@ -42,9 +41,7 @@ def release_freed_memory(threshold: int = DEFAULT_THRESHOLD) -> bool:
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
-    name = ctypes.util.find_library("c") or "libc.so.6"
-    try:
-        libc = ctypes.CDLL(name)
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, ctypes.c_int(threshold)))
+    try:  # the process's own symbols: glibc is linked in (no library search, no subprocess)
+        return bool(ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, ctypes.c_int(threshold)))
     except (OSError, AttributeError):
         return False

@@ -17,12 +17,11 @@ driver yields results as they come, as the local backend does.
   (it cannot import the agent's code, it is killed), each tape it had not reported is read
   back from the store: one the worker had committed as done before it died comes back as that
   stored tape (finished, with its own error if it had one; its LLM counters are 0, the worker
-  never reported them); the others
-  come back failed with that error and are not marked done, so the next run retries them. Ray itself
-  does not retry a worker (``max_retries=0``): its replay of a generator task drops the
-  results whose position was already reported, and a worker reports its tapes in the order
-  they finish, which a replay does not repeat (one tape's result would come twice, another's
-  never).
+  never reported them); the others come back failed with that error and are not marked done,
+  so the next run retries them. Ray itself does not retry a worker (``max_retries=0``): its
+  replay of a generator task drops the results whose position was already reported, and a
+  worker reports its tapes in the order they finish, which a replay does not repeat (one
+  tape's result would come twice, another's never).
 
 Ray is imported when a Ray batch starts, never with tapekit.
 """
