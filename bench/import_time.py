@@ -38,7 +38,8 @@ FIRST_USE = (
     "import tapekit\n"
     "from tapekit import Agent, FunctionLLM, Tape, UserStep, main_loop\n"
     "from tapekit.nodes import ToolCallingNode\n"
-    "agent = Agent.create(name='a', llms=FunctionLLM(fn=lambda p: 'hi'), nodes=[ToolCallingNode(final='stop')])\n"
+    "llm = FunctionLLM(fn=lambda p: 'hi')\n"
+    "agent = Agent.create(name='a', llms=llm, nodes=[ToolCallingNode(final='stop')])\n"
     "tape = main_loop(agent, Tape(steps=[UserStep(content='hello')])).get_final_tape()\n"
     "assert type(tape).model_validate_json(tape.model_dump_json()) == tape\n"
     "print(json.dumps([time.perf_counter() - w, time.process_time() - c, tapekit.__file__]))"
@@ -75,9 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--against", help="a git revision to time beside this checkout (interleaved)")
-    p.add_argument(
-        "--first-use", action="store_true", help="time the import and a first session (see above)"
-    )
+    p.add_argument("--first-use", action="store_true", help="time the import and a first session (see above)")
     args = p.parse_args(argv)
     if args.runs < 4:
         p.error("--runs must be at least 4 (quartiles)")
