@@ -4,7 +4,7 @@ cd "$(dirname "$0")/../../.." && source .venv/bin/activate
 export MALLOC_ARENA_MAX=2
 export MALLOC_MMAP_THRESHOLD_=1048576  # tensors over 1 MB mmapped: returned to the system when freed
 RUN=docs/experiments/web-teacherless/run
-for s in 0 1 2; do
+for s in ${SEEDS:-0 1 2}; do  # SEEDS="1 2" bash chain-lr5e6.sh: the seeds still to run
   mkdir -p $RUN/rl-lr5e6-seed$s
   for a in $(seq 1 20); do
     echo "== chain: seed $s attempt $a $(date -u +%FT%TZ)" >> $RUN/rl-lr5e6-seed$s/stdout.log
