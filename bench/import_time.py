@@ -26,23 +26,23 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROBE = (
+_TIMED = (
     "import json, time\n"
     "w, c = time.perf_counter(), time.process_time()\n"
     "import tapekit\n"
+    "{then}"
     "print(json.dumps([time.perf_counter() - w, time.process_time() - c, tapekit.__file__]))"
 )
-FIRST_USE = (
-    "import json, time\n"
-    "w, c = time.perf_counter(), time.process_time()\n"
-    "import tapekit\n"
-    "from tapekit import Agent, FunctionLLM, Tape, UserStep, main_loop\n"
-    "from tapekit.nodes import ToolCallingNode\n"
-    "llm = FunctionLLM(fn=lambda p: 'hi')\n"
-    "agent = Agent.create(name='a', llms=llm, nodes=[ToolCallingNode(final='stop')])\n"
-    "tape = main_loop(agent, Tape(steps=[UserStep(content='hello')])).get_final_tape()\n"
-    "assert type(tape).model_validate_json(tape.model_dump_json()) == tape\n"
-    "print(json.dumps([time.perf_counter() - w, time.process_time() - c, tapekit.__file__]))"
+PROBE = _TIMED.format(then="")
+FIRST_USE = _TIMED.format(
+    then=(
+        "from tapekit import Agent, FunctionLLM, Tape, UserStep, main_loop\n"
+        "from tapekit.nodes import ToolCallingNode\n"
+        "llm = FunctionLLM(fn=lambda p: 'hi')\n"
+        "agent = Agent.create(name='a', llms=llm, nodes=[ToolCallingNode(final='stop')])\n"
+        "tape = main_loop(agent, Tape(steps=[UserStep(content='hello')])).get_final_tape()\n"
+        "assert type(tape).model_validate_json(tape.model_dump_json()) == tape\n"
+    )
 )
 
 
