@@ -308,7 +308,8 @@ def test_the_rl_arm_runs_through_tapekit_train_rl_and_resumes_after_a_kill(tmp_p
     killed = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     log = tmp_path / "rl" / "rl_log.jsonl"
     deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and (not log.exists() or not log.read_text().strip()):
+    latest = tmp_path / "rl" / "latest.json"  # step 0's checkpoint (written after its log line)
+    while time.monotonic() < deadline and not latest.exists():
         time.sleep(0.2)
     time.sleep(2.0)  # into the second step's rollouts: the browser is busy
     assert browsers(), "the run's browser should be found while it runs (else the checks below prove nothing)"

@@ -518,6 +518,26 @@ def test_sync_runs_repeat_exactly_and_async_bounds_the_lag(tmp_path: Path) -> No
     assert any(r.policy_lag == 1 for r in result.history)  # the producer ran ahead
 
 
+def test_a_run_killed_between_its_first_log_line_and_checkpoint_resumes_with_each_step_logged_once(
+    tmp_path: Path,
+) -> None:
+    """The log line of a step is written before its checkpoint: a run killed between the two
+    has no checkpoint yet, and its resume starts over at step 0 without keeping the old line."""
+    from tapekit.training.rl import train_rl
+    from tests.training.rl_toy import make_model, make_setup
+
+    config = _config(tmp_path, {"tasks_per_step": 2, "group_size": 2}, steps=2)
+    out = Path(config.output_dir)
+    out.mkdir(parents=True)
+    orphan = {"step": 0, "note": "a line whose checkpoint was never written"}
+    (out / "rl_log.jsonl").write_text(json.dumps(orphan) + "\n")
+    model, tokenizer = make_model()
+    result = train_rl(make_setup(), model, tokenizer, config.model_copy(update={"resume": True}))
+    lines = [json.loads(x) for x in (out / "rl_log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 1] and orphan not in lines
+    assert lines == [r.to_log() for r in result.history]
+
+
 def test_resample_rounds_draw_as_many_tasks_as_the_step_lacks_groups_with_a_signal(tmp_path: Path) -> None:
     from dataclasses import replace
 

@@ -17,7 +17,8 @@ fed each category's mean |advantage|.
 
 Every step's :class:`~tapekit.training.rl.RLStepRecord` is appended to
 ``output_dir/rl_log.jsonl`` and handed to the step callbacks, and (sync mode) an atomic
-checkpoint is written; ``resume=True`` continues from the newest one, with the same results as
+checkpoint is written; ``resume=True`` continues from the newest one (the log is cut back to
+the steps it holds, to none when there is none), with the same results as
 an unbroken run with the same seeds (sync mode: the rollouts are seeded per step and batched in
 lockstep, so they do not depend on timing).
 """
@@ -145,7 +146,9 @@ class _Run:
         from tapekit.training.rl._checkpoint import load_latest, restore_rng
 
         ckpt = load_latest(self.out)
-        if ckpt is None:
+        if ckpt is None:  # killed before the first checkpoint: the log must not keep its lines
+            if self.dist.is_main and (self.out / LOG).exists():
+                self._rewrite_log()
             return
         self.model.load_state_dict(ckpt.state["model"])
         self.optimizer.load_state_dict(ckpt.state["optimizer"])
