@@ -146,23 +146,20 @@ class _Run:
         from tapekit.training.rl._checkpoint import load_latest, restore_rng
 
         ckpt = load_latest(self.out)
-        if ckpt is None:  # killed before the first checkpoint: the log must not keep its lines
-            if self.dist.is_main and (self.out / LOG).exists():
-                self._rewrite_log()
-            return
-        self.model.load_state_dict(ckpt.state["model"])
-        self.optimizer.load_state_dict(ckpt.state["optimizer"])
-        restore_rng(ckpt.state)
-        self.sampler.load_state_dict(ckpt.sampler)
-        self.step = int(ckpt.meta["step"])
-        seconds = ckpt.meta.get("seconds") or [0.0] * len(ckpt.meta["history"])
-        self.result.history = [
-            RLStepRecord.from_log(line, seconds=s)
-            for line, s in zip(ckpt.meta["history"], seconds, strict=True)
-        ]
-        self.result.refused = int(ckpt.meta.get("refused", 0))
-        self.attempt = int(ckpt.meta.get("attempt", 0)) + 1
-        if self.dist.is_main:
+        if ckpt is not None:
+            self.model.load_state_dict(ckpt.state["model"])
+            self.optimizer.load_state_dict(ckpt.state["optimizer"])
+            restore_rng(ckpt.state)
+            self.sampler.load_state_dict(ckpt.sampler)
+            self.step = int(ckpt.meta["step"])
+            seconds = ckpt.meta.get("seconds") or [0.0] * len(ckpt.meta["history"])
+            self.result.history = [
+                RLStepRecord.from_log(line, seconds=s)
+                for line, s in zip(ckpt.meta["history"], seconds, strict=True)
+            ]
+            self.result.refused = int(ckpt.meta.get("refused", 0))
+            self.attempt = int(ckpt.meta.get("attempt", 0)) + 1
+        if self.dist.is_main:  # the log holds the steps resumed from: none before a first checkpoint
             self._rewrite_log()
 
     def _rewrite_log(self) -> None:
