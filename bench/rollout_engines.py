@@ -1,9 +1,12 @@
-"""The web student's RL rollouts through two engines: llama.cpp with the LoRA adapter, and
-``BatchedTransformersLLM`` on the training weights.
+"""The web student's RL rollouts through two engines: llama.cpp, and ``BatchedTransformersLLM``
+on the training weights.
 
 The policy is SmolLM2-135M-Instruct with a LoRA adapter (``--adapter DIR``: a saved PEFT
 adapter; default: a random rank-16 adapter whose B is scaled by ``--scale``, so both engines
-decode the same non-trivial policy). Each engine plays the same groups of MiniWob++ episodes
+decode the same non-trivial policy), llama.cpp applying the adapter on the Q4_1 base file; or a
+fully fine-tuned model (``--model DIR``, e.g. the teacherless study's student), which llama.cpp
+decodes from a whole q8_0 export (what ``rollouts.engine: llamacpp`` publishes for a run without
+LoRA), with one and with two threads. Each engine plays the same groups of MiniWob++ episodes
 (``--tasks``, ``--seeds`` training seeds each, ``--k`` samples per seed at temperature
 ``--temperature``) in headless Chromium through the web agent the study trains
 (``constrain="page"``, no rationale). Reported per engine: wall seconds, episodes per minute,
@@ -18,6 +21,8 @@ says whether PPO's clipping absorbs the engine difference.
 
     python bench/rollout_engines.py                       # ~10 minutes on 2 cores
     python bench/rollout_engines.py --adapter OUT/sft/final --k 8 --seeds 2
+    python bench/rollout_engines.py --model docs/experiments/web-teacherless/run/sft/final \
+        --tasks teacherless --seeds 2 --k 2 --temperature 0.7   # one step of the teacherless study
 """
 
 from __future__ import annotations
@@ -41,11 +46,17 @@ PLAIN = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}
 
 
 def policy(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The fp32 SmolLM2 with its LoRA adapter (PEFT) and tokenizer."""
+    """The fp32 policy and its tokenizer: SmolLM2 with its LoRA adapter (PEFT), or ``--model``."""
     import torch
-    from peft import LoraConfig, PeftModel, get_peft_model
 
     from tapekit.llm import TransformersLLM
+
+    if args.model:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32)
+        return model.eval(), AutoTokenizer.from_pretrained(args.model)
+    from peft import LoraConfig, PeftModel, get_peft_model
 
     model, tokenizer = TransformersLLM(device="cpu", dtype="float32").load()  # de-quantised, plain
     if args.adapter:
@@ -124,7 +135,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--adapter", help="a saved PEFT LoRA adapter of SmolLM2 (default: random)")
     parser.add_argument("--scale", type=float, default=0.1, help="the random adapter's B scale")
-    parser.add_argument("--tasks", default=TASKS)
+    parser.add_argument("--model", help="a fully fine-tuned SmolLM2 directory (instead of an adapter)")
+    parser.add_argument("--tasks", default=TASKS, help="comma-separated, or 'teacherless' (its RL tasks)")
     parser.add_argument("--seeds", type=int, default=2, help="training seeds per task")
     parser.add_argument("--k", type=int, default=8, help="episodes per seed (the GRPO group)")
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -137,30 +149,45 @@ def main() -> None:
     import torch
 
     from tapekit.evaluate import Task
-    from tapekit.llm import BatchedTransformersLLM, LlamaCppLLM, export_lora_gguf
+    from tapekit.llm import BatchedTransformersLLM, LlamaCppLLM, export_lora_gguf, export_model_gguf
     from tapekit.llm.llamacpp import smollm2_path
     from tapekit.web import WebEnvironment
-    from tapekit.web.miniwob import SPLIT, start_tape
+    from tapekit.web.miniwob import SPLIT, TEACHERLESS_TASKS, start_tape
 
     torch.set_num_threads(args.threads)
     model, tokenizer = policy(args)
-    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if args.tasks == "teacherless":
+        names = list(TEACHERLESS_TASKS)
+    else:
+        names = [t.strip() for t in args.tasks.split(",") if t.strip()]
     tasks = [
         Task(id=f"{t}/{s}", start=start_tape(t, s), category=t)
         for t in names
         for s in SPLIT.train_seeds[: args.seeds]
     ]
     folder = Path(tempfile.mkdtemp(prefix="tapekit-bench-"))
-    started = time.perf_counter()
-    gguf = export_lora_gguf(model, smollm2_path(), folder / "adapter.gguf")
-    convert_s = time.perf_counter() - started
     sampling = {"temperature": args.temperature, "max_tokens": 64}  # the study's cap (its schema's bound)
-    engines = {
-        "transformers-batched": BatchedTransformersLLM.from_model(model, tokenizer, **sampling),
-        "llama.cpp-lora": LlamaCppLLM(  # llama.cpp's top-k/p, min-p and penalty off: the same distribution
-            lora_path=str(gguf), n_threads=args.threads, parameters={**sampling, **PLAIN}, seed=1
-        ),
+    engines: dict[str, Any] = {
+        "transformers-batched": BatchedTransformersLLM.from_model(model, tokenizer, **sampling)
     }
+    plain = {**sampling, **PLAIN}  # llama.cpp's top-k/p, min-p and penalty off: the same distribution
+    convert: dict[str, float] = {}
+    if args.model:  # a whole model file per version: the first export parses the base file's metadata
+        for when in ("first", "next"):
+            started = time.perf_counter()
+            gguf = export_model_gguf(model, smollm2_path(), folder / f"model-{when}.gguf", "q8_0")
+            convert[f"export_q8_0_{when}_s"] = round(time.perf_counter() - started, 3)
+        for threads in (1, 2):
+            engines[f"llama.cpp-q8_0-{threads}t"] = LlamaCppLLM(
+                model_path=str(gguf), n_threads=threads, parameters=plain, seed=1
+            )
+    else:
+        started = time.perf_counter()
+        gguf = export_lora_gguf(model, smollm2_path(), folder / "adapter.gguf")
+        convert["convert_adapter_s"] = round(time.perf_counter() - started, 3)
+        engines["llama.cpp-lora"] = LlamaCppLLM(
+            lora_path=str(gguf), n_threads=args.threads, parameters=plain, seed=1
+        )
     engines["transformers-batched"].batcher.max_wait_s = 0.5
     results: dict[str, Any] = {
         "machine": {
@@ -170,7 +197,7 @@ def main() -> None:
             "load_before": list(os.getloadavg()),
         },
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
-        "convert_adapter_s": round(convert_s, 3),
+        **convert,
         "engines": [],
     }
     with WebEnvironment(max_concurrent=len(tasks) * args.k, timeout_s=30) as env:

@@ -20,8 +20,10 @@ model file. :func:`export_model_gguf` writes one from the base GGUF the model wa
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,7 +46,7 @@ def model_gguf_tensors(state: Mapping[str, Any], base_gguf: str | Path) -> dict[
     except StopIteration:
         raise ValueError(f"gguf does not know the architecture {base.arch!r}") from None
     names = gguf.get_tensor_name_map(arch, base.n_blocks)
-    wanted = {t.name for t in gguf.GGUFReader(str(base_gguf)).tensors}
+    wanted = set(_layout(base_gguf).tensor_types)
     out: dict[str, Any] = {}
     for key, tensor in state.items():
         target = names.get_name(key, try_suffixes=(".weight", ".bias"))
@@ -66,6 +68,44 @@ def model_gguf_tensors(state: Mapping[str, Any], base_gguf: str | Path) -> dict[
     if missing:
         raise ValueError(f"the model has no weight for {len(missing)} tensors of {base_gguf}: {missing[:4]}")
     return out
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What an export copies from the base file: its metadata fields (name, value, type, array
+    item type) and its tensors' names and types, in the file's order."""
+
+    arch: str
+    fields: tuple[tuple[str, Any, Any, Any], ...]
+    tensor_types: dict[str, Any]
+
+
+def _layout(path: str | Path) -> _Layout:
+    """The base file's :class:`_Layout`. Parsing a GGUF file's metadata takes seconds (the
+    tokenizer's 49k-entry arrays); an RL run exports every version from the same base, so the
+    answer is kept per file and modification time."""
+    resolved = Path(path).resolve()
+    if not resolved.is_file():
+        raise ValueError(f"no GGUF file at {path}")
+    return _read_layout(str(resolved), resolved.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_layout(path: str, mtime_ns: int) -> _Layout:
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    fields: list[tuple[str, Any, Any, Any]] = []
+    for field in reader.fields.values():
+        if field.name.startswith(_SKIP_KEYS) or field.name == "general.architecture":
+            continue
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        fields.append((field.name, field.contents(), field.types[0], sub_type))
+    file_type = reader.get_field("general.file_type")
+    if file_type is not None:
+        fields.append(("general.file_type", file_type.contents(), None, None))
+    arch = str(reader.get_field("general.architecture").contents())  # type: ignore[union-attr]
+    return _Layout(arch, tuple(fields), {t.name: t.tensor_type for t in reader.tensors})
 
 
 def _state_dict(model: Any) -> Mapping[str, Any]:
@@ -110,24 +150,26 @@ def export_model_gguf(
         raise ValueError(f"quantization {quantization!r} is not q8_0, f16, f32 or base")
     base_path = Path(base_gguf)
     tensors = model_gguf_tensors(_state_dict(model), base_path)
-    reader = gguf.GGUFReader(str(base_path))
-    base_types = {t.name: t.tensor_type for t in reader.tensors}
-    arch = str(reader.get_field("general.architecture").contents())  # type: ignore[union-attr]
+    layout = _layout(base_path)
+    base_types = layout.tensor_types
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), arch)
-    for field in reader.fields.values():
-        if field.name.startswith(_SKIP_KEYS) or field.name == "general.architecture":
-            continue
-        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type)
+    writer = gguf.GGUFWriter(str(tmp), layout.arch)
+    base_file_type = None
+    for name, value, kind, sub_type in layout.fields:
+        if name == "general.file_type":
+            base_file_type = value
+        else:
+            writer.add_key_value(name, value, kind, sub_type)
     file_type = {"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "f16": gguf.LlamaFileType.MOSTLY_F16,
                  "f32": gguf.LlamaFileType.ALL_F32}.get(quantization)  # fmt: skip
     if file_type is None:  # "base": the base file's own file type
-        file_type = gguf.LlamaFileType(int(reader.get_field("general.file_type").contents()))  # type: ignore[union-attr]
+        if base_file_type is None:
+            raise ValueError(f"{base_gguf} has no general.file_type: export with q8_0, f16 or f32")
+        file_type = gguf.LlamaFileType(int(base_file_type))
     writer.add_file_type(file_type)
-    for name in (t.name for t in reader.tensors):  # the base file's order
+    for name in base_types:  # the base file's order
         array = tensors[name]
         qtype = _tensor_type(quantization, base_types[name], array, gguf)
         if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):

@@ -141,7 +141,9 @@ def test_llamacpp_with_the_exported_adapter_matches_transformers(tmp_path: Path)
 
 @needs_local_model
 @needs_gguf
-def test_a_full_fine_tune_exported_to_gguf_decodes_with_its_own_weights(tmp_path: Path) -> None:
+def test_a_full_fine_tune_exported_to_gguf_decodes_with_its_own_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every block matrix of SmolLM2 perturbed (as a full fine-tune changes them), written as a
     whole GGUF model: llama.cpp's log-probs of its greedy tokens match the perturbed model's and
     sit far from the base model's, from a live model and from a saved directory alike; the
@@ -166,9 +168,21 @@ def test_a_full_fine_tune_exported_to_gguf_decodes_with_its_own_weights(tmp_path
                 weight.add_(torch.randn_like(weight) * weight.std() * 0.1)
     live = export_model_gguf(model, smollm2_path(), tmp_path / "live.gguf", quantization="f16")
     model.save_pretrained(tmp_path / "saved")
+    import gguf
+
+    parsed: list[str] = []
+    real_reader = gguf.GGUFReader
+
+    def counting_reader(path: Any, *args: Any, **kwargs: Any) -> Any:
+        parsed.append(str(path))
+        return real_reader(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counting_reader)
     saved = export_model_gguf(tmp_path / "saved", smollm2_path(), tmp_path / "saved.gguf", quantization="f16")
     assert live.read_bytes() == saved.read_bytes()
     q8 = export_model_gguf(model, smollm2_path(), tmp_path / "q8.gguf")  # the default, q8_0
+    assert parsed == []  # the base file's metadata is parsed once (seconds), not at every export
+    monkeypatch.undo()
     assert q8.stat().st_size < 0.6 * live.stat().st_size
 
     prompt = Prompt(messages=[{"role": "user", "content": "Name three colours of the rainbow."}])

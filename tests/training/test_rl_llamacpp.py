@@ -1,4 +1,5 @@
-"""RL rollouts through llama.cpp: each version's LoRA adapter converted to GGUF and sampled from."""
+"""RL rollouts through llama.cpp: each version (a LoRA adapter, or the whole fully fine-tuned
+model) converted to GGUF and sampled from."""
 
 from __future__ import annotations
 
@@ -106,5 +107,65 @@ def test_rl_samples_each_version_through_llamacpp_with_its_adapter(tmp_path: Pat
     v1 = _mean_gap(model, versions[1], calls)
     v0 = _mean_gap(model, {n: t.zero_() if "lora_B" in n else t for n, t in versions[1].items()}, calls)
     assert v1 < 0.15, v1
+    assert v0 > 2 * v1, (v0, v1)
+    store.close()
+
+
+def test_a_full_fine_tune_samples_each_version_through_llamacpp_as_its_own_model_file(
+    tmp_path: Path,
+) -> None:
+    """No LoRA: each version is written as a whole q8_0 model file; step 1 samples version 1."""
+    from tapekit import open_store
+    from tapekit.llm import TransformersLLM
+    from tapekit.training.callbacks import StepCallback, StepRecord
+    from tapekit.training.rl import RLRunConfig, train_rl
+    from tests.training.rl_toy import make_setup
+
+    model, tokenizer = TransformersLLM(device="cpu", dtype="float32").load()  # de-quantised, plain
+    config = RLRunConfig(
+        output_dir=str(tmp_path / "out"),
+        steps=2,
+        rollouts={
+            "tasks_per_step": 2,
+            "group_size": 2,
+            "max_tokens": 12,
+            "max_loops": 2,
+            "engine": "llamacpp",
+            "threads": 1,
+        },
+        learning_rate=1e-4,  # AdamW moves every weight by about this: version 1 samples differently
+        curriculum={"kind": "uniform"},
+        checkpoint=False,
+        seed=3,
+    )
+    assert config.rollouts.gguf_quantization == "q8_0"
+    store = open_store(str(tmp_path / "rollouts.db"))
+    versions = {0: {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+    class Snapshot(StepCallback):
+        def on_step(self, record: StepRecord) -> bool | None:
+            versions[record.step] = {n: p.detach().clone() for n, p in model.named_parameters()}  # steps done
+            return None
+
+    result = train_rl(make_setup(), model, tokenizer, config, store=store, callbacks=[Snapshot()])
+    assert [r.rollout_version for r in result.history] == [0, 1]
+    assert any(r.tokens for r in result.history)
+    files = sorted((tmp_path / "out" / "adapters").iterdir())
+    assert [p.name for p in files] == ["v2.gguf"]  # only the newest model file is kept
+    assert files[0].stat().st_size > 100e6  # a whole model (135M weights at ~8.5 bits), not an adapter
+
+    for step in (0, 1):
+        calls = _calls(store, step)
+        assert len(calls) >= 4
+        for call in calls:
+            assert call.model == "rl-policy" and call.tokens.policy_version == str(step)
+            assert call.tokens.output_logprobs is not None and call.tokens.output_ids
+
+    # step 1 was sampled from version 1's weights: its log-probs are the trainer's up to q8_0's
+    # rounding, and further from version 0's
+    calls = _calls(store, 1)
+    v1 = _mean_gap(model, versions[1], calls)
+    v0 = _mean_gap(model, versions[0], calls)
+    assert v1 < 0.1, v1
     assert v0 > 2 * v1, (v0, v1)
     store.close()

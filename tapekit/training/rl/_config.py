@@ -115,8 +115,10 @@ class RolloutConfig(BaseModel):
     - ``resample_rounds`` > 0: dynamic sampling (as in DAPO): up to that many more rounds, each
       drawing as many new tasks as the step lacks groups whose rewards differ (one process only).
     - ``engine``: ``"transformers"`` (a batched ``generate`` in this process, the default) or
-      ``"llamacpp"`` (llama.cpp on the base GGUF file ``gguf``, None: the embedded SmolLM2, each
-      version's LoRA adapter converted to GGUF; ``threads`` decode).
+      ``"llamacpp"`` (llama.cpp in this process, ``threads`` decoding: a LoRA run's adapter
+      converted to GGUF on the base file ``gguf``, None: the embedded SmolLM2; a full fine-tune
+      written as a whole GGUF model in ``gguf_quantization``, ``"q8_0"`` by default, with the
+      base file's tokenizer).
     - ``servers``: OpenAI-compatible (vLLM) servers serving ``served_model`` with dynamic LoRA:
       each version's adapter is saved to ``adapter_dir`` (default ``output_dir/adapters``) and
       loaded as ``<lora_name_prefix>-v<N>`` (default prefix: the run name); ``logprobs``:
@@ -135,6 +137,7 @@ class RolloutConfig(BaseModel):
     share_prompts: bool = True
     engine: Literal["transformers", "llamacpp"] = "transformers"
     gguf: str | None = None
+    gguf_quantization: Literal["q8_0", "f16", "f32"] = "q8_0"
     threads: int | None = None
     servers: list[str] = Field(default_factory=list)
     served_model: str | None = None

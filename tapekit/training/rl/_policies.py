@@ -16,15 +16,17 @@ each rollout tape and LLM call records the version that really sampled it.
   neither the rollouts use nor are the newest are unloaded (``/v1/unload_lora_adapter``) and
   their directories removed.
 
-- :class:`LlamaCppPolicy`: in-process llama.cpp on the quantised base GGUF (default: the
-  embedded SmolLM2) with each version's LoRA adapter converted to a GGUF adapter
-  (:func:`~tapekit.llm.gguf_lora.export_lora_gguf`, ``adapter_dir/v<version>.gguf``); llama.cpp
-  records each sampled token's log-prob, so the importance ratio corrects for the engine
-  difference (Q4_1 arithmetic against the fp32 trainer). The previous version's adapter file
-  is removed once the next one is active.
+- :class:`LlamaCppPolicy`: in-process llama.cpp. A LoRA run keeps the quantised base GGUF
+  (default: the embedded SmolLM2) and converts each version's adapter to a GGUF adapter
+  (:func:`~tapekit.llm.gguf_lora.export_lora_gguf`, ``adapter_dir/v<version>.gguf``); a full
+  fine-tune writes each version as a whole model file in ``quantization`` (default q8_0;
+  :func:`~tapekit.llm.gguf_model.export_model_gguf`, the same path). llama.cpp records each
+  sampled token's log-prob, so the importance ratio corrects for the engine difference (its
+  quantised arithmetic against the fp32 trainer). The previous version's file is removed once
+  the next one is active.
 
 vLLM reloads LoRA adapters at run time, not full weights (its weight-transfer API needs NCCL or
-CUDA IPC between trainer and server), so a remote policy needs a LoRA run; so does llama.cpp.
+CUDA IPC between trainer and server), so a remote policy needs a LoRA run.
 """
 
 from __future__ import annotations
@@ -39,13 +41,16 @@ import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tapekit.errors import TrainingError
 from tapekit.llm._http import env_proxy
 from tapekit.llm.openai_compat import OpenAICompatibleLLM
 from tapekit.llm.server_pool import ServerPoolLLM
 from tapekit.training.rl._config import RLRunConfig
+
+if TYPE_CHECKING:
+    from tapekit.llm.gguf_model import Quantization
 
 
 class RolloutPolicy(ABC):
@@ -121,12 +126,15 @@ class LocalPolicy(RolloutPolicy):
 
 
 class LlamaCppPolicy(RolloutPolicy):
-    """Rollouts in this process through llama.cpp with the newest version's LoRA adapter.
+    """Rollouts in this process through llama.cpp with the newest version of the policy.
 
     ``base_gguf``: the GGUF file the trained model's base weights came from (None: the embedded
-    SmolLM2). Sampling is plain: ``temperature``, no top-k/top-p/min-p, no repeat penalty, so
-    the sampler draws from the distribution the trainer's ratio assumes. One llama.cpp context
-    decodes one sequence at a time (the episodes' calls queue); ``n_threads`` decode it.
+    SmolLM2). A LoRA model is published as a GGUF adapter on that base; any other model as a
+    whole GGUF model file in ``quantization`` (``"q8_0"``, ``"f16"`` or ``"f32"``), with the
+    base file's tokenizer and metadata. Sampling is plain: ``temperature``, no
+    top-k/top-p/min-p, no repeat penalty, so the sampler draws from the distribution the
+    trainer's ratio assumes. One llama.cpp context decodes one sequence at a time (the
+    episodes' calls queue); ``n_threads`` decode it.
     """
 
     def __init__(
@@ -138,6 +146,7 @@ class LlamaCppPolicy(RolloutPolicy):
         max_tokens: int,
         n_threads: int | None = None,
         seed: int = 0,
+        quantization: Quantization = "q8_0",
     ) -> None:
         from tapekit.llm.gguf_lora import read_gguf_base
         from tapekit.llm.llamacpp import smollm2_path
@@ -154,40 +163,49 @@ class LlamaCppPolicy(RolloutPolicy):
             "min_p": 0.0,
             "repeat_penalty": 1.0,
         }
-        self.n_threads, self.seed = n_threads, seed
+        if quantization not in ("q8_0", "f16", "f32"):
+            raise TrainingError(f"LlamaCppPolicy: quantization {quantization!r} is not q8_0, f16 or f32")
+        self.n_threads, self.seed, self.quantization = n_threads, seed, quantization
         self.llm: Any = None
         self._lock = threading.Lock()
-        self._pending: tuple[int, Path] | None = None
+        self._pending: tuple[int, Path, bool] | None = None
         self._version = 0
         self._path: Path | None = None
 
     def publish(self, model: Any, version: int) -> None:
-        """Convert ``model``'s LoRA weights to ``adapter_dir/v<version>.gguf``."""
+        """Write ``model`` to ``adapter_dir/v<version>.gguf``: its LoRA weights as a GGUF
+        adapter, or (no LoRA) the whole model in ``quantization``."""
         from tapekit.llm.gguf_lora import export_lora_gguf
+        from tapekit.llm.gguf_model import export_model_gguf
 
-        if not hasattr(model, "peft_config"):
-            raise TrainingError("LlamaCppPolicy needs a LoRA run (set lora): llama.cpp applies adapters")
+        path = self.adapter_dir / f"v{version}.gguf"
+        adapter = hasattr(model, "peft_config")
         try:
-            path = export_lora_gguf(model, self.base, self.adapter_dir / f"v{version}.gguf")
+            if adapter:
+                path = export_lora_gguf(model, self.base, path)
+            else:
+                path = export_model_gguf(model, self.base_gguf, path, self.quantization)
         except ValueError as e:
-            raise TrainingError(f"the policy's adapter cannot run in llama.cpp: {e}") from e
+            what = "adapter" if adapter else "weights"
+            raise TrainingError(f"the policy's {what} cannot run in llama.cpp: {e}") from e
         with self._lock:
-            stale, self._pending = self._pending, (version, path)
+            stale, self._pending = self._pending, (version, path, adapter)
         if stale is not None and stale[1] != path:  # published, never activated
             stale[1].unlink(missing_ok=True)
 
     def activate(self) -> int:
-        """Load the newest adapter (a new llama.cpp model on the same base) and return its version."""
+        """Load the newest version (a new llama.cpp model: the base with its adapter, or its
+        own model file) and return its version."""
         from tapekit.llm.llamacpp import LlamaCppLLM
 
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is not None:
-            version, path = pending
+            version, path, adapter = pending
             llm = LlamaCppLLM(
                 model_name="rl-policy",
-                model_path=self.base_gguf,
-                lora_path=str(path),
+                model_path=self.base_gguf if adapter else str(path),
+                lora_path=str(path) if adapter else None,
                 policy_version=str(version),
                 n_threads=self.n_threads,
                 seed=self.seed * 1_000_003 + version,
@@ -405,11 +423,6 @@ def make_policy(
     rollouts = config.rollouts
     adapter_dir = rollouts.adapter_dir or str(Path(config.output_dir) / "adapters")
     if rollouts.engine == "llamacpp":
-        if config.lora is None:
-            raise TrainingError(
-                "rollouts.engine llamacpp needs a LoRA run (set lora): llama.cpp applies the policy "
-                "as a LoRA adapter on the quantised base file"
-            )
         if rollouts.servers:
             raise TrainingError("rollouts.engine llamacpp samples in this process: drop rollouts.servers")
         return LlamaCppPolicy(
@@ -419,6 +432,7 @@ def make_policy(
             max_tokens=rollouts.max_tokens,
             n_threads=rollouts.threads,
             seed=config.seed,
+            quantization=rollouts.gguf_quantization,
         )
     if not rollouts.servers:
         return LocalPolicy(
