@@ -141,6 +141,16 @@ def test_a_wrong_key_is_an_error_that_names_it() -> None:
         load_config(RLRunConfig, overrides={"dataset": "samples.parquet"})
     with pytest.raises(ValueError, match="resume is true or false"):
         RLRunConfig(resume="ckpt-000003")
+    with pytest.raises(ValueError, match="gguf_quantization"):
+        RolloutConfig(engine="llamacpp", gguf_quantization="q4_1")  # type: ignore[arg-type]
+
+
+def test_a_llamacpp_policy_refuses_a_quantization_it_cannot_write(tmp_path: Path) -> None:
+    from tapekit.errors import TrainingError
+    from tapekit.training.rl._policies import LlamaCppPolicy
+
+    with pytest.raises(TrainingError, match="quantization 'q4_1' is not q8_0, f16 or f32"):
+        LlamaCppPolicy(None, tmp_path, temperature=1.0, max_tokens=8, quantization="q4_1")  # type: ignore[arg-type]
 
 
 def test_rl_keeps_its_defaults_and_restates_no_field_of_another_config() -> None:

@@ -151,6 +151,8 @@ class LlamaCppPolicy(RolloutPolicy):
         from tapekit.llm.gguf_lora import read_gguf_base
         from tapekit.llm.llamacpp import smollm2_path
 
+        if quantization not in ("q8_0", "f16", "f32"):
+            raise TrainingError(f"LlamaCppPolicy: quantization {quantization!r} is not q8_0, f16 or f32")
         self.base_gguf = str(base_gguf or smollm2_path())
         self.base = read_gguf_base(self.base_gguf)
         self.adapter_dir = Path(adapter_dir)
@@ -163,8 +165,6 @@ class LlamaCppPolicy(RolloutPolicy):
             "min_p": 0.0,
             "repeat_penalty": 1.0,
         }
-        if quantization not in ("q8_0", "f16", "f32"):
-            raise TrainingError(f"LlamaCppPolicy: quantization {quantization!r} is not q8_0, f16 or f32")
         self.n_threads, self.seed, self.quantization = n_threads, seed, quantization
         self.llm: Any = None
         self._lock = threading.Lock()
