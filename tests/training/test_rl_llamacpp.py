@@ -32,6 +32,17 @@ def _calls(store: Any, step: int) -> list[Any]:
     return calls
 
 
+def _each_call_records_the_version_that_sampled_it(store: Any) -> None:
+    """Steps 0 and 1 each made at least 4 calls, by ``rl-policy`` at that step's version, with
+    sampled ids and their log-probs."""
+    for step in (0, 1):
+        calls = _calls(store, step)
+        assert len(calls) >= 4
+        for call in calls:
+            assert call.model == "rl-policy" and call.tokens.policy_version == str(step)
+            assert call.tokens.output_logprobs is not None and call.tokens.output_ids
+
+
 def _mean_gap(model: Any, weights: dict[str, Any], calls: list[Any]) -> float:
     """Mean |sampling log-prob - ``weights``' log-prob| per sampled token (T = 1)."""
     import torch
@@ -93,12 +104,7 @@ def test_rl_samples_each_version_through_llamacpp_with_its_adapter(tmp_path: Pat
     # only the newest adapter file is kept
     assert sorted(p.name for p in (tmp_path / "out" / "adapters").iterdir()) == ["v2.gguf"]
 
-    for step in (0, 1):
-        calls = _calls(store, step)
-        assert len(calls) >= 4
-        for call in calls:
-            assert call.model == "rl-policy" and call.tokens.policy_version == str(step)
-            assert call.tokens.output_logprobs is not None and call.tokens.output_ids
+    _each_call_records_the_version_that_sampled_it(store)
 
     # step 1 was sampled with version 1's adapter: its log-probs are those of the trainer's
     # version-1 weights, up to llama.cpp's Q4_1 arithmetic, and further from version 0's (B = 0)
@@ -154,12 +160,7 @@ def test_a_full_fine_tune_samples_each_version_through_llamacpp_as_its_own_model
     assert [p.name for p in files] == ["v2.gguf"]  # only the newest model file is kept
     assert files[0].stat().st_size > 100e6  # a whole model (135M weights at ~8.5 bits), not an adapter
 
-    for step in (0, 1):
-        calls = _calls(store, step)
-        assert len(calls) >= 4
-        for call in calls:
-            assert call.model == "rl-policy" and call.tokens.policy_version == str(step)
-            assert call.tokens.output_logprobs is not None and call.tokens.output_ids
+    _each_call_records_the_version_that_sampled_it(store)
 
     # step 1 was sampled from version 1's weights: its log-probs are the trainer's up to q8_0's
     # rounding, and further from version 0's
