@@ -32,6 +32,29 @@ def _calls(store: Any, step: int) -> list[Any]:
     return calls
 
 
+def _two_steps(tmp_path: Path, *, threads: int, learning_rate: float, lora: Any) -> Any:
+    """Two GRPO steps of 2 toy tasks x 2 attempts, rolled out through llama.cpp."""
+    from tapekit.training.rl import RLRunConfig
+
+    return RLRunConfig(
+        output_dir=str(tmp_path / "out"),
+        steps=2,
+        rollouts={
+            "tasks_per_step": 2,
+            "group_size": 2,
+            "max_tokens": 12,
+            "max_loops": 2,
+            "engine": "llamacpp",
+            "threads": threads,
+        },
+        learning_rate=learning_rate,
+        curriculum={"kind": "uniform"},
+        lora=lora,
+        checkpoint=False,
+        seed=3,
+    )
+
+
 def _each_call_records_the_version_that_sampled_it(store: Any) -> None:
     """Steps 0 and 1 each made at least 4 calls, by ``rl-policy`` at that step's version, with
     sampled ids and their log-probs."""
@@ -67,27 +90,12 @@ def test_rl_samples_each_version_through_llamacpp_with_its_adapter(tmp_path: Pat
     from tapekit.llm import TransformersLLM
     from tapekit.training.callbacks import StepCallback, StepRecord
     from tapekit.training.config import LoraSettings
-    from tapekit.training.rl import RLRunConfig, train_rl
+    from tapekit.training.rl import train_rl
     from tests.training.rl_toy import make_setup
 
     model, tokenizer = TransformersLLM(device="cpu", dtype="float32").load()  # de-quantised, plain
-    config = RLRunConfig(
-        output_dir=str(tmp_path / "out"),
-        steps=2,
-        rollouts={
-            "tasks_per_step": 2,
-            "group_size": 2,
-            "max_tokens": 12,
-            "max_loops": 2,
-            "engine": "llamacpp",
-            "threads": 2,
-        },
-        learning_rate=5e-3,  # large, so that version 1 samples visibly differently from version 0
-        curriculum={"kind": "uniform"},
-        lora=LoraSettings(r=8, alpha=16),
-        checkpoint=False,
-        seed=3,
-    )
+    # a large learning rate, so that version 1 samples visibly differently from version 0
+    config = _two_steps(tmp_path, threads=2, learning_rate=5e-3, lora=LoraSettings(r=8, alpha=16))
     store = open_store(str(tmp_path / "rollouts.db"))
     versions: dict[int, dict[str, Any]] = {}
 
@@ -124,26 +132,12 @@ def test_a_full_fine_tune_samples_each_version_through_llamacpp_as_its_own_model
     from tapekit import open_store
     from tapekit.llm import TransformersLLM
     from tapekit.training.callbacks import StepCallback, StepRecord
-    from tapekit.training.rl import RLRunConfig, train_rl
+    from tapekit.training.rl import train_rl
     from tests.training.rl_toy import make_setup
 
     model, tokenizer = TransformersLLM(device="cpu", dtype="float32").load()  # de-quantised, plain
-    config = RLRunConfig(
-        output_dir=str(tmp_path / "out"),
-        steps=2,
-        rollouts={
-            "tasks_per_step": 2,
-            "group_size": 2,
-            "max_tokens": 12,
-            "max_loops": 2,
-            "engine": "llamacpp",
-            "threads": 1,
-        },
-        learning_rate=1e-4,  # AdamW moves every weight by about this: version 1 samples differently
-        curriculum={"kind": "uniform"},
-        checkpoint=False,
-        seed=3,
-    )
+    # AdamW moves every weight by about the learning rate: version 1 samples differently
+    config = _two_steps(tmp_path, threads=1, learning_rate=1e-4, lora=None)
     assert config.rollouts.gguf_quantization == "q8_0"
     store = open_store(str(tmp_path / "rollouts.db"))
     versions = {0: {n: p.detach().clone() for n, p in model.named_parameters()}}
