@@ -163,7 +163,11 @@ def main(argv: list[str] | None = None) -> None:
             shown = "—" if value is None else f"{value:.2f}"
             md.append(f"| {task} | {shown} | {'yes' if task in screen['chosen'] else ''} |")
         md.append("")
-    choice = decodings(root, ["student", *runs], tested_student(root, runs))
+    student = tested_student(root, runs)
+    recorded = test.get("student", {}).get("student")  # the test stage records the id it scored
+    if recorded is not None and student is not None and recorded != student:
+        raise SystemExit(f"the test scored student {recorded}; the tested runs started from {student}")
+    choice = decodings(root, ["student", *runs], student)
     summary["decodings"] = choice
     sampled = "sampled" in test.get("student", {})  # each policy sampled once at T = 1
     sections: list[tuple[str, list[str], str | dict[str, str], list[str]]] = []
@@ -190,9 +194,9 @@ def main(argv: list[str] | None = None) -> None:
         md += ["## Decoding chosen on validation (RL tasks' validation seeds)", ""]
         md += ["| policy | greedy | sampled at T = 1 | chosen |", "|---|---|---|---|"]
         for policy, c in choice.items():
-            shown = [("—" if v is None else f"{v:.3f}") for v in (c["greedy"], c["sampled"])]
+            cells = [("—" if v is None else f"{v:.3f}") for v in (c["greedy"], c["sampled"])]
             label = {"per_task": "greedy", "sampled": "T = 1", None: "—"}[c["chosen"]]
-            md.append(f"| {policy} | {shown[0]} | {shown[1]} | {label} |")
+            md.append(f"| {policy} | {cells[0]} | {cells[1]} | {label} |")
         md.append("")
     for name, tasks, key, arm_runs in sections:
         if "student" not in test:

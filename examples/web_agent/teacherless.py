@@ -262,7 +262,9 @@ def rl_config(
     resample_rounds: int = 0,
 ) -> RLRunConfig:
     """The web studies' GRPO into ``run``: full fine-tune, unscaled group advantages, a uniform
-    curriculum, answers of at most :data:`MAX_TOKENS`, a checkpoint every update (resumed)."""
+    curriculum, answers of at most :data:`MAX_TOKENS`, a checkpoint every update (resumed) and a
+    journal (``run/journal``, committed with the logs: on a new machine the same command replays
+    the updates from it without rollouts, then goes on)."""
     return RLRunConfig(
         output_dir=str(run),
         run_name=run.name,
@@ -281,6 +283,7 @@ def rl_config(
         lora=None,
         seed=seed,
         checkpoint=True,
+        journal=True,
         resume=True,
     )
 
@@ -498,6 +501,7 @@ def stage_test(args: argparse.Namespace, out: Path) -> None:
                 started = time.perf_counter()
                 report = evaluate_student(model, tokenizer, env, tasks, f"test-{name}", store)
                 results[name] = {
+                    "student": student_id(out) if name == "student" else started_from(out / name),
                     "per_task": per_task(report),
                     "environment_failures": report.n_environment_failures,
                 }

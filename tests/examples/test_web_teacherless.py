@@ -195,6 +195,10 @@ def test_the_tables_and_the_picture_from_a_study_with_a_known_gain(tmp_path: Pat
     assert summary["decodings"]["student"] == {"greedy": 0.3, "sampled": 0.4, "chosen": "sampled"}
     assert script.student_figures(root, None) == (pytest.approx(0.25), 0.2)  # the first student's
     assert script.student_figures(root, "other") == (None, None)
+    test["student"]["student"] = "c3"  # the test stage scored another student than the runs'
+    (root / "test.json").write_text(json.dumps(test))
+    with pytest.raises(SystemExit, match="the test scored student c3; the tested runs started from b2"):
+        script.main([str(root), "--to", str(to)])
 
 
 def test_each_training_seed_has_its_own_rl_pool_of_training_seeds_only(tmp_path: Path) -> None:
@@ -217,6 +221,7 @@ def test_each_training_seed_has_its_own_rl_pool_of_training_seeds_only(tmp_path:
         group_key="category", tasks_per_step=2, group_size=4,
     )  # fmt: skip
     assert config.run_name == "rl-seed1" and config.rollouts.temperature == 0.7 and config.resume
+    assert config.journal  # the study's runs are rebuilt from their committed journal on a new machine
     assert not sft_config(tmp_path / "sft", seed=0, max_steps=3, save_steps=1).resume
     (tmp_path / "sft" / "checkpoint-1").mkdir(parents=True)
     assert sft_config(tmp_path / "sft", seed=0, max_steps=3, save_steps=1).resume  # picks up its checkpoint

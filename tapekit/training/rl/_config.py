@@ -280,7 +280,11 @@ class RLRunConfig(TrainConfig):
     tasks, which seeds: the run's data, in its config); ``run_name`` names the rollout tapes'
     tags; ``steps`` RL steps; ``mode`` ``"sync"`` or ``"async"`` (rollouts of the next steps on a
     copy of the policy, at most ``max_staleness`` versions behind); ``checkpoint`` after every
-    step (atomic); ``release_freed_memory`` (on the CPU under glibc, tensors over 1 MiB go back
+    step (atomic); ``journal`` (each step's token-exact training rows, sampler and RNG states
+    and a digest of the weights in ``output_dir/journal/``, a few tens of kB a step: commit it,
+    and a run whose checkpoints are lost is rebuilt by ``resume`` replaying the updates without
+    any rollout, each checked against the digest; :mod:`tapekit.training.rl._journal`);
+    ``release_freed_memory`` (on the CPU under glibc, tensors over 1 MiB go back
     to the system when freed, so the process's size stays flat from step to step: see
     :mod:`tapekit._heap`; false leaves the allocator alone); and the sections ``grpo``
     (:class:`GRPOConfig`), ``rollouts`` (:class:`RolloutConfig`) and ``curriculum``
@@ -294,6 +298,7 @@ class RLRunConfig(TrainConfig):
     mode: Literal["sync", "async"] = "sync"
     max_staleness: int = Field(1, ge=0)
     checkpoint: bool = True
+    journal: bool = False
     release_freed_memory: bool = True
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     rollouts: RolloutConfig = Field(default_factory=RolloutConfig)

@@ -175,6 +175,11 @@ class RLDist:
         """Refuse settings a data-parallel run cannot honour."""
         if self.world == 1:
             return
+        if config.journal:
+            raise TrainingError(
+                f"journal runs in one process only ({self.world} were started): each rank's rows "
+                "would be needed to replay a step; use journal: false and keep the checkpoints"
+            )
         if config.mode == "async":
             raise TrainingError(
                 f"mode='async' runs in one process only ({self.world} were started): use mode: sync"

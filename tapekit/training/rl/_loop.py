@@ -140,6 +140,7 @@ class _Run:
         self.result = RLRunResult()
         self.step = 0
         self.attempt = 0
+        self.rows: list[dict[str, Any]] = []  # the last step's training rows
         self.lock = threading.Lock()
 
     def resume(self) -> None:
@@ -159,8 +160,55 @@ class _Run:
             ]
             self.result.refused = int(ckpt.meta.get("refused", 0))
             self.attempt = int(ckpt.meta.get("attempt", 0)) + 1
+        if self.config.journal and self._replay():
+            self.checkpoint(journal=False)  # the rebuilt state, so the replay is not done again
         if self.dist.is_main:  # the log holds the steps resumed from: none before a first checkpoint
             self._rewrite_log()
+
+    def _replay(self) -> int:
+        """Apply the journal's entries after the restored step (:mod:`~tapekit.training.rl._journal`):
+        each step's update on its recorded rows, checked against the recorded weights digest;
+        returns how many steps were replayed."""
+        from tapekit.errors import TrainingError
+        from tapekit.training.rl._journal import entries_after, weights_digest
+
+        replayed = 0
+        began = time.perf_counter()
+        for entry in entries_after(self.out, self.step):
+            self.model.eval()  # as a sync step trains: right after its rollouts, in eval mode
+            self.dist.train_on(
+                self.model,
+                self.optimizer,
+                entry.rows,
+                self.rl,
+                self.step,
+                self.ref_model,
+                self.config.grpo.ppo_epochs,
+                self.config.grpo.minibatches,
+            )
+            got = weights_digest(self.model)
+            if got != entry.weights:
+                raise TrainingError(
+                    f"journal step {entry.step} of {self.out} does not reproduce: the weights after its "
+                    f"update are {got}, the journal says {entry.weights} (another initial model, torch "
+                    "version, device or thread count than the run's). To go on from the last step that "
+                    f"did reproduce ({self.step}) with new rollouts, move journal/step-{entry.step:06d}."
+                    "json.gz and the later entries away"
+                )
+            self.sampler.load_state_dict(entry.sampler)
+            entry.restore_rng()
+            self.step = entry.step
+            self.result.history.append(RLStepRecord.from_log(entry.record, seconds=entry.seconds))
+            self.result.refused = entry.refused
+            self.attempt = max(self.attempt, entry.attempt + 1)
+            replayed += 1
+        if replayed:
+            print(
+                f"rl: replayed {replayed} step(s) from {self.out / 'journal'} in "
+                f"{time.perf_counter() - began:.0f} s (weights reproduced), now at step {self.step}",
+                flush=True,
+            )
+        return replayed
 
     def _rewrite_log(self) -> None:
         path = self.out / LOG
@@ -210,6 +258,7 @@ class _Run:
 
     def train(self, batch: RolloutBatch, started: float) -> None:
         version = self.step  # one policy version per RL step: the version is the step count
+        self.rows = batch.rows  # for the journal (written with the step's checkpoint)
         stats, full, arm_rewards = self.dist.train_on(
             self.model,
             self.optimizer,
@@ -247,10 +296,15 @@ class _Run:
         """Whether the run has done ``config.steps`` steps or a callback stopped it."""
         return self.step >= self.config.steps or self.result.stopped is not None
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, journal: bool = True) -> None:
+        """The step's journal entry (``config.journal``), then its checkpoint (``config.checkpoint``)."""
         from tapekit.training.rl._checkpoint import save_checkpoint
 
-        if not self.config.checkpoint or not self.dist.is_main:
+        if not self.dist.is_main:
+            return
+        if journal and self.config.journal and self.result.history:
+            self._journal()
+        if not self.config.checkpoint:
             return
         meta = {
             "history": [r.to_log() for r in self.result.history],
@@ -259,6 +313,25 @@ class _Run:
             "attempt": self.attempt,
         }
         save_checkpoint(self.out, self.step, self.model, self.optimizer, self.sampler, meta)
+
+    def _journal(self) -> None:
+        from tapekit.training.rl._journal import JournalEntry, rng_states, weights_digest, write_entry
+
+        torch_rng, python_rng = rng_states()
+        last = self.result.history[-1]
+        entry = JournalEntry(
+            step=self.step,
+            rows=[_json_row(r) for r in self.rows],
+            record=last.to_log(),
+            seconds=last.seconds,
+            sampler=self.sampler.state_dict(),
+            torch_rng=torch_rng,
+            python_rng=python_rng,
+            weights=weights_digest(self.model),
+            attempt=self.attempt,
+            refused=self.result.refused,
+        )
+        write_entry(self.out, entry)
 
     def run_sync(self) -> None:
         policy = self.dist.policy(make_policy(self.model, self.tokenizer, self.config))
@@ -319,6 +392,11 @@ class _Run:
                 changed.notify_all()
             producer.join(timeout=60)
             policy.close()
+
+
+def _json_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A training row with plain JSON values (tensors and NumPy arrays as lists)."""
+    return {k: v.tolist() if hasattr(v, "tolist") else v for k, v in row.items()}
 
 
 def train_rl(
