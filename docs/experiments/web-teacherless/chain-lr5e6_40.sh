@@ -3,12 +3,15 @@
 # journaled; resumed after a kill, up to 20 times), its T = 1 validation probe, then `test` of
 # every finished policy not yet tested (the student with the first seed). Run it again to go on
 # from wherever it stopped: a finished stage is skipped, a lost machine is rebuilt from the
-# committed journal.
+# committed journal (after the student is rebuilt).
 cd "$(dirname "$0")/../../.." && source .venv/bin/activate
 export MALLOC_ARENA_MAX=2
 RUN=docs/experiments/web-teacherless/run
 ARM=lr5e6_40
 STUDY="python examples/web_agent/teacherless.py"
+# on a new machine the student is rebuilt first (skipped when it is there; it reproduced bit for
+# bit on 2026-11-30, and each run refuses a student other than the one it started from)
+$STUDY sft --new-student --out $RUN >> /tmp/teacherless-sft.log 2>&1 || exit 1
 for s in ${SEEDS:-0 1 2}; do
   dir=$RUN/rl-$ARM-seed$s
   mkdir -p $dir
