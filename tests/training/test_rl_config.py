@@ -177,6 +177,7 @@ def test_rl_keeps_its_defaults_and_restates_no_field_of_another_config() -> None
     }
     own = set(RLRunConfig.__annotations__)
     assert own == {"setup", "setup_args", "run_name", "steps", "mode", "max_staleness", "checkpoint"} | {
+        "journal",
         "release_freed_memory",
         "grpo",
         "rollouts",
