@@ -34,7 +34,7 @@ import json
 import os
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -43,26 +43,29 @@ JOURNAL = "journal"
 
 @dataclass
 class JournalEntry:
-    """One step of the journal (``step``: steps done after it; see the module docstring)."""
+    """One step of the journal (``step``: steps done after it; see the module docstring). The
+    fields are in the order they are written, the rows last."""
 
     step: int
-    rows: list[dict[str, Any]]
-    record: dict[str, Any]
-    seconds: float
-    sampler: dict[str, Any]
-    torch_rng: list[int]
-    python_rng: list[Any]
     weights: str
     attempt: int
     refused: int
+    seconds: float
+    record: dict[str, Any]
+    sampler: dict[str, Any]
+    torch_rng: list[int]
+    python_rng: list[Any]
+    rows: list[dict[str, Any]]
 
     def restore_rng(self) -> None:
         """Put back the torch and Python RNG states recorded after this step."""
         import torch
 
-        torch.set_rng_state(torch.tensor(self.torch_rng, dtype=torch.uint8))
-        version, internal, gauss = self.python_rng
-        random.setstate((version, tuple(internal), gauss))
+        from tapekit.training.rl._checkpoint import restore_rng
+
+        restore_rng(
+            {"torch_rng": torch.tensor(self.torch_rng, dtype=torch.uint8), "python_rng": self.python_rng}
+        )
 
 
 def weights_digest(model: Any) -> str:
@@ -85,18 +88,8 @@ def write_entry(out: str | Path, entry: JournalEntry) -> Path:
     """Write ``entry`` atomically as ``out/journal/step-<entry.step>.json.gz``."""
     path = _path(Path(out), entry.step)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {
-        "step": entry.step,
-        "weights": entry.weights,
-        "attempt": entry.attempt,
-        "refused": entry.refused,
-        "seconds": entry.seconds,
-        "record": entry.record,
-        "sampler": entry.sampler,
-        "torch_rng": entry.torch_rng,
-        "python_rng": entry.python_rng,
-        "rows": entry.rows,
-    }
+    data = {f.name: getattr(entry, f.name) for f in fields(entry)}
+    data["rows"] = [_plain(row) for row in entry.rows]
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as raw:
         # mtime=0: the same entry gives the same bytes (a committed journal diffs cleanly)
@@ -106,6 +99,11 @@ def write_entry(out: str | Path, entry: JournalEntry) -> Path:
         os.fsync(raw.fileno())
     os.replace(tmp, path)
     return path
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    """A training row with plain JSON values (tensors and NumPy arrays as lists)."""
+    return {k: v.tolist() if hasattr(v, "tolist") else v for k, v in row.items()}
 
 
 def read_entry(path: str | Path) -> JournalEntry:

@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tapekit.evaluate import Task
 from tapekit.store.base import TapeStore
@@ -51,6 +51,10 @@ from tapekit.training.rl._rollouts import (
     merge_batches,
     rollout_rows,
 )
+
+if TYPE_CHECKING:
+    from tapekit.training.rl._batch import RLBatch
+    from tapekit.training.rl._step import RLStepStats
 
 LOG = "rl_log.jsonl"
 
@@ -176,16 +180,7 @@ class _Run:
         began = time.perf_counter()
         for entry in entries_after(self.out, self.step):
             self.model.eval()  # as a sync step trains: right after its rollouts, in eval mode
-            self.dist.train_on(
-                self.model,
-                self.optimizer,
-                entry.rows,
-                self.rl,
-                self.step,
-                self.ref_model,
-                self.config.grpo.ppo_epochs,
-                self.config.grpo.minibatches,
-            )
+            self._update(entry.rows)
             got = weights_digest(self.model)
             if got != entry.weights:
                 raise TrainingError(
@@ -256,19 +251,25 @@ class _Run:
             first_index=first_index,
         )
 
-    def train(self, batch: RolloutBatch, started: float) -> None:
-        version = self.step  # one policy version per RL step: the version is the step count
-        self.rows = batch.rows  # for the journal (written with the step's checkpoint)
-        stats, full, arm_rewards = self.dist.train_on(
+    def _update(
+        self, rows: list[dict[str, Any]]
+    ) -> tuple[RLStepStats | None, RLBatch | None, dict[str, float]]:
+        """The GRPO update of the step after ``self.step`` steps on ``rows`` (``train_on``'s result)."""
+        return self.dist.train_on(
             self.model,
             self.optimizer,
-            batch.rows,
+            rows,
             self.rl,
-            version,
+            self.step,  # the policy version: one per RL step
             self.ref_model,
             self.config.grpo.ppo_epochs,
             self.config.grpo.minibatches,
         )
+
+    def train(self, batch: RolloutBatch, started: float) -> None:
+        version = self.step  # one policy version per RL step: the version is the step count
+        self.rows = batch.rows  # for the journal (written with the step's checkpoint)
+        stats, full, arm_rewards = self._update(batch.rows)
         with self.lock:
             self.sampler.update(arm_rewards)
             record = step_record(
@@ -321,7 +322,7 @@ class _Run:
         last = self.result.history[-1]
         entry = JournalEntry(
             step=self.step,
-            rows=[_json_row(r) for r in self.rows],
+            rows=self.rows,
             record=last.to_log(),
             seconds=last.seconds,
             sampler=self.sampler.state_dict(),
@@ -392,11 +393,6 @@ class _Run:
                 changed.notify_all()
             producer.join(timeout=60)
             policy.close()
-
-
-def _json_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A training row with plain JSON values (tensors and NumPy arrays as lists)."""
-    return {k: v.tolist() if hasattr(v, "tolist") else v for k, v in row.items()}
 
 
 def train_rl(
