@@ -227,6 +227,39 @@ def _failing_on(setup: Any, questions: set[str], why: str) -> Any:
     return Failing()
 
 
+def test_a_step_whose_rollouts_are_read_back_after_a_kill_reports_their_tokens(tmp_path: Path) -> None:
+    # a run killed after a step's rollouts were stored but before its checkpoint redoes the step
+    # with the same batch name: the done tapes are read back, not run again, and the step's
+    # record must still count the tokens the policy spent on them (CI once saw 0 there)
+    from tapekit import open_store
+    from tapekit.llm.batched import BatchedTransformersLLM
+    from tapekit.training.rl import collect_rollouts
+    from tests.training.rl_toy import make_model, make_setup
+
+    model, tokenizer = make_model()
+    llm = BatchedTransformersLLM.from_model(model, tokenizer, temperature=1.0, max_tokens=12)
+    setup = make_setup()
+    tasks = list(setup.tasks[:2])
+    store = open_store(str(tmp_path / "rollouts.db"))
+
+    def collect() -> Any:
+        return collect_rollouts(
+            setup.agent_for(llm), setup.environment, tasks, setup.scorers, reward="digits",
+            group_size=2, step=0, policy_version=0, store=store, max_loops=2, batcher=llm.batcher, seed=3,
+        )  # fmt: skip
+
+    first = collect()
+    assert first.llm_calls > 0 and first.prompt_tokens > 0 and first.output_tokens > 0
+    again = collect()  # every tape done in the store: skipped by the batch runner
+    assert [t.metadata.id for t in again.tapes] == [t.metadata.id for t in first.tapes]
+    assert (again.llm_calls, again.prompt_tokens, again.output_tokens) == (
+        first.llm_calls,
+        first.prompt_tokens,
+        first.output_tokens,
+    )
+    store.close()
+
+
 def test_rollouts_the_environment_ended_by_failing_are_counted_and_left_out(tmp_path: Path) -> None:
     # an environment whose answers to one task's tapes say it failed (as a crashed browser's
     # do): those rollouts are recorded and counted, but give no reward, no group and no rows

@@ -183,9 +183,10 @@ async def acollect_rollouts(
         )
         async for result in results:
             finals[result.index] = result.tape
-            out.prompt_tokens += result.prompt_tokens
-            out.output_tokens += result.output_tokens
-            out.llm_calls += result.llm_calls
+            calls, prompt_tokens, output_tokens = _tape_tokens(result, store)
+            out.prompt_tokens += prompt_tokens
+            out.output_tokens += output_tokens
+            out.llm_calls += calls
             out.failed += result.error is not None
             if batcher is not None:
                 batcher.finished()
@@ -213,6 +214,17 @@ async def acollect_rollouts(
         out.tapes.append(tape)
     store.flush()
     return out
+
+
+def _tape_tokens(result: Any, store: TapeStore) -> tuple[int, int, int]:
+    """The LLM calls, prompt and output tokens behind one rollout tape: the batch runner's
+    counts for a tape it ran from its start; the store's totals for the tape when it was done
+    (or begun) by an earlier attempt of the same step and only read back (or continued) now, so
+    a step resumed after a kill reports the same tokens as one that was never stopped."""
+    if not (result.skipped or result.resumed):
+        return result.llm_calls, result.prompt_tokens, result.output_tokens
+    row = store.totals(by="tape", tape_id=result.tape_id).get(result.tape_id, {})
+    return int(row.get("calls", 0)), int(row.get("prompt_tokens", 0)), int(row.get("output_tokens", 0))
 
 
 def _content(tape: Tape[Any, Any]) -> str:
