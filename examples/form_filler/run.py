@@ -56,7 +56,10 @@ embedded SmolLM2-135M (``--student smollm2``, LoRA). For real: ``--teacher-url U
 --teacher-model NAME`` (any OpenAI-compatible server) and ``--student-model PATH`` (a local
 Hugging Face model to tune with LoRA); ``--user-url URL --user-model NAME`` has an LLM word the
 simulated users' turns (:class:`~examples.form_filler.llm_user.LLMUser`; the behaviours'
-programs still decide what each turn says).
+programs still decide what each turn says), in every tree or, with ``--user-llm-on scored``,
+only in the scored split's (the student learns from the programs' wording and is scored on the
+LLM's). ``--tuned DIR`` scores an earlier run's student (its SFT output folder) instead of
+training one: the same student on another split or with other users, without another SFT.
 
 Run: ``python examples/form_filler/run.py --quick`` (validation split, < 10 minutes on 2 CPU
 cores); ``--split fresh`` for the final, reported run (``--split test``: the bundled test
@@ -146,6 +149,8 @@ class Settings:
     student_model: str | None = None
     user_url: str | None = None
     user_model: str | None = None
+    user_llm_on: str = "all"
+    tuned: Path | None = None
     threads: int = 1
     baselines: bool = True
     shots: int = 2
@@ -390,8 +395,12 @@ def tune(
         teacher_tapes=len(tapes),
         longest_tokens=longest,
     )
-    final, seconds = train_student(config, rows, model, tokenizer)
-    _line(stage="sft", student=SHORT[label], steps=config.steps, train_seconds=f"{seconds:.0f}")
+    if settings.tuned is not None:  # an earlier run's SFT output: no training here
+        final = settings.tuned
+        _line(stage="sft", student=SHORT[label], reused=final)
+    else:
+        final, seconds = train_student(config, rows, model, tokenizer)
+        _line(stage="sft", student=SHORT[label], steps=config.steps, train_seconds=f"{seconds:.0f}")
     if config.kind == "tiny":
         return student_llm(config, str(final))
     return student_llm(config, settings.student_model, str(final))
@@ -481,14 +490,20 @@ def run(settings: Settings) -> GreadthReport:
     if counting.startswith(ESTIMATED):
         print(f"warning: the teacher's tokens are {counting}", file=sys.stderr, flush=True)
     teacher, users = teacher_agent(settings, counter), user_llm(settings)
+    # --user-llm-on scored: the LLM words only the scored split's users; training stays templated
+    train_users = users if settings.user_llm_on == "all" else None
+    if users is not None:
+        _line(stage="users", worded_by=settings.user_model or "default", on=settings.user_llm_on)
     started = time.perf_counter()
-    train = grow_trees(teacher, forms.train, settings.train_tree, store, "train-tree", users)
+    train = grow_trees(teacher, forms.train, settings.train_tree, store, "train-tree", train_users)
     # only the scored split's companies are grown (the others' dialogues are never made)
     scored = grow_trees(
         teacher, splits.companies(split), settings.scored_tree(), store, f"{split}-tree", users
     )
     if splits.made_up:
-        train += grow_trees(teacher, splits.made_up, settings.synthetic_tree, store, "synthetic-tree", users)
+        train += grow_trees(
+            teacher, splits.made_up, settings.synthetic_tree, store, "synthetic-tree", train_users
+        )
     behaviors = {b.behavior for b in train} & {b.behavior for b in scored}
     _line(
         stage="trees",
@@ -618,6 +633,20 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--student-model", help="a local Hugging Face model for the student (LoRA)")
     parser.add_argument("--user-url", help="an OpenAI-compatible endpoint whose LLM words the users' turns")
     parser.add_argument("--user-model", help="the users' model name at --user-url")
+    parser.add_argument(
+        "--user-llm-on",
+        choices=["all", "scored"],
+        default="all",
+        help="with --user-url: the LLM words every tree's users (all) or only the scored split's (scored)",
+    )
+    parser.add_argument(
+        "--tuned",
+        type=Path,
+        help=(
+            "an earlier run's SFT output with the same settings (SmolLM2: its LoRA adapter folder; "
+            "tiny: its model folder): score it instead of training"
+        ),
+    )
     args = parser.parse_args(argv)
     settings = Settings(
         error_rate=args.error_rate, threads=args.threads, baselines=not args.no_baselines, shots=args.shots
@@ -628,6 +657,15 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     settings.user_url, settings.user_model = args.user_url, args.user_model
     if args.user_model and not args.user_url:
         parser.error("--user-model needs --user-url")
+    if args.user_llm_on != "all" and not args.user_url:
+        parser.error("--user-llm-on needs --user-url")
+    settings.user_llm_on = args.user_llm_on
+    if args.tuned is not None:
+        if args.filter_tapes != "off":
+            parser.error("--tuned scores one student: it cannot stand for two (--filter-tapes)")
+        if not (args.tuned / "config.json").is_file() and not (args.tuned / "adapter_config.json").is_file():
+            parser.error(f"--tuned {args.tuned}: no config.json or adapter_config.json there")
+        settings.tuned = args.tuned
     kind = "smollm2" if args.student_model or args.student == "smollm2" else "tiny"
     settings.student = StudentConfig(kind=kind, out=args.out)
     if kind != "tiny":

@@ -6,6 +6,7 @@ falls back to the program's message, recorded."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ from examples.form_filler.users import make_intent, respond
 from tapekit import FunctionLLM, Tape
 from tapekit.dialog import UserStep
 from tapekit.llm.openai_compat import OpenAICompatibleLLM
+from tapekit.store import SQLiteStore
 
 SHOP = load_form_set().company("ShopCorp")
 INTENT = make_intent(SHOP, "CreateDigitalCoupon", seed=1)
@@ -132,12 +134,67 @@ def test_a_tree_grows_with_llm_users(server: tuple[str, list[Any]]) -> None:
     assert all("user_llm" not in b.start.steps[-1].metadata.other["facts"] for b in plain.branches)
 
 
-def test_cli_options() -> None:
+def test_cli_options(tmp_path: Path) -> None:
     assert user_llm(parse_args([])) is None
     users = user_llm(parse_args(["--user-url", "http://127.0.0.1:1/v1", "--user-model", "sim"]))
     assert users is not None and users.model == "sim"
-    with pytest.raises(SystemExit):
-        parse_args(["--user-model", "sim"])
+    assert parse_args(["--user-url", "http://127.0.0.1:1/v1", "--user-llm-on", "scored"]).user_llm_on == "scored"
+    (tmp_path / "adapter_config.json").write_text("{}")
+    assert parse_args(["--tuned", str(tmp_path)]).tuned == tmp_path
+    for wrong in (
+        ["--user-model", "sim"],
+        ["--user-llm-on", "scored"],  # no LLM to word anything
+        ["--tuned", str(tmp_path / "nothing-here")],
+        ["--tuned", str(tmp_path), "--filter-tapes", "both"],  # one student cannot stand for two
+    ):
+        with pytest.raises(SystemExit):
+            parse_args(wrong)
+
+
+def test_only_the_scored_users_are_worded_and_an_earlier_student_is_scored_untrained(
+    server: tuple[str, list[Any]], tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--user-llm-on scored``: the training trees keep the programs' wording, the scored
+    split's users are worded by the LLM. ``--tuned``: a second run scores the first run's
+    student without training one, and it continues the same turns with the same steps."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("trl")
+    from examples.form_filler import run
+
+    url, _ = server
+    grown: dict[str, Any] = {}
+    real_grow = run.grow_trees
+
+    def spy(teacher: Any, companies: Any, tree: Any, store: Any, name: str, users: Any = None) -> Any:
+        grown[name] = users
+        return real_grow(teacher, companies, tree, store, name, users)
+
+    monkeypatch.setattr(run, "grow_trees", spy)
+    tiny = ["--quick", "--synthetic", "2", "--beam", "2", "--steps", "2", "--eval", "3", "--no-baselines"]
+    args = [*tiny, "--user-url", url, "--user-model", "user-sim", "--user-llm-on", "scored"]
+    first = run.run(parse_args([*args, "--out", str(tmp_path / "a")]))
+    assert grown["train-tree"] is None and grown["synthetic-tree"] is None
+    assert isinstance(grown["val-tree"], LLMUser)
+    assert "stage=users worded_by=user-sim on=scored" in capsys.readouterr().out
+    scored_users = [t.user_message for t in first.turns[run.TEACHER]]
+    assert len(scored_users) == 3 and all(m.startswith("You said: ") for m in scored_users)
+
+    trained = next((tmp_path / "a").glob("sft-tiny/**/config.json")).parent
+    second = run.run(parse_args([*args, "--tuned", str(trained), "--out", str(tmp_path / "b")]))
+    assert not list((tmp_path / "b").glob("sft-*")), "--tuned must not train"
+    assert f"stage=sft student=tuned reused={trained}" in capsys.readouterr().out
+
+    def continued(report: Any, out: Path) -> list[list[dict[str, Any]]]:
+        store = SQLiteStore(out / "tapes.db")
+        try:
+            tapes = [(store.get_tape(t.tape_id, Tape), t.user_index) for t in report.turns[run.TUNED]]
+            return [[s.model_dump(exclude={"metadata"}) for s in tape.steps[i + 1 :]] for tape, i in tapes]
+        finally:
+            store.close()
+
+    assert [t.user_message for t in second.turns[run.TUNED]] == scored_users
+    assert continued(second, tmp_path / "b") == continued(first, tmp_path / "a")
 
 
 def test_clean_reply() -> None:
