@@ -138,7 +138,8 @@ def test_cli_options(tmp_path: Path) -> None:
     assert user_llm(parse_args([])) is None
     users = user_llm(parse_args(["--user-url", "http://127.0.0.1:1/v1", "--user-model", "sim"]))
     assert users is not None and users.model == "sim"
-    assert parse_args(["--user-url", "http://127.0.0.1:1/v1", "--user-llm-on", "scored"]).user_llm_on == "scored"
+    scored = parse_args(["--user-url", "http://127.0.0.1:1/v1", "--user-llm-on", "scored"])
+    assert scored.user_llm_on == "scored"
     (tmp_path / "adapter_config.json").write_text("{}")
     assert parse_args(["--tuned", str(tmp_path)]).tuned == tmp_path
     for wrong in (
