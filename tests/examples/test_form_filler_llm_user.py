@@ -29,7 +29,6 @@ from examples.form_filler.users import make_intent, respond
 from tapekit import FunctionLLM, Tape
 from tapekit.dialog import UserStep
 from tapekit.llm.openai_compat import OpenAICompatibleLLM
-from tapekit.store import SQLiteStore
 
 SHOP = load_form_set().company("ShopCorp")
 INTENT = make_intent(SHOP, "CreateDigitalCoupon", seed=1)
@@ -152,50 +151,75 @@ def test_cli_options(tmp_path: Path) -> None:
             parse_args(wrong)
 
 
-def test_only_the_scored_users_are_worded_and_an_earlier_student_is_scored_untrained(
+class _Stop(Exception):
+    """Raised where a test has seen what it needs, to end a study run early."""
+
+
+def test_only_the_scored_users_are_worded(
     server: tuple[str, list[Any]], tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--user-llm-on scored``: the training trees keep the programs' wording, the scored
-    split's users are worded by the LLM. ``--tuned``: a second run scores the first run's
-    student without training one, and it continues the same turns with the same steps."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    pytest.importorskip("trl")
+    split's users are worded by the LLM (the run is stopped once the trees have grown)."""
     from examples.form_filler import run
 
     url, _ = server
-    grown: dict[str, Any] = {}
+    grown: dict[str, tuple[Any, list[Any]]] = {}
     real_grow = run.grow_trees
 
     def spy(teacher: Any, companies: Any, tree: Any, store: Any, name: str, users: Any = None) -> Any:
-        grown[name] = users
-        return real_grow(teacher, companies, tree, store, name, users)
+        branches = real_grow(teacher, companies, tree, store, name, users)
+        grown[name] = (users, branches)
+        return branches
+
+    def stop(*args: Any, **kwargs: Any) -> Any:
+        raise _Stop
 
     monkeypatch.setattr(run, "grow_trees", spy)
-    tiny = ["--quick", "--synthetic", "2", "--beam", "2", "--steps", "2", "--eval", "3", "--no-baselines"]
+    monkeypatch.setattr(run, "students", stop)
+    tiny = ["--quick", "--synthetic", "1", "--eval", "2", "--no-baselines"]
     args = [*tiny, "--user-url", url, "--user-model", "user-sim", "--user-llm-on", "scored"]
-    first = run.run(parse_args([*args, "--out", str(tmp_path / "a")]))
-    assert grown["train-tree"] is None and grown["synthetic-tree"] is None
-    assert isinstance(grown["val-tree"], LLMUser)
+    settings = parse_args([*args, "--out", str(tmp_path)])
+    # small trees: the scripted server echoes its whole prompt, so worded turns grow fast
+    small = TreeSettings(intents=1, branching=2, beam_width=2, max_turns=3)
+    settings.train_tree = settings.val_tree = settings.synthetic_tree = small
+    with pytest.raises(_Stop):
+        run.run(settings)
     assert "stage=users worded_by=user-sim on=scored" in capsys.readouterr().out
-    scored_users = [t.user_message for t in first.turns[run.TEACHER]]
-    assert len(scored_users) == 3 and all(m.startswith("You said: ") for m in scored_users)
+    assert set(grown) == {"train-tree", "val-tree", "synthetic-tree"}
+    for name in ("train-tree", "synthetic-tree"):
+        users, branches = grown[name]
+        assert users is None and branches
+        assert all("user_llm" not in b.start.steps[-1].metadata.other["facts"] for b in branches)
+    users, branches = grown["val-tree"]
+    assert isinstance(users, LLMUser) and branches
+    assert all(b.start.steps[-1].content.startswith("You said: ") for b in branches)
 
-    trained = next((tmp_path / "a").glob("sft-tiny/**/config.json")).parent
-    second = run.run(parse_args([*args, "--tuned", str(trained), "--out", str(tmp_path / "b")]))
-    assert not list((tmp_path / "b").glob("sft-*")), "--tuned must not train"
-    assert f"stage=sft student=tuned reused={trained}" in capsys.readouterr().out
 
-    def continued(report: Any, out: Path) -> list[list[dict[str, Any]]]:
-        store = SQLiteStore(out / "tapes.db")
-        try:
-            tapes = [(store.get_tape(t.tape_id, Tape), t.user_index) for t in report.turns[run.TUNED]]
-            return [[s.model_dump(exclude={"metadata"}) for s in tape.steps[i + 1 :]] for tape, i in tapes]
-        finally:
-            store.close()
+def test_an_earlier_student_is_scored_without_training(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--tuned DIR``: tune() loads the student from DIR and never trains."""
+    from examples.form_filler import run
 
-    assert [t.user_message for t in second.turns[run.TUNED]] == scored_users
-    assert continued(second, tmp_path / "b") == continued(first, tmp_path / "a")
+    (tmp_path / "config.json").write_text("{}")
+    settings = parse_args(["--quick", "--tuned", str(tmp_path), "--out", str(tmp_path / "out")])
+    loaded: list[tuple[Any, ...]] = []
+
+    def no_training(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("--tuned must not train")
+
+    monkeypatch.setattr(run, "train_student", no_training)
+    monkeypatch.setattr(run, "student_samples", lambda *a: {"input_ids": [[1, 2, 3]]})
+
+    def load(*args: Any) -> str:
+        loaded.append(args)
+        return "the tuned LLM"
+
+    monkeypatch.setattr(run, "student_llm", load)
+    before = FunctionLLM(fn=lambda prompt: "[]")
+    after = run.tune(settings, settings.student, [], (before, None, None), run.TUNED)
+    assert after == "the tuned LLM" and loaded == [(settings.student, str(tmp_path))]
+    assert f"stage=sft student=tuned reused={tmp_path}" in capsys.readouterr().out
 
 
 def test_clean_reply() -> None:
