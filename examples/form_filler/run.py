@@ -125,6 +125,9 @@ FRESH_AVOIDS = 200
 """The fresh companies avoid the form names of this many made-up training companies, so they are
 the same and disjoint from training for any ``--synthetic`` up to it (``check_disjoint`` checks
 beyond)."""
+USER_MAX_TOKENS = 96
+"""The most tokens an LLM-played user's message may take (``--user-url``): a user's turn is a
+sentence or two, and a small model left unbounded rambles on for hundreds."""
 
 
 @dataclass
@@ -322,7 +325,7 @@ def user_llm(settings: Settings) -> LLMUser | None:
     llm = OpenAICompatibleLLM(
         model_name=settings.user_model or "default",
         base_url=settings.user_url,
-        parameters={"temperature": 0.7},
+        parameters={"temperature": 0.7, "max_tokens": USER_MAX_TOKENS},
     )
     return LLMUser(llm)
 

@@ -5,6 +5,7 @@ falls back to the program's message, recorded."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,49 @@ def test_an_earlier_student_is_scored_without_training(
 def test_clean_reply() -> None:
     assert clean_reply('  User: "Make it expire on 2025-03-01."\n') == "Make it expire on 2025-03-01."
     assert clean_reply("  \n") == ""
+
+
+def test_the_worded_script_counts_worded_turns_and_their_passes(
+    server: tuple[str, list[Any]], tmp_path: Path
+) -> None:
+    """scripts/form_filler_worded.py on a real store: a tree grown with LLM users, scored
+    turns pointing at its tapes, passes counted per kind of user message."""
+    import importlib.util
+
+    from tapekit.store import SQLiteStore
+
+    spec = importlib.util.spec_from_file_location(
+        "worded", Path(__file__).parents[2] / "scripts" / "form_filler_worded.py"
+    )
+    assert spec is not None and spec.loader is not None
+    worded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worded)
+
+    url, _ = server
+    teacher = make_teacher(FunctionLLM(model_name="oracle", fn=Oracle(), stream_chunks=False))
+    store = SQLiteStore(tmp_path / "tapes.db")
+    settings = TreeSettings(intents=2, branching=2, beam_width=3, max_turns=4)
+    tree = grow_tree(teacher, SHOP, settings, name="t", store=store, user_llm=LLMUser(_llm(url)))
+    store.close()
+    branches = [b for b in tree.branches if b.error is None][:4]
+    assert len(branches) == 4
+
+    def turn(branch: Any, passed: bool) -> dict[str, Any]:
+        index = len(branch.start.steps) - 1
+        assert isinstance(branch.tape.steps[index], UserStep)
+        finding = {"rule": "r", "criteria": ["accurate"], "passed": passed, "detail": "", "fatal": False}
+        return {"tape_id": branch.tape.metadata.id, "user_index": index, "valid": True, "findings": [finding]}
+
+    turns = {
+        "teacher": [turn(b, True) for b in branches],
+        "student": [turn(b, i == 0) for i, b in enumerate(branches)],
+    }
+    (tmp_path / "greadth.json").write_text(json.dumps({"turns": turns}))
+    summary = worded.worded_summary(tmp_path)
+    # the scripted server echoes its prompt, which holds every value: all worded, all faithful
+    assert summary["tree"] == {"worded": len(tree.branches)}
+    assert summary["scored"]["turns"] == summary["scored"]["worded"] == 4
+    assert summary["scored"]["worded_with_every_value_verbatim"] == summary["scored"]["worded_with_values"]
+    assert summary["greadth"]["teacher"]["worded"] == {"turns": 4, "passing": 4}
+    assert summary["greadth"]["student"]["worded"] == {"turns": 4, "passing": 1}
+    assert summary["greadth"]["student"]["fallback"] == {"turns": 0, "passing": 0}
