@@ -170,7 +170,7 @@ def _line(**items: Any) -> None:
 @dataclass
 class Splits:
     """The companies of each split: ``train`` (bundled, then ``made_up``), ``val``, ``test``
-    (the bundled test companies, scored before), ``fresh`` (made-up, never scored before)."""
+    (the bundled test companies, scored before), ``fresh`` (made-up, nothing chosen on them)."""
 
     train: list[Company]
     val: list[Company]
@@ -612,7 +612,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         default="val",
         help=(
             "the split scored: val (made-up validation companies), test (the bundled test companies, "
-            "scored before and settings chosen on them) or fresh (made-up companies never scored before)"
+            "scored before and settings chosen on them) or fresh (made-up companies nothing was chosen on)"
         ),
     )
     parser.add_argument(
