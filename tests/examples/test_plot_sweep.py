@@ -35,3 +35,31 @@ def test_the_picture_and_the_table_of_a_synthetic_sweep(
     table = (out / "sweep.txt").read_text()
     assert table.startswith("best val_success (higher is better; 500 resamples") and "lr=0.0002" in table
     assert table in capsys.readouterr().out
+
+
+def test_each_configuration_against_its_starting_model(tmp_path: Path) -> None:
+    """scripts/sweep_vs_baseline.py: mean change per configuration, a seed-level t interval."""
+    import json
+
+    from tapekit.evaluate import student_t_interval
+
+    values = {(1e-4, 0): 0.50, (1e-4, 1): 0.60, (1e-4, 2): 0.58, (5e-4, 0): 0.30}
+
+    def run(config: dict[str, float], seed: int) -> dict[str, float]:
+        return {"val_success": values[(config["lr"], seed)]}
+
+    run_sweep(run, [{"lr": 1e-4}], [0, 1, 2], tmp_path / "sweep.jsonl")
+    run_sweep(run, [{"lr": 5e-4}], [0], tmp_path / "sweep.jsonl")
+    script = load_script("sweep_vs_baseline")
+    with pytest.raises(SystemExit, match=r"no baseline\.json"):
+        script.main([str(tmp_path)])
+    (tmp_path / "baseline.json").write_text(json.dumps({"val_success": 0.5}))
+    assert script.main([str(tmp_path)]) == 0
+    rows = [
+        line for line in (tmp_path / "vs_baseline.md").read_text().splitlines() if line.startswith("| lr")
+    ]
+    ci = student_t_interval([0.0, 0.1, 0.08])
+    assert rows == [
+        f"| lr=0.0001 | 3 | 0.560 | +0.060 | [{ci.low:+.3f}, {ci.high:+.3f}] |",
+        "| lr=0.0005 | 1 | 0.300 | -0.200 | (one seed) |",
+    ]
