@@ -30,7 +30,8 @@ the failed runs again)::
 
     python examples/grpo_sweep.py --out runs/grpo-sweep
 
-writes ``OUT/sweep.jsonl`` (one row per run), ``OUT/baseline.json`` (the student before RL),
+writes ``OUT/sweep.jsonl`` (one row per run), ``OUT/baseline.json`` (the student before RL, with its weights'
+SHA-256: a resume from other weights is refused),
 ``OUT/runs/<config>-s<seed>/`` (each run's ``rl_log.jsonl``), and the analysis:
 ``OUT/sweep.txt`` and ``OUT/sweep.png`` (``scripts/plot_sweep.py``). ``--quick`` is a mechanics
 check: 2 configurations x 1 seed, 2 steps, 30 validation problems, and an untrained tiny model
@@ -52,6 +53,7 @@ take about 17 MB (``rollouts.db``); they are deleted after the run unless ``--ke
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import shutil
@@ -82,7 +84,8 @@ STEPS = 40
 ROLLOUTS_PER_STEP = 64
 N_TRAIN, N_VAL = 1500, 150
 METRIC = "val_success"
-QUICK = {"configs": 2, "seeds": (0,), "steps": 2, "n_val": 30}
+QUICK_CONFIGS, QUICK_SEEDS, QUICK_STEPS, QUICK_N_VAL = 2, (0,), 2, 30
+"""``--quick``: configurations, seeds, steps per run, validation problems."""
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -190,16 +193,46 @@ def train_sft_student(out: Path) -> None:
         sec_study.cmd_sft(out)
 
 
-def baseline(out: Path, student: Path, val: list[Task]) -> dict[str, float]:
-    """The student's validation success before any RL (``OUT/baseline.json``, computed once)."""
+def student_fingerprint(student: Path) -> str:
+    """SHA-256 over the student's weight files (names and bytes): which model the runs start
+    from, whatever its path."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in student.iterdir() if p.suffix in (".safetensors", ".bin"))
+    if not files:
+        raise SystemExit(f"{student}: no weights (*.safetensors or *.bin)")
+    for path in files:
+        digest.update(path.name.encode())
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def baseline(out: Path, student: Path, val: list[Task]) -> dict[str, Any]:
+    """The student's validation success before any RL and its weights' fingerprint
+    (``OUT/baseline.json``, computed once). A later call with other weights is refused: on a new
+    machine the default student is trained again, and SFT on CPU is not bit-reproducible (a
+    retrained student scored 0.593 where the first scored 0.547), so resuming would mix runs
+    from two starting models in one results file."""
     from tapekit.testing.tiny import load_tiny
 
     path = out / "baseline.json"
+    fingerprint = student_fingerprint(student)
     if path.is_file():
-        return dict(json.loads(path.read_text()))
+        before = dict(json.loads(path.read_text()))
+        if before.get("student_sha256", fingerprint) != fingerprint:
+            raise SystemExit(
+                f"{student} holds other weights than the student this sweep's runs started from "
+                f"(sha256 {fingerprint[:12]}, not {before['student_sha256'][:12]}): use another --out"
+            )
+        return before
     model, tokenizer = load_tiny(student)
     report = heldout_eval(model, tokenizer, val, "baseline")
-    result = {METRIC: report.pass_at_1("strict").value, "val_lenient": report.pass_at_1("lenient").value}
+    result = {
+        METRIC: report.pass_at_1("strict").value,
+        "val_lenient": report.pass_at_1("lenient").value,
+        "student_sha256": fingerprint,
+    }
     path.write_text(json.dumps(result) + "\n")
     return result
 
@@ -254,19 +287,24 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    n_val = QUICK["n_val"] if args.quick else N_VAL
+    n_val = QUICK_N_VAL if args.quick else N_VAL
     train, val_problems, _ = split_problems(N_TRAIN, n_val, seed=0, categories=pool_levels(3))
     val = tasks_for(val_problems)
     configs = sample_configs(SPACE, N_CONFIGS, seed=0, balanced=True)
     seeds, steps = list(SEEDS), STEPS
     if args.quick:
-        configs, seeds, steps = configs[: QUICK["configs"]], list(QUICK["seeds"]), QUICK["steps"]
+        configs, seeds, steps = configs[:QUICK_CONFIGS], list(QUICK_SEEDS), QUICK_STEPS
     student = args.student or (args.out / "untrained-student" if args.quick else sft_path(args.out))
     same_settings(
         args.out,
         {"student": str(student.resolve()), "steps": steps, "rollouts_per_step": ROLLOUTS_PER_STEP,
          "n_train": N_TRAIN, "n_val": n_val, "space": SPACE},
     )  # fmt: skip
+    if (args.out / "baseline.json").is_file() and not (student / "config.json").is_file():
+        raise SystemExit(
+            f"{student}: the student this sweep's runs started from is gone (a new machine?); "
+            "a new one would have other weights: use another --out"
+        )
     if args.student is None and args.quick:  # made here on first use
         untrained_student(student, train)
     elif args.student is None:

@@ -1,10 +1,12 @@
 """examples/grpo_sweep.py --quick: two GRPO configurations x one seed on the math task, each a
 row of the results file, the analysis and the picture; the same command again runs nothing,
-and a full sweep in the quick sweep's folder is refused."""
+and a resume from another student's weights, from none, or a full sweep in the quick sweep's folder is
+refused."""
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from pathlib import Path
 
 import pytest
@@ -38,8 +40,28 @@ def test_quick_sweep_runs_two_configurations_resumes_and_draws_its_picture(tmp_p
     again = run("examples/grpo_sweep.py", "--quick", "--out", str(out), timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "row:" not in again.stdout and (out / "sweep.jsonl").read_bytes() == written
+    other_student(out / "untrained-student")
+    changed = run("examples/grpo_sweep.py", "--quick", "--out", str(out), timeout=900)
+    assert changed.returncode != 0 and "other weights than the student" in changed.stderr
+    assert (out / "sweep.jsonl").read_bytes() == written
+    shutil.rmtree(out / "untrained-student")
+    gone = run("examples/grpo_sweep.py", "--quick", "--out", str(out), timeout=900)
+    assert gone.returncode != 0 and "is gone" in gone.stderr and not (out / "untrained-student").exists()
     full = run("examples/grpo_sweep.py", "--out", str(out), timeout=900)
     assert full.returncode != 0 and "other settings (n_val, steps, student)" in full.stderr
+
+
+def other_student(path: Path) -> None:
+    """The student at ``path`` with one weight changed, saved in its place (as a retrained
+    student would be)."""
+    import torch
+
+    from tapekit.testing.tiny import load_tiny
+
+    model, _ = load_tiny(path)
+    with torch.no_grad():
+        next(model.parameters()).add_(0.01)
+    model.save_pretrained(path)
 
 
 def grpo_run_name(config: dict[str, object], seed: int) -> str:
