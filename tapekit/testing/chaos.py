@@ -1,12 +1,15 @@
 """A crash-test harness: kill a stored session at chosen points, resume it, count what went wrong.
 
 Each scenario forks a child process that runs one session of a :class:`Workload` on a store
-and kills itself with ``SIGKILL`` at the *n*-th **kill point** it passes. The kill points are
+and kills itself with ``SIGKILL`` at the *k*-th pass of one **kill point**. The kill points are
 every place where being stopped matters: before and after each LLM call, each session save
 (:class:`~tapekit.recording.SessionRecorder`), each transaction of the store's writer thread,
 each journal record of a ``once`` tool (:mod:`tapekit.effects`: intent, outcome), and inside
 the workload's tools (:func:`chaos_point`: before and after the effect on the outside world).
-``n`` is drawn uniformly from the points an uninterrupted run passes, so every point is hit.
+The first scenarios take each kind of point an uninterrupted run passes in turn (a random pass
+of it), so every kind is hit once there are as many scenarios as kinds; the rest draw uniformly
+from all the passes of that run. A point is named, not numbered: the writer's commits run on
+their own thread, so a global count would land on another point from run to run.
 
 The parent then resumes the stored session until it ends, as an application would: a call
 left in doubt (:class:`~tapekit.effects.InDoubtToolCall`) is resolved the way the workload
@@ -64,16 +67,19 @@ __all__ = [
 
 # --------------------------------------------------------------------------- kill points
 
-_armed: dict[str, Any] = {"target": 0, "seen": 0, "last": ""}
+_Target = tuple[str, int]  # die at the k-th pass (from 1) of the kill point of this name
+_armed: dict[str, Any] = {"target": None, "record": False, "passes": Counter(), "order": []}
 
 
 def chaos_point(name: str) -> None:
-    """A kill point: in a chaos child armed to die at the *n*-th point, the *n*-th call of this
-    function (counting every kill point) kills the process with SIGKILL. Elsewhere it only
-    counts. Put it in your tools around the effect on the outside world."""
-    _armed["seen"] += 1
-    _armed["last"] = name
-    if _armed["seen"] == _armed["target"]:
+    """A kill point: in a chaos child armed to die at the *k*-th pass of the point ``name``,
+    that pass kills the process with SIGKILL. Elsewhere it only counts. Put it in your tools
+    around the effect on the outside world."""
+    passes: Counter[str] = _armed["passes"]
+    passes[name] += 1
+    if _armed["record"]:
+        _armed["order"].append(name)
+    elif _armed["target"] == (name, passes[name]):
         _write_report({"killed_at": name})
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -402,15 +408,21 @@ def _run(workload: Workload, store: TapeStore, world: Path, loop: Loop) -> list[
 
 
 def _child(
-    workload: Workload, open_store: Callable[[], TapeStore], world: Path, loop: Loop, target: int, fd: int
+    workload: Workload,
+    open_store: Callable[[], TapeStore],
+    world: Path,
+    loop: Loop,
+    target: _Target | None,
+    fd: int,
 ) -> None:
-    """The child's whole life: run the session, dying at kill point ``target`` (0: never)."""
+    """The child's whole life: run the session, dying at kill point ``target`` (None: never,
+    and report the points passed, in order)."""
     _report_fd[:] = [fd]
-    _armed.update(target=target, seen=0, last="")
+    _armed.update(target=target, record=target is None, passes=Counter(), order=[])
     try:
         with _kill_points(), open_store() as store:
             _run(workload, store, world, loop)
-        _write_report({"points": _armed["seen"]})
+        _write_report({"points": _armed["order"]})
         os._exit(0)
     except BaseException as e:  # a failure in the child is a finding, not a crash of the harness
         _write_report({"error": f"{type(e).__name__}: {e}"})
@@ -418,7 +430,11 @@ def _child(
 
 
 def _fork_run(
-    workload: Workload, open_store: Callable[[], TapeStore], world: Path, loop: Loop, target: int
+    workload: Workload,
+    open_store: Callable[[], TapeStore],
+    world: Path,
+    loop: Loop,
+    target: _Target | None,
 ) -> tuple[int, list[dict[str, Any]]]:
     """Run :func:`_child` in a forked process: its exit status and its reports."""
     read, write = os.pipe()
@@ -463,7 +479,7 @@ def _scenario(
     open_store: Callable[[Path], TapeStore],
     path: Path,
     loop: Loop,
-    target: int,
+    target: _Target,
     reference: list[list[Any]],
     report: ChaosReport,
     n: int,
@@ -557,17 +573,23 @@ def run_chaos(
     for old in workdir.glob(f"{base.name}.*"):
         old.unlink()
     status, reports = _fork_run(
-        workload, partial(open_store, base.with_suffix(".db")), base.with_suffix(".world"), loop, 0
+        workload, partial(open_store, base.with_suffix(".db")), base.with_suffix(".world"), loop, None
     )
-    points = next((r["points"] for r in reports if "points" in r), 0)
+    points: list[str] = next((r["points"] for r in reports if "points" in r), [])
     if status != 0 or not points:
         raise RuntimeError(f"the uninterrupted run of {workload.name!r} failed: {reports}")
     with open_store(base.with_suffix(".db")) as store:
         reference = [_signature(store.get_tape(tape_id)) for tape_id in _stored_ids(workload, loop)]
 
+    # each kind of point first (in a fixed order), then uniformly over every pass
+    kinds = sorted(set(points))
     for n in range(scenarios):
         path = workdir / f"s{seed}-{n}"
-        target = rng.randint(1, points)
+        if n < len(kinds):
+            index = rng.choice([i for i, name in enumerate(points) if name == kinds[n]])
+        else:
+            index = rng.randrange(len(points))
+        target = (points[index], points[: index + 1].count(points[index]))
         for stale in workdir.glob(f"{path.name}.*"):
             stale.unlink()
         try:

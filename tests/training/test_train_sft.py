@@ -63,7 +63,9 @@ def test_labels_follow_the_mask_and_masked_tokens_get_no_gradient(tmp_path: Path
 
 def test_packed_batch_loss_equals_unpacked_loss(tmp_path: Path) -> None:
     model, tok = make_model()
-    trainer = build_sft_trainer(sum_rows(tok, 24), model, tok, config(tmp_path))
+    # float32: dtype "auto" is bf16 autocast on a CPU with bf16 instructions, and the packed
+    # loss would then be compared in bf16 with an unpacked one in fp32 (7e-5 apart)
+    trainer = build_sft_trainer(sum_rows(tok, 24), model, tok, config(tmp_path, dtype="float32"))
     batch = next(iter(trainer.get_train_dataloader()))
     assert "attention_mask" not in batch and batch["input_ids"].shape[0] == 2  # two packed rows, no mask
     pad = trainer.data_collator.pad_token_id
