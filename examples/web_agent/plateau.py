@@ -343,7 +343,9 @@ def stage_sft(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "seconds": ledger.seconds,
     }
     done.write_text(json.dumps(result, indent=1) + "\n")
-    log(out, "sft", time.perf_counter() - started, **result)
+    # the stage's wall seconds this time; the run's charged seconds (all sittings) as "charged"
+    more = {k: v for k, v in result.items() if k != "seconds"}
+    log(out, "sft", time.perf_counter() - started, **more, charged_seconds=result["seconds"])
     store.close()
     return result
 
