@@ -17,7 +17,8 @@ buys. Every stage writes under ``--out`` and continues where it stopped when run
   which task is short) and ``--fresh-seeds`` more (the ``sft`` arm's fresh episodes, never in
   the SFT pool). Its wall seconds are charged once (the teacher is a program): the table also
   prices its tokens as a 70B-class model would (:data:`TEACHER_LLM_FLOPS_PER_TOKEN`).
-- ``sft``: SFT from the base model (8 packed rows a step, learning rate 5e-5, as the web study),
+- ``sft``: SFT from the base model (8 packed rows a step, learning rate ``--sft-lr``: 2e-4 with
+  LoRA, 5e-5 for full fine-tuning, as the web study),
   validation every ``--eval-every`` steps on ``--val-seeds`` validation seeds of each task
   (greedy); it stops when the best validation success has not risen for ``--patience``
   evaluations, or at ``--sft-max-steps``. The plateau is the best evaluation's weights
@@ -39,6 +40,15 @@ buys. Every stage writes under ``--out`` and continues where it stopped when run
 - ``test``: the plateau and every finished arm, greedy, once each, on the test seeds
   :data:`TEST_SEEDS` of the 14 tasks (never evaluated by any earlier study) and the same seeds
   of the held-out tasks; ``test.json`` keeps each policy's episodes.
+
+Every model is trained as a LoRA adapter (``--lora-r``, 16 by default; 0 is full fine-tuning,
+the first run's setting) in fp32: the plateau is an adapter of 20 MB, committed with the logs,
+so that a stage run on a new machine starts from the very branch point (a full model is
+540 MB, and CPU SFT is not bit-reproducible, so a lost one cannot be rebuilt). The branch point
+is the base model with that adapter merged in; each arm trains a new adapter on top of it (the
+KL term's reference is the branch point). The teacher's episodes, as the student's training
+samples, are committed too (``teacher-samples.jsonl.gz``), and the GRPO runs' journals replay
+on a new machine (``rl_config``).
 
 Wall seconds of every stage go to ``OUT/ledger.jsonl``; each run's own spending (seconds,
 FLOPs, tokens) to its ``ledger.jsonl``; tapes to ``OUT/tapes.db``. The write-up is
@@ -67,6 +77,7 @@ from examples.web_agent.study import (
     sample_reward,
 )
 from examples.web_agent.teacherless import (
+    _stored,
     load,
     log,
     per_task,
@@ -79,6 +90,7 @@ from examples.web_agent.teacherless import (
 from tapekit import evaluate, open_store
 from tapekit.evaluate import Task
 from tapekit.training import (
+    LoraSettings,
     StepCallback,
     StepRecord,
     train_rl,
@@ -97,7 +109,18 @@ MIN_SOLVED = 32
 """Solved teacher episodes per task in the SFT pool: below it SFT would be data-starved."""
 
 LR_GRID: tuple[float, ...] = (1e-5, 3e-5)
+"""GRPO's learning rates for the grid, full fine-tuning (``--lora-r 0``)."""
+LORA_LR_GRID: tuple[float, ...] = (3e-5, 1e-4)
+"""GRPO's learning rates for the grid with LoRA (the sweep, docs/experiments/grpo-sweep.md,
+found 1e-4 best and 5e-4 too high for a LoRA student)."""
 TEMP_GRID: tuple[float, ...] = (0.7, 1.0)
+SFT_LR, LORA_SFT_LR = 5e-5, 2e-4
+"""SFT's constant learning rate: full fine-tuning (the web study's), and LoRA."""
+DTYPE = "float32"
+"""Every stage trains in fp32, whatever the CPU: dtype ``auto`` would be bf16 autocast on one
+with avx512_bf16 and fp32 on one without, and the study's runs span machines of both kinds."""
+LORA_ALPHA = 32
+"""LoRA's scale (``alpha``, with ``--lora-r`` 16: the library's default adapter)."""
 TEST_SEEDS = SPLIT.test_seeds[40:60]
 """The split's test seeds 200,040-200,059, added for this study: no study before it evaluated
 them (the earlier ones used the first 40)."""
@@ -125,13 +148,76 @@ def save(model: Any, tokenizer: Any, path: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _whole(path: Path) -> bool:
+    """A saved model (``config.json``) or LoRA adapter (``adapter_config.json``) with its tokenizer."""
+    weights = (path / "config.json").exists() or (path / "adapter_config.json").exists()
+    return weights and (path / "tokenizer_config.json").exists()
+
+
 def ready(path: Path) -> bool:
-    """Whether a whole model is at ``path``, finishing a :func:`save` a kill cut between its
-    renames."""
+    """Whether a whole model or adapter is at ``path``, finishing a :func:`save` a kill cut
+    between its renames."""
     part = path.with_name(path.name + ".part")
-    if not path.exists() and (part / "config.json").exists() and (part / "tokenizer_config.json").exists():
+    if not path.exists() and _whole(part):
         part.rename(path)
-    return (path / "config.json").exists()
+    return (path / "config.json").exists() or (path / "adapter_config.json").exists()
+
+
+def adapted(model: Any, args: argparse.Namespace, seed: int) -> Any:
+    """``model`` with a new LoRA adapter of rank ``--lora-r`` (its initial weights drawn from
+    ``seed``), or ``model`` itself when ``--lora-r`` is 0 (full fine-tuning). The trainers get
+    the adapted model as it is (their own ``lora`` setting is off), so the stage holds the
+    model it trains and saves: an adapter directory with LoRA, a full model without."""
+    if not args.lora_r:
+        return model
+    import torch
+    from peft import get_peft_model
+
+    torch.manual_seed(seed)
+    return get_peft_model(model, _lora_config(args))
+
+
+def _lora_config(args: argparse.Namespace) -> Any:
+    from peft import LoraConfig
+
+    settings = LoraSettings(r=args.lora_r, alpha=LORA_ALPHA)
+    return LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=settings.target_modules,
+        task_type="CAUSAL_LM",
+    )
+
+
+def load_branch(out: Path) -> tuple[Any, Any]:
+    """The branch point in fp32: the plateau's full model, or the base model with the
+    plateau's LoRA adapter merged in (the arms put a new adapter on top of it)."""
+    where = out / PLATEAU
+    if not ready(where):
+        raise SystemExit(
+            f"{where}: the plateau's weights are not here (run the `sft` stage; a full-fine-tuning "
+            "plateau is not committed, so a new machine cannot rebuild it)"
+        )
+    if not (where / "adapter_config.json").exists():
+        return load(where)
+    from peft import PeftModel
+
+    model, tokenizer = load_student()
+    return PeftModel.from_pretrained(model, where).merge_and_unload(), tokenizer
+
+
+def load_policy(out: Path, where: Path) -> tuple[Any, Any]:
+    """A policy to test: the branch point, an arm's full model, or an arm's adapter on the
+    branch point."""
+    if where == out / PLATEAU:
+        return load_branch(out)
+    if not (where / "adapter_config.json").exists():
+        return load(where)
+    from peft import PeftModel
+
+    model, tokenizer = load_branch(out)
+    return PeftModel.from_pretrained(model, where).merge_and_unload(), tokenizer
 
 
 def validate(
@@ -216,6 +302,47 @@ def stage_teacher(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return result
 
 
+SAMPLES = "teacher-samples.jsonl.gz"
+"""The teacher's episodes as the student's training samples (token ids and loss masks), both
+pools: written once from the tapes and committed, so a later stage on a new machine (the
+``sft`` arm) trains on the very samples the plateau did, without the tapes."""
+
+
+def teacher_samples(args: argparse.Namespace, out: Path, tokenizer: Any) -> dict[str, list[dict[str, Any]]]:
+    """``{"sft": rows, "fresh": rows}``: the training rows of the two pools, read from
+    ``OUT/teacher-samples.jsonl.gz``, or made from the stored teacher tapes (and written there)."""
+    import gzip
+
+    path = out / SAMPLES
+    if not path.exists():
+        teacher = stage_teacher(args, out)
+        store = open_store(str(out / "tapes.db"))
+        student = load_student()[0]  # only its agent's prompt format is used, not its weights
+        made = {}
+        for pool in ("sft", "fresh"):
+            ids = teacher[pool]
+            if not all(_stored(store, i) for i in ids):
+                raise SystemExit(
+                    f"{out / 'tapes.db'}: the teacher's tapes are gone and {SAMPLES} was never "
+                    "written: move teacher.json aside and run the teacher stage again"
+                )
+            dataset, _ = student_sft_data(store, ids, student, tokenizer)
+            made[pool] = [{"input_ids": r["input_ids"], "loss_mask": r["loss_mask"]} for r in dataset]
+        store.close()
+        part = path.with_name(path.name + ".part")
+        with gzip.open(part, "wt") as f:
+            for pool, rows in made.items():
+                for row in rows:
+                    f.write(json.dumps({"pool": pool, **row}) + "\n")
+        part.rename(path)
+    pools: dict[str, list[dict[str, Any]]] = {"sft": [], "fresh": []}
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            row = json.loads(line)
+            pools[row.pop("pool")].append(row)
+    return pools
+
+
 class Charge(StepCallback):
     """Charges each training step to a run's :class:`Ledger` (wall seconds since the last step,
     evaluations excluded; SFT: the input tokens seen; RL: trained and rolled-out tokens)."""
@@ -298,10 +425,11 @@ def stage_sft(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     done = run / "plateau.json"
     if done.exists():
         return json.loads(done.read_text())
-    pools = stage_teacher(args, out)
     run.mkdir(parents=True, exist_ok=True)
     val_path = run / "val.jsonl"
     model, tokenizer = load_student()
+    rows = teacher_samples(args, out, tokenizer)
+    model = adapted(model, args, seed=0)
     store = open_store(str(out / "tapes.db"))
     ledger = run_ledger(run / "ledger.jsonl", model)
     started = time.perf_counter()
@@ -326,13 +454,13 @@ def stage_sft(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             then=lambda _: plateau_reached(read_lines(val_path), args.patience),
         )
         if not plateau_reached(read_lines(val_path), args.patience):
-            dataset, _ = student_sft_data(store, pools["sft"], model, tokenizer)
             config = sft_config(run, seed=0, max_steps=args.sft_max_steps, save_steps=args.eval_every)
-            train_sft(dataset, model, tokenizer=tokenizer, config=config, callbacks=[charge, evals])
+            config = config.model_copy(update={"learning_rate": args.sft_lr, "dtype": DTYPE})
+            train_sft(rows["sft"], model, tokenizer=tokenizer, config=config, callbacks=[charge, evals])
     points = read_lines(val_path)
     best = max(points, key=lambda p: (p["success"], -p["step"]))
-    if not ready(out / PLATEAU):  # the base model was never beaten
-        save(*load_student(), out / PLATEAU)
+    if not ready(out / PLATEAU):  # the base model was never beaten (with LoRA: a zero adapter)
+        save(adapted(load_student()[0], args, seed=0), load_student()[1], out / PLATEAU)
     result = {
         "step": best["step"],
         "success": best["success"],
@@ -373,7 +501,8 @@ def grpo_run(
         return read_lines(run / "val.jsonl")[-1]
     run.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model, tokenizer = load(out / PLATEAU)
+    model, tokenizer = load_branch(out)
+    model = adapted(model, args, seed=seed)
     store = open_store(str(out / "tapes.db"))
     ledger = run_ledger(run / "ledger.jsonl", model)
     started = time.perf_counter()
@@ -396,7 +525,7 @@ def grpo_run(
             group_key="category",
             tasks_per_step=args.tasks_per_step,
             group_size=args.group_size,
-        )
+        ).model_copy(update={"dtype": DTYPE})
         train_rl(setup, model, tokenizer, config, store=store, callbacks=[charge, evals])
     save(model, tokenizer, run / "final")
     log(out, run.name, time.perf_counter() - started, steps=steps, lr=lr, temperature=temperature, kl=kl_coef)
@@ -462,9 +591,10 @@ def sft_arm(args: argparse.Namespace, out: Path, run: Path) -> dict[str, Any]:
             f"arm sft --seed {args.seed}: run `arm --arm grpo --seed {args.seed}` first (its budget)"
         )
     budget = float(read_lines(target_ledger)[-1]["seconds"])
-    pools = stage_teacher(args, out)
     run.mkdir(parents=True, exist_ok=True)
-    model, tokenizer = load(out / PLATEAU)
+    model, tokenizer = load_branch(out)
+    rows = teacher_samples(args, out, tokenizer)
+    model = adapted(model, args, seed=args.seed)
     store = open_store(str(out / "tapes.db"))
     ledger = run_ledger(run / "ledger.jsonl", model)
     quarters = [budget * q / 4 for q in (1, 2, 3, 4)]
@@ -483,9 +613,11 @@ def sft_arm(args: argparse.Namespace, out: Path, run: Path) -> dict[str, Any]:
             charge,
             then=lambda _: ledger.seconds >= budget,
         )
-        dataset, _ = student_sft_data(store, pools["sft"] + pools["fresh"], model, tokenizer)
         config = sft_config(run, seed=args.seed, max_steps=100_000, save_steps=4)
-        train_sft(dataset, model, tokenizer=tokenizer, config=config, callbacks=[charge, evals])
+        config = config.model_copy(update={"learning_rate": args.sft_lr, "dtype": DTYPE})
+        train_sft(
+            rows["sft"] + rows["fresh"], model, tokenizer=tokenizer, config=config, callbacks=[charge, evals]
+        )
     save(model, tokenizer, run / "final")
     log(out, run.name, time.perf_counter() - started, budget_seconds=budget, flops=ledger.flops)
     store.close()
@@ -510,7 +642,7 @@ def stage_test(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     with WebEnvironment(max_concurrent=32, timeout_s=30) as env:
         for name, where in todo.items():
             started = time.perf_counter()
-            model, tokenizer = load(where)
+            model, tokenizer = load_policy(out, where)
             report = evaluate_student(model, tokenizer, env, tasks, f"test-{name}", store)
             results[name] = {
                 "per_task": per_task(report),
@@ -545,10 +677,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tasks", nargs="+", default=list(SPLIT.train_tasks), help="the tasks (default: the 14)")
     p.add_argument("--held-out", nargs="*", default=list(SPLIT.held_out_tasks), help="test: held-out tasks")
     p.add_argument("--min-solved", type=int, default=MIN_SOLVED, help="teacher: solved SFT episodes per task")
-    p.add_argument("--grid-lr", type=float, nargs="+", default=list(LR_GRID))
+    p.add_argument(
+        "--lora-r",
+        type=int,
+        default=16,
+        help="LoRA rank of every trained model (0: full fine-tuning, the first run's setting)",
+    )
+    p.add_argument(
+        "--sft-lr", type=float, default=None, help=f"default {LORA_SFT_LR} with LoRA, {SFT_LR} without"
+    )
+    p.add_argument("--grid-lr", type=float, nargs="+", default=None, help="default LORA_LR_GRID or LR_GRID")
     p.add_argument("--grid-temp", type=float, nargs="+", default=list(TEMP_GRID))
     p.add_argument("--test-seeds", type=int, default=len(TEST_SEEDS), help="test: the first N of TEST_SEEDS")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.lora_r < 0:
+        p.error(f"--lora-r must be 0 (full fine-tuning) or a rank >= 1, not {args.lora_r}")
+    if args.sft_lr is None:
+        args.sft_lr = LORA_SFT_LR if args.lora_r else SFT_LR
+    if args.grid_lr is None:
+        args.grid_lr = list(LORA_LR_GRID if args.lora_r else LR_GRID)
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -560,8 +708,11 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     ignore = out / ".gitignore"  # the logs are committed; weights, checkpoints and tapes are not
     if not ignore.exists():
+        # with LoRA the plateau's adapter is committed (20 MB at rank 16): a new machine starts the
+        # arms from it; a full model (540 MB) is not
+        plateau = "plateau.part/\nplateau.old/\n" + ("" if args.lora_r else "plateau/\n")
         ignore.write_text(
-            "*.db*\nplateau/\nplateau.part/\n*/checkpoint-*/\n*/ckpt-*/\n*/.ckpt-*\n*/latest.json\n"
+            "*.db*\n" + plateau + "*/checkpoint-*/\n*/ckpt-*/\n*/.ckpt-*\n*/latest.json\n"
             "*/final/\n*/final.part/\ngrid/*/ckpt-*/\ngrid/*/.ckpt-*\ngrid/*/latest.json\ngrid/*/final/\n"
         )
     stages: dict[str, Callable[[argparse.Namespace, Path], Any]] = {

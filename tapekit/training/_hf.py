@@ -74,8 +74,9 @@ def dtype_note(config: TrainConfig) -> str:
 
 
 def load_model_and_tokenizer(model: Any, tokenizer: Any, config: TrainConfig) -> tuple[Any, Any]:
-    """The model and tokenizer to train: ``model`` is a loaded ``PreTrainedModel`` (then
-    ``tokenizer`` is required) or a local model directory (``config.model`` when ``None``)."""
+    """The model and tokenizer to train: ``model`` is a loaded ``PreTrainedModel`` or a peft
+    model whose adapter is trained as it is (``config.lora`` must then be ``None``; either way
+    ``tokenizer`` is required), or a local model directory (``config.model`` when ``None``)."""
     need_train_extra()
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
@@ -84,11 +85,22 @@ def load_model_and_tokenizer(model: Any, tokenizer: Any, config: TrainConfig) ->
         raise TrainingError(
             "no model: pass model= (a model directory or a loaded model) or set `model` in the config"
         )
-    if isinstance(source, PreTrainedModel):
+    adapted = hasattr(source, "peft_config") and hasattr(source, "get_base_model")  # a peft model
+    if isinstance(source, PreTrainedModel) or adapted:
         if tokenizer is None:
             raise TrainingError("a loaded model needs its tokenizer: pass tokenizer=")
+        if adapted and config.lora is not None:
+            raise TrainingError(
+                "the model already carries a LoRA adapter (a peft model): set lora to None to "
+                "train that adapter, or pass the base model to train a new one"
+            )
         return source, tokenizer
-    path = Path(str(source))
+    if not isinstance(source, (str, os.PathLike)):
+        raise TrainingError(
+            f"model must be a loaded transformers model, a peft model or a local model directory, "
+            f"not {type(source).__name__}"
+        )
+    path = Path(source)
     if not (path / "config.json").is_file():
         raise TrainingError(
             f"model {source!r} is not a local model directory (no config.json there); "

@@ -215,7 +215,8 @@ def train_sft(
 
     ``dataset``: samples in the training schema (a ``datasets.Dataset``, a list of rows, or a
     ``.parquet``/``.jsonl`` file; default ``config.dataset``). ``model``: a local model directory
-    or a loaded model with its ``tokenizer`` (default ``config.model``). The result,
+    or a loaded model with its ``tokenizer`` (default ``config.model``); a peft model (one that
+    already carries a LoRA adapter) trains that adapter, with ``config.lora`` set to ``None``. The result,
     ``config.output_dir/final``, is a LoRA adapter directory (``config.lora``, the default) or
     a full model directory, with the tokenizer and ``tapekit_train.json``; load it with
     ``TransformersLLM(model_path=<base>, adapter_path=<result>)`` (LoRA) or

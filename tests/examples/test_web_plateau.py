@@ -139,3 +139,78 @@ def test_validation_points_are_neither_repeated_nor_skipped_on_resume(tmp_path: 
     assert scored == [8, 16, 24, 32, 40]
     assert stops == [40]  # 0.3 at 16, then 24, 32, 40 without a rise: the plateau
     assert [p["step"] for p in read_lines(path)] == [8, 16, 24, 32, 40]
+
+
+def test_lora_is_the_default_and_rank_zero_is_the_first_runs_full_fine_tuning() -> None:
+    from examples.web_agent.plateau import LORA_LR_GRID, LORA_SFT_LR, LR_GRID, SFT_LR, parse_args
+
+    lora = parse_args(["sft"])
+    assert (lora.lora_r, lora.sft_lr, lora.grid_lr) == (16, LORA_SFT_LR, list(LORA_LR_GRID))
+    full = parse_args(["sft", "--lora-r", "0"])
+    assert (full.sft_lr, full.grid_lr) == (SFT_LR, list(LR_GRID))
+    assert parse_args(["sft", "--sft-lr", "1e-3"]).sft_lr == 1e-3
+    with pytest.raises(SystemExit):
+        parse_args(["sft", "--lora-r", "-1"])
+
+
+@pytest.mark.train
+def test_the_plateau_adapter_is_saved_whole_and_loads_back_merged_with_an_arm_on_top(tmp_path: Path) -> None:
+    """A LoRA plateau is an adapter directory (what is committed); the branch point is the base
+    with it merged, and an arm's adapter goes on top of that: the logits match the models saved."""
+    import torch
+
+    from examples.web_agent import plateau
+    from examples.web_agent.study import load_student
+
+    args = plateau.parse_args(["sft", "--lora-r", "4"])
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+
+    def trained(model: Any, seed: int) -> Any:
+        model = plateau.adapted(model, args, seed=seed)
+        torch.manual_seed(seed)
+        with torch.no_grad():  # LoRA's B starts at zero: move it, as training would
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.add_(0.01 * torch.randn_like(p))
+        return model.eval()
+
+    base, tok = load_student()
+    at_plateau = trained(base, 0)
+    plateau.save(at_plateau, tok, tmp_path / plateau.PLATEAU)
+    where = tmp_path / plateau.PLATEAU
+    assert plateau.ready(where) and (where / "adapter_config.json").exists()
+    assert (where / "adapter_model.safetensors").stat().st_size < 5_000_000  # rank 4: small
+    branch, _ = plateau.load_branch(tmp_path)
+    with torch.no_grad():
+        expected = at_plateau(input_ids=ids).logits
+        # merging rounds in fp32: logits of ~20 move by ~1e-4
+        assert torch.allclose(branch(input_ids=ids).logits, expected, atol=1e-3)
+        assert not hasattr(branch, "peft_config")  # merged: a plain model for the arms' new adapter
+    arm = trained(branch, 1)
+    plateau.save(arm, tok, tmp_path / "grpo-seed1" / "final")
+    loaded, _ = plateau.load_policy(tmp_path, tmp_path / "grpo-seed1" / "final")
+    with torch.no_grad():
+        assert torch.allclose(loaded(input_ids=ids).logits, arm(input_ids=ids).logits, atol=1e-3)
+        assert (loaded(input_ids=ids).logits - expected).abs().max() > 0.05  # the arm's adapter is on
+    with pytest.raises(SystemExit, match="plateau's weights are not here"):
+        plateau.load_branch(tmp_path / "elsewhere")
+
+
+def test_teacher_samples_are_read_back_from_the_committed_file_without_tapes(tmp_path: Path) -> None:
+    import gzip
+
+    from examples.web_agent import plateau
+
+    rows = [("sft", [1, 2, 3], [0, 1, 1]), ("fresh", [4, 5], [0, 1]), ("sft", [6, 7], [1, 1])]
+    with gzip.open(tmp_path / plateau.SAMPLES, "wt") as f:
+        for pool, ids, mask in rows:
+            f.write(json.dumps({"pool": pool, "input_ids": ids, "loss_mask": mask}) + "\n")
+    got = plateau.teacher_samples(plateau.parse_args(["sft"]), tmp_path, tokenizer=None)
+    assert got == {
+        "sft": [{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}, {"input_ids": [6, 7], "loss_mask": [1, 1]}],
+        "fresh": [{"input_ids": [4, 5], "loss_mask": [0, 1]}],
+    }
+    (tmp_path / plateau.SAMPLES).unlink()
+    (tmp_path / "teacher.json").write_text(json.dumps({"sft": ["gone"], "fresh": []}))
+    with pytest.raises(SystemExit, match="tapes are gone"):
+        plateau.teacher_samples(plateau.parse_args(["sft"]), tmp_path, tokenizer=None)

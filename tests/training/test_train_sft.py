@@ -276,3 +276,23 @@ def test_bfloat16_autocasts_the_labelled_head_loss_of_an_fp32_model(tmp_path: Pa
     # of model.forward: dtype bfloat16 must still run the decoder in bf16 (and float32 in fp32)
     assert decoder_dtypes(tmp_path / "bf16", "bfloat16") == {torch.bfloat16}
     assert decoder_dtypes(tmp_path / "fp32", "float32") == {torch.float32}
+
+
+def test_a_peft_model_trains_its_own_adapter_and_bad_models_are_named(tmp_path: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    from tapekit.training.config import LoraSettings
+
+    model, tok = make_model()
+    rows = sum_rows(tok, 16)
+    adapter = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules="all-linear"))
+    base_before = {n: p.detach().clone() for n, p in adapter.named_parameters() if "lora_" not in n}
+    with pytest.raises(TrainingError, match="already carries a LoRA adapter"):
+        train_sft(rows, adapter, tokenizer=tok, config=config(tmp_path / "a", lora=LoraSettings(r=2)))
+    train_sft(rows, adapter, tokenizer=tok, config=config(tmp_path / "b", max_steps=2))
+    lora_b = [p for n, p in adapter.named_parameters() if "lora_B" in n]
+    assert lora_b and all(p.abs().sum() > 0 for p in lora_b)  # B starts at zero: trained
+    assert all(torch.equal(p, base_before[n]) for n, p in adapter.named_parameters() if n in base_before)
+    assert (tmp_path / "b" / "final" / "adapter_config.json").exists()
+    with pytest.raises(TrainingError, match="not object"):
+        train_sft(rows, object(), tokenizer=tok, config=config(tmp_path / "c"))
