@@ -163,3 +163,36 @@ def test_journal_is_refused_with_several_processes() -> None:
 
     with pytest.raises(TrainingError, match="journal runs in one process only"):
         RLDist(rank=0, world=2).check(_config(Path("unused"), 1))
+
+
+def test_a_peft_model_passed_in_trains_its_adapter_and_replays_from_the_journal(tmp_path: Path) -> None:
+    """The plateau study's arms: a new LoRA adapter put on the branch point by the caller
+    (``lora`` None), trained, and rebuilt on a new machine from the journal alone."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from tapekit.training.rl import train_rl
+    from tests.training.rl_toy import make_model
+
+    def adapted() -> tuple[Any, Any]:
+        model, tokenizer = make_model()
+        torch.manual_seed(7)  # the adapter's initial weights, drawn the same way each time
+        return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")), tokenizer
+
+    calls: list[int] = []
+    whole, tokenizer = adapted()
+    base = {n: p.detach().clone() for n, p in whole.named_parameters() if "lora_" not in n}
+    train_rl(_counting_setup(calls), whole, tokenizer, _config(tmp_path / "whole", 3, lora=None))
+    assert all(torch.equal(p, base[n]) for n, p in whole.named_parameters() if n in base)  # base frozen
+    assert any(p.abs().sum() > 0 for n, p in whole.named_parameters() if "lora_B" in n)  # adapter trained
+
+    out = tmp_path / "lost"
+    model, tokenizer = adapted()
+    train_rl(_counting_setup(calls), model, tokenizer, _config(out, 2, lora=None))
+    _lose_the_machine(out)
+    calls.clear()
+    model, tokenizer = adapted()
+    resumed = _config(out, 3, lora=None).model_copy(update={"resume": True})
+    train_rl(_counting_setup(calls), model, tokenizer, resumed)
+    assert len(calls) == 1  # two updates replayed, one rolled out
+    assert _lines(out) == _lines(tmp_path / "whole") and _same_weights(model, whole)
