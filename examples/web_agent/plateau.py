@@ -148,19 +148,18 @@ def save(model: Any, tokenizer: Any, path: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _whole(path: Path) -> bool:
-    """A saved model (``config.json``) or LoRA adapter (``adapter_config.json``) with its tokenizer."""
-    weights = (path / "config.json").exists() or (path / "adapter_config.json").exists()
-    return weights and (path / "tokenizer_config.json").exists()
+def _weights(path: Path) -> bool:
+    """A saved model (``config.json``) or LoRA adapter (``adapter_config.json``) is at ``path``."""
+    return (path / "config.json").exists() or (path / "adapter_config.json").exists()
 
 
 def ready(path: Path) -> bool:
     """Whether a whole model or adapter is at ``path``, finishing a :func:`save` a kill cut
     between its renames."""
     part = path.with_name(path.name + ".part")
-    if not path.exists() and _whole(part):
+    if not path.exists() and _weights(part) and (part / "tokenizer_config.json").exists():
         part.rename(path)
-    return (path / "config.json").exists() or (path / "adapter_config.json").exists()
+    return _weights(path)
 
 
 def adapted(model: Any, args: argparse.Namespace, seed: int) -> Any:
@@ -199,12 +198,15 @@ def load_branch(out: Path) -> tuple[Any, Any]:
             f"{where}: the plateau's weights are not here (run the `sft` stage; a full-fine-tuning "
             "plateau is not committed, so a new machine cannot rebuild it)"
         )
-    if not (where / "adapter_config.json").exists():
-        return load(where)
+    return _merged(load_student(), where) if (where / "adapter_config.json").exists() else load(where)
+
+
+def _merged(loaded: tuple[Any, Any], adapter: Path) -> tuple[Any, Any]:
+    """The model of ``loaded`` with the LoRA adapter at ``adapter`` merged in, and its tokenizer."""
     from peft import PeftModel
 
-    model, tokenizer = load_student()
-    return PeftModel.from_pretrained(model, where).merge_and_unload(), tokenizer
+    model, tokenizer = loaded
+    return PeftModel.from_pretrained(model, adapter).merge_and_unload(), tokenizer
 
 
 def load_policy(out: Path, where: Path) -> tuple[Any, Any]:
@@ -212,12 +214,7 @@ def load_policy(out: Path, where: Path) -> tuple[Any, Any]:
     branch point."""
     if where == out / PLATEAU:
         return load_branch(out)
-    if not (where / "adapter_config.json").exists():
-        return load(where)
-    from peft import PeftModel
-
-    model, tokenizer = load_branch(out)
-    return PeftModel.from_pretrained(model, where).merge_and_unload(), tokenizer
+    return _merged(load_branch(out), where) if (where / "adapter_config.json").exists() else load(where)
 
 
 def validate(
@@ -468,7 +465,8 @@ def stage_sft(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     points = read_lines(val_path)
     best = max(points, key=lambda p: (p["success"], -p["step"]))
     if not ready(out / PLATEAU):  # the base model was never beaten (with LoRA: a zero adapter)
-        save(adapted(load_student()[0], args, seed=0), load_student()[1], out / PLATEAU)
+        base, tokenizer = load_student()
+        save(adapted(base, args, seed=0), tokenizer, out / PLATEAU)
     result = {
         "step": best["step"],
         "success": best["success"],
