@@ -42,9 +42,10 @@ buys. Every stage writes under ``--out`` and continues where it stopped when run
   of the held-out tasks; ``test.json`` keeps each policy's episodes.
 
 Every model is trained as a LoRA adapter (``--lora-r``, 16 by default; 0 is full fine-tuning,
-the first run's setting) in fp32: the plateau is an adapter of 20 MB, committed with the logs,
-so that a stage run on a new machine starts from the very branch point (a full model is
-540 MB, and CPU SFT is not bit-reproducible, so a lost one cannot be rebuilt). The branch point
+the first run's setting) in fp32: the plateau and each arm's final policy are adapters of 20 MB,
+committed with the logs, so that a stage run on a new machine starts from the very branch
+point and tests the very policies trained (a full model is 540 MB, and CPU training is not
+bit-reproducible, so a lost one cannot be rebuilt). The branch point
 is the base model with that adapter merged in; each arm trains a new adapter on top of it (the
 KL term's reference is the branch point). The teacher's episodes, as the student's training
 samples, are committed too (``teacher-samples.jsonl.gz``), and the GRPO runs' journals replay
@@ -173,20 +174,7 @@ def adapted(model: Any, args: argparse.Namespace, seed: int) -> Any:
     from peft import get_peft_model
 
     torch.manual_seed(seed)
-    return get_peft_model(model, _lora_config(args))
-
-
-def _lora_config(args: argparse.Namespace) -> Any:
-    from peft import LoraConfig
-
-    settings = LoraSettings(r=args.lora_r, alpha=LORA_ALPHA)
-    return LoraConfig(
-        r=settings.r,
-        lora_alpha=settings.alpha,
-        lora_dropout=settings.dropout,
-        target_modules=settings.target_modules,
-        task_type="CAUSAL_LM",
-    )
+    return get_peft_model(model, LoraSettings(r=args.lora_r, alpha=LORA_ALPHA).peft_config())
 
 
 def load_branch(out: Path) -> tuple[Any, Any]:
@@ -549,16 +537,22 @@ def stage_grid(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     for lr in args.grid_lr:
         for temperature in args.grid_temp:
             run = out / "grid" / f"lr{lr:g}-t{temperature:g}"
-            point = grpo_run(
-                args,
-                out,
-                run,
-                seed=0,
-                steps=args.grid_steps,
-                lr=lr,
-                temperature=temperature,
-                kl_coef=0.0,
-                eval_every=args.grid_steps,
+            done = [p for p in read_lines(run / "val.jsonl") if p["step"] == args.grid_steps]
+            # a finished grid run is its score (its weights are not kept: not committed)
+            point = (
+                done[-1]
+                if done
+                else grpo_run(
+                    args,
+                    out,
+                    run,
+                    seed=0,
+                    steps=args.grid_steps,
+                    lr=lr,
+                    temperature=temperature,
+                    kl_coef=0.0,
+                    eval_every=args.grid_steps,
+                )
             )
             scores.append({"lr": lr, "temperature": temperature, "success": point["success"]})
     best = max(scores, key=lambda s: (s["success"], -s["lr"], -s["temperature"]))
@@ -716,12 +710,13 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     ignore = out / ".gitignore"  # the logs are committed; weights, checkpoints and tapes are not
     if not ignore.exists():
-        # with LoRA the plateau's adapter is committed (20 MB at rank 16): a new machine starts the
-        # arms from it; a full model (540 MB) is not
-        plateau = "plateau.part/\nplateau.old/\n" + ("" if args.lora_r else "plateau/\n")
+        # with LoRA the plateau's and the arms' adapters are committed (20 MB each at rank 16): a
+        # new machine starts the arms from the plateau and tests the arms' final policies; full
+        # models (540 MB each) are not
+        weights = "" if args.lora_r else "plateau/\n*/final/\n"
         ignore.write_text(
-            "*.db*\n" + plateau + "*/checkpoint-*/\n*/ckpt-*/\n*/.ckpt-*\n*/latest.json\n"
-            "*/final/\n*/final.part/\ngrid/*/ckpt-*/\ngrid/*/.ckpt-*\ngrid/*/latest.json\ngrid/*/final/\n"
+            "*.db*\nplateau.part/\nplateau.old/\n" + weights + "*/checkpoint-*/\n*/ckpt-*/\n*/.ckpt-*\n"
+            "*/latest.json\n*/final.part/\nsft/final/\ngrid/*/ckpt-*/\ngrid/*/.ckpt-*\ngrid/*/latest.json\ngrid/*/final/\n"
         )
     stages: dict[str, Callable[[argparse.Namespace, Path], Any]] = {
         "teacher": stage_teacher,

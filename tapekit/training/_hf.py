@@ -175,14 +175,4 @@ def resume_argument(config: TrainConfig) -> str | bool | None:
 
 def lora_config(config: TrainConfig, task_type: str = "CAUSAL_LM") -> Any:
     """The peft ``LoraConfig`` for ``config.lora`` (``None`` for full fine-tuning)."""
-    if config.lora is None:
-        return None
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=config.lora.r,
-        lora_alpha=config.lora.alpha,
-        lora_dropout=config.lora.dropout,
-        target_modules=config.lora.target_modules,
-        task_type=task_type,
-    )
+    return None if config.lora is None else config.lora.peft_config(task_type)

@@ -25,6 +25,20 @@ class LoraSettings(BaseModel):
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     target_modules: str | list[str] = "all-linear"
 
+    def peft_config(self, task_type: str = "CAUSAL_LM") -> Any:
+        """These settings as a peft ``LoraConfig`` (imports peft): what the trainers give peft,
+        and what a caller uses to put the same adapter on a model it then trains itself
+        (``get_peft_model(model, settings.peft_config())``, then ``lora=None``)."""
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.r,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=self.target_modules,
+            task_type=task_type,
+        )
+
 
 class TrainConfig(BaseModel):
     """What every trainer shares.

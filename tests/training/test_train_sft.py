@@ -279,13 +279,16 @@ def test_bfloat16_autocasts_the_labelled_head_loss_of_an_fp32_model(tmp_path: Pa
 
 
 def test_a_peft_model_trains_its_own_adapter_and_bad_models_are_named(tmp_path: Path) -> None:
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
     from tapekit.training.config import LoraSettings
 
     model, tok = make_model()
     rows = sum_rows(tok, 16)
-    adapter = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules="all-linear"))
+    peft_config = LoraSettings(r=2, alpha=4, dropout=0.1).peft_config()
+    assert (peft_config.r, peft_config.lora_alpha, peft_config.lora_dropout) == (2, 4, 0.1)
+    assert peft_config.target_modules == "all-linear" and peft_config.task_type == "CAUSAL_LM"
+    adapter = get_peft_model(model, peft_config)
     base_before = {n: p.detach().clone() for n, p in adapter.named_parameters() if "lora_" not in n}
     with pytest.raises(TrainingError, match="already carries a LoRA adapter"):
         train_sft(rows, adapter, tokenizer=tok, config=config(tmp_path / "a", lora=LoraSettings(r=2)))
