@@ -31,12 +31,12 @@ buys. Every stage writes under ``--out`` and continues where it stopped when run
   ``--rl-steps`` updates (zero-advantage groups carry no gradient and are dropped from the
   update, as ``train_rl`` always does), the rewards compared within each task (``group_key
   "category"``: the student's attempts at one page nearly always agree), a checkpoint after
-  every update; ``grpo_kl`` adds a k3 KL term to the plateau policy (``--kl-coef``). Validation
-  every ``--eval-every`` updates.
+  every update; ``grpo_kl`` adds a k3 KL term to the plateau policy (``--kl-coef``).
+  Validation ``--arm-evals`` times, evenly spaced (at 25 and 50 updates by default).
 - ``arm --arm sft --seed S``: more SFT from the plateau on the SFT pool and the fresh episodes,
   until its charged seconds reach those of ``grpo-seedS`` (the grpo run must be finished; both
   runs' FLOPs are in their ledgers, counted as the paper does: 6 N per trained token, 2 N per
-  rolled-out token). Validation at each quarter of its budget.
+  rolled-out token). Validation ``--arm-evals`` times, at even fractions of its budget.
 - ``test``: the plateau and every finished arm, greedy, once each, on the test seeds
   :data:`TEST_SEEDS` of the 14 tasks (never evaluated by any earlier study) and the same seeds
   of the held-out tasks; ``test.json`` keeps each policy's episodes.
@@ -575,7 +575,7 @@ def stage_arm(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             lr=choice["lr"],
             temperature=choice["temperature"],
             kl_coef=args.kl_coef if args.arm == "grpo_kl" else 0.0,
-            eval_every=args.eval_every_rl,
+            eval_every=max(1, args.rl_steps // args.arm_evals),
         )
     return sft_arm(args, out, run)
 
@@ -597,13 +597,13 @@ def sft_arm(args: argparse.Namespace, out: Path, run: Path) -> dict[str, Any]:
     model = adapted(model, args, seed=args.seed)
     store = open_store(str(out / "tapes.db"))
     ledger = run_ledger(run / "ledger.jsonl", model)
-    quarters = [budget * q / 4 for q in (1, 2, 3, 4)]
+    marks = [budget * q / args.arm_evals for q in range(1, args.arm_evals + 1)]
     started = time.perf_counter()
     with web(args) as env:
         charge = Charge(ledger, run.name)
 
         def due(record: StepRecord) -> bool:
-            passed = sum(ledger.seconds >= q for q in quarters)
+            passed = sum(ledger.seconds >= q for q in marks)
             return passed > len(read_lines(run / "val.jsonl"))
 
         evals = Evaluations(
@@ -654,6 +654,19 @@ def stage_test(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return results
 
 
+def gitignore(*, lora: bool) -> str:
+    """The ``.gitignore`` of a study's folder: the logs are committed; tapes, checkpoints and the
+    grid's weights are not. With LoRA the plateau's and the arms' final adapters are committed
+    (20 MB each at rank 16): a new machine starts the arms from the plateau and tests the arms'
+    final policies. Full models (540 MB each) are not."""
+    weights = "" if lora else "plateau/\n*/final/\n"
+    return (
+        "*.db*\nplateau.part/\nplateau.old/\n" + weights + "*/checkpoint-*/\n*/ckpt-*/\n*/.ckpt-*\n"
+        "*/latest.json\n*/final.part/\nsft/final/\ngrid/*/ckpt-*/\ngrid/*/.ckpt-*\ngrid/*/latest.json\n"
+        "grid/*/final/\n"
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("stage", choices=["teacher", "sft", "grid", "arm", "test"])
@@ -667,8 +680,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--patience", type=int, default=3, help="sft: evaluations without a rise = the plateau")
     p.add_argument("--sft-max-steps", type=int, default=160)
     p.add_argument("--grid-steps", type=int, default=12)
-    p.add_argument("--rl-steps", type=int, default=100)
-    p.add_argument("--eval-every-rl", type=int, default=25)
+    p.add_argument(
+        "--rl-steps", type=int, default=50, help="arm: GRPO updates (the protocol's first plan: 100)"
+    )
+    p.add_argument(
+        "--arm-evals", type=int, default=2, help="arm: validations, evenly spaced (the first plan: 4)"
+    )
     p.add_argument("--rl-seeds", type=int, default=64, help="training seeds per task in each GRPO pool")
     p.add_argument("--tasks-per-step", type=int, default=8)
     p.add_argument("--group-size", type=int, default=2)
@@ -692,6 +709,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grid-temp", type=float, nargs="+", default=list(TEMP_GRID))
     p.add_argument("--test-seeds", type=int, default=len(TEST_SEEDS), help="test: the first N of TEST_SEEDS")
     args = p.parse_args(argv)
+    if args.arm_evals < 1 or args.rl_steps < 1:
+        p.error(f"--arm-evals and --rl-steps must be >= 1, not {args.arm_evals} and {args.rl_steps}")
     if args.lora_r < 0:
         p.error(f"--lora-r must be 0 (full fine-tuning) or a rank >= 1, not {args.lora_r}")
     if args.sft_lr is None:
@@ -708,16 +727,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ignore = out / ".gitignore"  # the logs are committed; weights, checkpoints and tapes are not
+    ignore = out / ".gitignore"
     if not ignore.exists():
-        # with LoRA the plateau's and the arms' adapters are committed (20 MB each at rank 16): a
-        # new machine starts the arms from the plateau and tests the arms' final policies; full
-        # models (540 MB each) are not
-        weights = "" if args.lora_r else "plateau/\n*/final/\n"
-        ignore.write_text(
-            "*.db*\nplateau.part/\nplateau.old/\n" + weights + "*/checkpoint-*/\n*/ckpt-*/\n*/.ckpt-*\n"
-            "*/latest.json\n*/final.part/\nsft/final/\ngrid/*/ckpt-*/\ngrid/*/.ckpt-*\ngrid/*/latest.json\ngrid/*/final/\n"
-        )
+        ignore.write_text(gitignore(lora=bool(args.lora_r)))
     stages: dict[str, Callable[[argparse.Namespace, Path], Any]] = {
         "teacher": stage_teacher,
         "sft": stage_sft,

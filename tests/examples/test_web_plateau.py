@@ -153,6 +153,54 @@ def test_lora_is_the_default_and_rank_zero_is_the_first_runs_full_fine_tuning() 
         parse_args(["sft", "--lora-r", "-1"])
 
 
+def test_the_arms_budget_and_validations_are_checked() -> None:
+    from examples.web_agent.plateau import parse_args
+
+    args = parse_args(["arm"])
+    assert (args.rl_steps, args.arm_evals) == (50, 2)  # the amended protocol: 25 and 50 updates
+    for bad in (["--arm-evals", "0"], ["--rl-steps", "0"]):
+        with pytest.raises(SystemExit):
+            parse_args(["arm", *bad])
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_git_keeps_the_logs_and_with_lora_the_adapters_to_test(tmp_path: Path, lora: bool) -> None:
+    import subprocess
+
+    from examples.web_agent.plateau import gitignore
+
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text(gitignore(lora=lora))
+    paths = {
+        "sft/val.jsonl": False,
+        "grid/lr3e-05-t0.7/journal/step-000001.json.gz": False,
+        "grid/lr3e-05-t0.7/val.jsonl": False,
+        "tapes.db": True,
+        "tapes.db-wal": True,
+        "sft/checkpoint-8/optimizer.pt": True,
+        "sft/final/adapter_model.safetensors": True,
+        "grpo-seed0/ckpt-3/adapter_model.safetensors": True,
+        "grpo-seed0/latest.json": True,
+        "grid/lr3e-05-t0.7/final/adapter_model.safetensors": True,
+        "grid/lr3e-05-t0.7/ckpt-2/adapter_model.safetensors": True,
+        "plateau.part/adapter_model.safetensors": True,
+        # the policies the test stage reads: committed with LoRA, too big without
+        "plateau/adapter_model.safetensors": not lora,
+        "grpo-seed0/final/adapter_model.safetensors": not lora,
+        "sft-seed1/final/adapter_model.safetensors": not lora,
+    }
+    for path in paths:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("x")
+    result = subprocess.run(
+        ["git", "check-ignore", *paths], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    ignored = set(result.stdout.split())
+    assert {path for path, is_ignored in paths.items() if is_ignored} == ignored
+
+
 @pytest.mark.train
 def test_the_plateau_adapter_is_saved_whole_and_loads_back_merged_with_an_arm_on_top(tmp_path: Path) -> None:
     """A LoRA plateau is an adapter directory (what is committed); the branch point is the base
