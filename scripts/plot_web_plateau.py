@@ -72,6 +72,23 @@ def teacher_prices(out: Path) -> dict[str, float]:
     }
 
 
+def grid_scores(out: Path) -> tuple[int | None, list[dict[str, Any]]]:
+    """The grid's updates per run and its scores: ``grid.json`` once the grid is done, else the
+    finished runs' last validation points (``grid/lr<lr>-t<T>/val.jsonl``)."""
+    path = out / "grid.json"
+    if path.exists():
+        g = json.loads(path.read_text())
+        return g["steps"], g["scores"]
+    scores, steps = [], None
+    for run in sorted((out / "grid").glob("lr*-t*")):
+        points = lines(run / "val.jsonl")
+        m = re.fullmatch(r"lr([^-]+(?:-\d+)?)-t(.+)", run.name)
+        if points and m:
+            steps = points[-1]["step"]
+            scores.append({"lr": float(m[1]), "temperature": float(m[2]), "success": points[-1]["success"]})
+    return steps, scores
+
+
 def plot(out: Path, first: Path | None) -> Path:
     import matplotlib
 
@@ -92,12 +109,11 @@ def plot(out: Path, first: Path | None) -> Path:
     ax1.set(xlabel="SFT step (8 rows of 1,024 tokens)", ylabel="validation success (140 episodes)")
     ax1.set_title("SFT to the plateau (star: branch point)")
     ax1.legend()
-    grid = out / "grid.json"
-    if grid.exists():
-        g = json.loads(grid.read_text())
-        names = [f"lr {s['lr']:g}\nT {s['temperature']:g}" for s in g["scores"]]
-        ax2.bar(names, [s["success"] for s in g["scores"]], color="tab:orange")
-        ax2.set_title(f"GRPO grid, {g['steps']} updates each (validation)")
+    steps, scores = grid_scores(out)
+    if scores:
+        names = [f"lr {s['lr']:g}\nT {s['temperature']:g}" for s in scores]
+        ax2.bar(names, [s["success"] for s in scores], color="tab:orange")
+        ax2.set_title(f"GRPO grid, {steps} updates each (validation)")
     branch = branch_point(out)
     if branch is not None:
         ax2.axhline(branch, color="k", ls="--", lw=1, label="branch point")
@@ -222,18 +238,22 @@ def summary(out: Path) -> Path:
         f"{t['llm_flops_sft']:.2e} FLOPs; fresh pool {t['tokens_fresh']:,} tokens = "
         f"{t['llm_flops_fresh']:.2e} FLOPs.",
     ]
-    grid = out / "grid.json"
-    if grid.exists():
-        g = json.loads(grid.read_text())
+    steps, scores = grid_scores(out)
+    if scores:
         md += [
             "",
-            f"## GRPO grid ({g['steps']} updates each, validation)",
+            f"## GRPO grid ({steps} updates each, validation)",
             "",
             "| lr | T | success |",
             "|---|---|---|",
         ]
-        md += [f"| {s['lr']:g} | {s['temperature']:g} | {s['success']:.3f} |" for s in g["scores"]]
-        md += ["", f"Choice: lr {g['choice']['lr']:g}, temperature {g['choice']['temperature']:g}."]
+        md += [f"| {s['lr']:g} | {s['temperature']:g} | {s['success']:.3f} |" for s in scores]
+        grid = out / "grid.json"
+        if grid.exists():
+            g = json.loads(grid.read_text())["choice"]
+            md += ["", f"Choice: lr {g['lr']:g}, temperature {g['temperature']:g}."]
+        else:
+            md += ["", "The grid is not finished: no choice yet."]
     runs = arm_runs(out)
     if runs:
         md += [
