@@ -154,7 +154,9 @@ def test_tables(out: Path, held_in: list[str]) -> list[str]:
     path = out / "test.json"
     if not path.exists():
         return []
-    results = {name: r["per_task"] for name, r in json.loads(path.read_text()).items()}
+    read = json.loads(path.read_text())
+    results = {name: r["per_task"] for name, r in read.items()}
+    failures = {name: r["environment_failures"] for name, r in read.items()}
     tasks = sorted({t for r in results.values() for t in r})
     held_out = [t for t in tasks if t not in held_in]
     md = [
@@ -163,7 +165,6 @@ def test_tables(out: Path, held_in: list[str]) -> list[str]:
         "| policy | 14 tasks | held-out tasks | env. failures |",
         "|---|---|---|---|",
     ]
-    failures = {name: r["environment_failures"] for name, r in json.loads(path.read_text()).items()}
     for name, per_task in results.items():
         a, na = success(per_task, held_in)
         b, nb = success(per_task, held_out)
